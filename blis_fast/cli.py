@@ -1,0 +1,72 @@
+"""The ``blis`` command line. The only module that prints errors and chooses exit codes."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from click.core import ParameterSource
+
+from blis_fast.errors import BlisError
+from blis_fast.options import RUN_OPTIONS, build_options
+
+EXIT_USAGE = 2
+
+
+def _add_run_options(func):
+    """Attach every RUN_OPTIONS flag to a click command (values arrive as raw strings)."""
+    for spec in reversed(RUN_OPTIONS):
+        if spec.kind == "bool":
+            func = click.option(f"--{spec.flag}", spec.field, is_flag=True, default=False,
+                                help=spec.help)(func)
+        else:
+            func = click.option(f"--{spec.flag}", spec.field, type=str, default=None,
+                                show_default=False, help=f"{spec.help} [default: {spec.default}]"
+                                )(func)
+    return func
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main_group() -> None:
+    """blis: a fast, deterministic simulator of LLM inference serving clusters."""
+
+
+@main_group.command("run", context_settings={"ignore_unknown_options": False})
+@_add_run_options
+@click.pass_context
+def run_command(ctx: click.Context, **raw: object) -> None:
+    """Generate a workload and simulate it; print the reference's metrics on stdout."""
+    from blis_fast.runner import execute_run
+
+    given = {}
+    for name, value in raw.items():
+        source = ctx.get_parameter_source(name)
+        if source == ParameterSource.COMMANDLINE:
+            given[name] = value
+    opts = build_options(given)
+    result = execute_run(opts)
+    sys.stdout.write(result.stdout)
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run click without its own error handling, one stderr line per error."""
+    try:
+        main_group.main(args=argv, prog_name="blis", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.stderr.write("blis: aborted\n")
+        sys.exit(EXIT_USAGE)
+    except click.ClickException as exc:
+        sys.stderr.write(f"blis: error: {exc.format_message()}\n")
+        sys.exit(EXIT_USAGE)
+    except BlisError as exc:
+        sys.stderr.write(f"blis: error: {exc}\n")
+        sys.exit(EXIT_USAGE)
+    except BrokenPipeError:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Configuration: defaults.yaml, hardware table, HF model configs, KV capacity, latency backends."""

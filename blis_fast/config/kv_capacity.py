@@ -1,0 +1,216 @@
+"""KV-cache capacity auto-calculation (spec ENG-6.8, DELTA-23).
+
+Reproduces the reference's arithmetic exactly: per-token KV bytes in float64 (layers × 2 ×
+head dim × KV heads × bytes per element, divided by TP), per-block bytes truncated after
+multiplying by the block size, model weight parameters counted in 64-bit integers, and the
+available budget in GiB as float64 before the final integer division.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from blis_fast.config.hardware import HardwareCalib
+from blis_fast.config.model_config import HFConfig, ModelConfig
+from blis_fast.errors import BlisConfigError
+
+__all__ = [
+    "KVCapacityParams",
+    "calculate_kv_blocks",
+    "extract_kv_capacity_params",
+    "kv_bytes_per_token",
+    "model_weight_bytes",
+]
+
+_ACTIVATION_DENSE_GIB = 5.5
+_ACTIVATION_MOE_GIB = 8.0
+_NON_TORCH_TP1_GIB = 0.15
+_NON_TORCH_TP_MULTI_GIB = 0.6
+_GIB = 1 << 30
+_SWIGLU_FAMILY = frozenset({"silu", "swiglu", "geglu", ""})
+_MASK64 = (1 << 64) - 1
+
+
+def _i64(v: int) -> int:
+    """Wrap an integer to int64 (Go's two's-complement overflow)."""
+    v &= _MASK64
+    return v - (1 << 64) if v >> 63 else v
+
+
+def _trunc_i64(x: float) -> int:
+    """Go ``int64(float64)`` for in-range values (truncation toward zero)."""
+    return int(x)
+
+
+@dataclass(frozen=True)
+class KVCapacityParams:
+    """Fields of config.json used only by the capacity estimate."""
+
+    is_moe: bool = False
+    num_local_experts: int = 0
+    tie_word_embeddings: bool = False
+    hidden_act: str = ""
+    moe_expert_ffn_dim: int = 0
+    shared_expert_ffn_dim: int = 0
+
+
+def extract_kv_capacity_params(hf: HFConfig) -> KVCapacityParams:
+    """ExtractKVCapacityParams: MoE layout, tying and activation; error for MoE without a count."""
+    hidden_act = hf.get_str("hidden_act")
+    tied = hf.get_bool("tie_word_embeddings")
+    tie = bool(tied) if tied is not None else False
+    n = hf.get_int("num_local_experts")
+    if n <= 1:
+        for key in ("num_routed_experts", "n_routed_experts", "num_experts"):
+            v = hf.get_int(key)
+            if v > 1:
+                n = v
+                break
+    if n > 1:
+        moe_ffn = hf.get_int("moe_intermediate_size")
+        shared = 0
+        explicit = hf.get_int("shared_expert_intermediate_size")
+        if explicit > 0:
+            shared = explicit
+        else:
+            n_shared = hf.get_int("n_shared_experts")
+            if n_shared > 0:
+                per_expert = moe_ffn if moe_ffn != 0 else hf.get_int("intermediate_size")
+                shared = n_shared * per_expert
+        return KVCapacityParams(True, n, tie, hidden_act, moe_ffn, shared)
+    for key in ("n_shared_experts", "num_experts_per_tok"):
+        v = hf.get_int(key)
+        if v > 0:
+            raise BlisConfigError(
+                f"config.json looks like a mixture-of-experts model ({key}={v}) but gives no expert "
+                "count, so its weight size cannot be estimated; set --total-kv-blocks explicitly"
+            )
+    return KVCapacityParams(False, 0, tie, hidden_act, 0, 0)
+
+
+def kv_bytes_per_token(mc: ModelConfig, tp: int) -> float:
+    """KVBytesPerToken: per-GPU KV bytes of one token (float64), validating the inputs."""
+    if tp <= 0:
+        raise BlisConfigError(f"KV bytes per token: TP must be > 0, got {tp}")
+    if mc.num_heads <= 0:
+        raise BlisConfigError(
+            f"KV bytes per token: num_attention_heads must be > 0, got {mc.num_heads}"
+        )
+    if mc.num_layers <= 0:
+        raise BlisConfigError(
+            f"KV bytes per token: num_hidden_layers must be > 0, got {mc.num_layers}"
+        )
+    if mc.hidden_dim <= 0:
+        raise BlisConfigError(f"KV bytes per token: hidden_size must be > 0, got {mc.hidden_dim}")
+    bpp = mc.bytes_per_param
+    if bpp <= 0 or math.isnan(bpp) or math.isinf(bpp):
+        raise BlisConfigError(
+            f"KV bytes per token: bytes per parameter must be positive and finite, got {bpp}"
+        )
+    if mc.hidden_dim % mc.num_heads != 0:
+        raise BlisConfigError(
+            f"KV bytes per token: hidden_size {mc.hidden_dim} is not a multiple of "
+            f"num_attention_heads {mc.num_heads}"
+        )
+    kv_heads = mc.num_kv_heads
+    if kv_heads < 0:
+        raise BlisConfigError(f"KV bytes per token: KV heads must be >= 0, got {kv_heads}")
+    if kv_heads == 0:
+        kv_heads = mc.num_heads
+    if kv_heads >= tp and kv_heads % tp != 0:
+        raise BlisConfigError(
+            f"KV bytes per token: {kv_heads} KV heads cannot be split evenly over TP={tp}"
+        )
+    head_dim = mc.hidden_dim // mc.num_heads
+    per_token = float(mc.num_layers) * 2.0 * float(head_dim) * float(kv_heads) * bpp
+    per_gpu = per_token / float(tp)
+    if per_gpu <= 0:
+        raise BlisConfigError(f"KV bytes per token: computed {per_gpu:.4f} bytes (expected > 0)")
+    return per_gpu
+
+
+def model_weight_bytes(mc: ModelConfig, params: KVCapacityParams) -> int:
+    """Total weight bytes with a 3-matrix (SwiGLU) MLP, as the capacity planner counts them."""
+    d = mc.hidden_dim
+    vocab = mc.vocab_size
+    layers = mc.num_layers
+    inter = mc.intermediate_dim
+    kv_heads = mc.num_kv_heads if mc.num_kv_heads != 0 else mc.num_heads
+    head_dim = mc.hidden_dim // mc.num_heads  # both positive here (checked by kv_bytes_per_token)
+    kv_dim = _i64(kv_heads * head_dim)
+    embeddings = _i64(vocab * d)
+    attention = _i64(d * (d + 2 * kv_dim) + d * d)
+    if params.is_moe and params.num_local_experts > 1:
+        expert_ffn = params.moe_expert_ffn_dim if params.moe_expert_ffn_dim > 0 else inter
+        mlp = _i64(3 * d * expert_ffn * params.num_local_experts)
+        if params.shared_expert_ffn_dim > 0:
+            mlp = _i64(mlp + 3 * d * params.shared_expert_ffn_dim)
+        mlp = _i64(mlp + params.num_local_experts * d)
+    else:
+        mlp = _i64(3 * d * inter)
+    norms = 2 * d
+    per_layer = _i64(attention + mlp + norms)
+    lm_head = 0 if params.tie_word_embeddings else embeddings
+    total = _i64(embeddings + layers * per_layer + lm_head + d)
+    return _trunc_i64(float(total) * mc.effective_weight_bytes_per_param())
+
+
+def calculate_kv_blocks(
+    mc: ModelConfig,
+    hc: HardwareCalib,
+    tp: int,
+    block_size: int,
+    gpu_memory_utilization: float,
+    params: KVCapacityParams,
+) -> int:
+    """CalculateKVBlocks: how many KV blocks fit beside weights, activations and runtime overhead."""
+    u = gpu_memory_utilization
+    if u <= 0 or u > 1.0 or math.isnan(u) or math.isinf(u):
+        raise BlisConfigError(f"KV capacity: GPU memory utilization must be in (0, 1.0], got {u}")
+    if block_size <= 0:
+        raise BlisConfigError(f"KV capacity: block size must be > 0, got {block_size}")
+    if mc.intermediate_dim <= 0:
+        raise BlisConfigError(
+            f"KV capacity: intermediate size must be > 0, got {mc.intermediate_dim}"
+        )
+    if mc.vocab_size <= 0:
+        raise BlisConfigError(f"KV capacity: vocab_size must be > 0, got {mc.vocab_size}")
+    mem = hc.memory_gib
+    if mem <= 0 or math.isnan(mem) or math.isinf(mem):
+        raise BlisConfigError(f"KV capacity: GPU MemoryGiB must be positive and finite, got {mem}")
+    w = mc.weight_bytes_per_param
+    if w != 0 and (w < 0 or math.isnan(w) or math.isinf(w)):
+        raise BlisConfigError(
+            f"KV capacity: weight bytes per parameter must be positive when set, got {w}"
+        )
+    if params.hidden_act not in _SWIGLU_FAMILY:
+        raise BlisConfigError(
+            f"KV capacity: activation {params.hidden_act!r} is not supported "
+            "(only the SwiGLU family: silu, swiglu, geglu)"
+        )
+    per_token = kv_bytes_per_token(mc, tp)
+    per_block = _trunc_i64(per_token * float(block_size))
+    if per_block <= 0:
+        raise BlisConfigError(
+            f"KV capacity: a block would hold {per_block} bytes (per token {per_token:.6f})"
+        )
+    available_gib = mem * u * float(tp)
+    weights_gib = float(model_weight_bytes(mc, params)) / float(_GIB)
+    activation_gib = _ACTIVATION_MOE_GIB if params.is_moe else _ACTIVATION_DENSE_GIB
+    non_torch_gib = (_NON_TORCH_TP1_GIB if tp == 1 else _NON_TORCH_TP_MULTI_GIB) * float(tp)
+    overhead_gib = weights_gib + activation_gib + non_torch_gib
+    if overhead_gib >= available_gib:
+        raise BlisConfigError(
+            f"KV capacity: weights, activations and runtime overhead need {overhead_gib:.2f} GiB "
+            f"({weights_gib:.2f} + {activation_gib:.2f} + {non_torch_gib:.2f}) but only "
+            f"{available_gib:.2f} GiB are available ({mem:.1f} GiB x {u * 100:.0f}% x {tp} GPUs)"
+        )
+    allocatable_gib = available_gib - overhead_gib
+    allocatable = _trunc_i64(allocatable_gib * float(_GIB))
+    blocks = allocatable // per_block
+    if blocks <= 0:
+        raise BlisConfigError(
+            f"KV capacity: no block fits ({allocatable_gib:.2f} GiB allocatable, {per_block} bytes per block)"
+        )
+    return blocks

@@ -1,0 +1,742 @@
+"""The simulation kernel: the reference's cluster loop over N vLLM-style instances.
+
+One call of :func:`simulate` runs a whole simulation. All state is in arrays (see
+``blis_fast/engine/simulate.py`` for how they are built and read back):
+
+* ``rs``  per-request mutable state (:data:`ReqState`)
+* ``ins`` per-instance state and counters (:data:`InstState`)
+* ``kv``  the KV caches (:mod:`blis_fast.kernels.kvcache`)
+* ``lg``  growable per-step logs (:data:`StepLog`) and the ITL run pool
+
+Rules implemented: CLU-1 (event loop, arrival -> admission -> routing -> injection),
+ENG-1..ENG-5 and ENG-7 with the adopted upstream fixes DELTA-1..8 and DELTA-13.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.heap import heap_pop, heap_push, make_tie, tie_instance, tie_is_instance
+from blis_fast.kernels.latency import queueing_time, step_time
+
+# request states
+ST_NEW, ST_QUEUED, ST_RUNNING, ST_COMPLETED, ST_TIMED_OUT, ST_DROPPED = 0, 1, 2, 3, 4, 5
+
+# event kinds (cluster events < 10 <= instance events)
+EV_CLUSTER_ARRIVAL, EV_ADMISSION, EV_ROUTING = 0, 1, 2
+EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_REQUEST_LEFT, EV_TIMEOUT = 10, 11, 12, 14, 15
+# priorities within a queue (cluster priorities offset by +2 so they are non-negative)
+P_ARRIVAL, P_QUEUED, P_STEP, P_LEFT, P_TIMEOUT = 0, 1, 2, 4, 5
+P_C_ARRIVAL, P_C_ADMISSION, P_C_ROUTING = 2, 3, 4
+
+# policy codes
+ADM_ALWAYS, ADM_REJECT_ALL = 0, 1
+ROUTE_ROUND_ROBIN = 0
+PRIO_CONSTANT, PRIO_SLO_BASED, PRIO_INVERTED_SLO = 0, 1, 2
+SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY = 0, 1, 2, 3
+
+# integer config slots
+(IC_N_INST, IC_HORIZON, IC_MAX_RUNNING, IC_MAX_TOKENS, IC_LONG_PREFILL, IC_MAX_MODEL_LEN,
+ IC_ADM_LATENCY, IC_ROUTE_LATENCY, IC_ADMISSION, IC_ROUTING, IC_PRIORITY, IC_SCHEDULER,
+ IC_LATENCY_CODE, IC_OUTPUT_TOKEN_TIME, IC_POST_DECODE, IC_SIZE) = range(16)
+
+# per-instance counters (columns of ins.cnt)
+(K_COMPLETED, K_DROPPED, K_TIMED_OUT, K_LENGTH_CAPPED, K_IN_TOKENS, K_OUT_TOKENS,
+ K_PREEMPTIONS, K_KV_FAIL, K_INFLIGHT, K_PEAK_KV, K_STEPS, K_CLOCK, K_LAST_STEP,
+ K_STEP_PENDING, K_SIZE) = range(15)
+
+# values of rs.registered: routed to an instance (and not dropped) = 1
+REG_NONE, REG_ROUTED, REG_REJECTED_ADMISSION, REG_REJECTED_ROUTING = 0, 1, 2, 3
+
+# status codes returned by simulate
+STATUS_OK, STATUS_BAD_ALIGNMENT = 0, 1
+
+ReqState = namedtuple("ReqState", [
+    "state", "inst", "pi", "nnt", "computed", "ttft_set", "first_token", "ttft", "has_ttft",
+    "itl_sum", "itl_cnt", "sched_delay", "has_sched", "sched_step", "fin_step", "capped",
+    "priority", "max_out", "e2e", "registered", "wq_prev", "wq_next", "run_head", "run_tail",
+    "last_dec",
+])
+
+InstState = namedtuple("InstState", [
+    "cnt",  # int64 [N, K_SIZE]
+    "kv_integral",  # float64 [N] time integral of used blocks
+    "wq",  # int64 [N, 3] head, tail, length
+    "batch",  # int32 [N, max_running] running batch
+    "batch_len",  # int64 [N]
+    "wq_sum",  # int64 [N, 2] sum and count of per-step wait-queue lengths
+    "rejected",  # int64 [2] admission rejections, routing rejections
+    "rr",  # int64 [1] round-robin counter
+])
+
+StepLog = namedtuple("StepLog", [
+    "time", "inst", "dur", "next_same", "queue", "running", "kv_used", "itl_count",
+    "run_start", "run_len", "run_next", "sizes",  # sizes: [steps used, runs used]
+])
+
+
+def new_req_state(n: int, max_output_len: np.ndarray) -> ReqState:
+    """Fresh per-request state arrays."""
+    return ReqState(
+        state=np.zeros(n, np.int8), inst=np.full(n, -1, np.int32), pi=np.zeros(n, np.int64),
+        nnt=np.zeros(n, np.int64), computed=np.zeros(n, np.int64), ttft_set=np.zeros(n, np.int8),
+        first_token=np.zeros(n, np.int64), ttft=np.zeros(n, np.int64),
+        has_ttft=np.zeros(n, np.int8), itl_sum=np.zeros(n, np.int64),
+        itl_cnt=np.zeros(n, np.int64), sched_delay=np.zeros(n, np.int64),
+        has_sched=np.zeros(n, np.int8), sched_step=np.zeros(n, np.int64),
+        fin_step=np.zeros(n, np.int64), capped=np.zeros(n, np.int8),
+        priority=np.zeros(n, np.float64), max_out=max_output_len.astype(np.int64).copy(),
+        e2e=np.zeros(n, np.int64), registered=np.zeros(n, np.int8),
+        wq_prev=np.full(n, -1, np.int32), wq_next=np.full(n, -1, np.int32),
+        run_head=np.full(n, -1, np.int64), run_tail=np.full(n, -1, np.int64),
+        last_dec=np.full(n, -1, np.int64),
+    )
+
+
+def new_inst_state(n_inst: int, max_batch: int) -> InstState:
+    """Fresh per-instance state arrays."""
+    cnt = np.zeros((n_inst, K_SIZE), np.int64)
+    cnt[:, K_LAST_STEP] = -1
+    wq = np.zeros((n_inst, 3), np.int64)
+    wq[:, 0] = -1
+    wq[:, 1] = -1
+    return InstState(cnt=cnt, kv_integral=np.zeros(n_inst, np.float64), wq=wq,
+                     batch=np.zeros((n_inst, max_batch), np.int32),
+                     batch_len=np.zeros(n_inst, np.int64), wq_sum=np.zeros((n_inst, 2), np.int64),
+                     rejected=np.zeros(2, np.int64), rr=np.zeros(1, np.int64))
+
+
+def new_step_log(step_cap: int, run_cap: int) -> StepLog:
+    """Step log and ITL run pool with the given initial capacities."""
+    return StepLog(
+        time=np.zeros(step_cap, np.int64), inst=np.zeros(step_cap, np.int32),
+        dur=np.zeros(step_cap, np.int64), next_same=np.full(step_cap, -1, np.int64),
+        queue=np.zeros(step_cap, np.int32), running=np.zeros(step_cap, np.int32),
+        kv_used=np.zeros(step_cap, np.int64), itl_count=np.zeros(step_cap, np.int64),
+        run_start=np.zeros(run_cap, np.int64), run_len=np.zeros(run_cap, np.int64),
+        run_next=np.full(run_cap, -1, np.int64), sizes=np.zeros(2, np.int64),
+    )
+
+
+@njit(cache=True)
+def _grow_log(lg, need_steps, need_runs):
+    steps = lg.sizes[0]
+    runs = lg.sizes[1]
+    cap_s = lg.time.shape[0]
+    cap_r = lg.run_start.shape[0]
+    if steps + need_steps <= cap_s and runs + need_runs <= cap_r:
+        return lg
+    ns = cap_s
+    while steps + need_steps > ns:
+        ns *= 2
+    nr = cap_r
+    while runs + need_runs > nr:
+        nr *= 2
+    time = np.zeros(ns, np.int64)
+    inst = np.zeros(ns, np.int32)
+    dur = np.zeros(ns, np.int64)
+    next_same = np.full(ns, -1, np.int64)
+    queue = np.zeros(ns, np.int32)
+    running = np.zeros(ns, np.int32)
+    kv_used = np.zeros(ns, np.int64)
+    itl_count = np.zeros(ns, np.int64)
+    time[:steps] = lg.time[:steps]
+    inst[:steps] = lg.inst[:steps]
+    dur[:steps] = lg.dur[:steps]
+    next_same[:steps] = lg.next_same[:steps]
+    queue[:steps] = lg.queue[:steps]
+    running[:steps] = lg.running[:steps]
+    kv_used[:steps] = lg.kv_used[:steps]
+    itl_count[:steps] = lg.itl_count[:steps]
+    run_start = np.zeros(nr, np.int64)
+    run_len = np.zeros(nr, np.int64)
+    run_next = np.full(nr, -1, np.int64)
+    run_start[:runs] = lg.run_start[:runs]
+    run_len[:runs] = lg.run_len[:runs]
+    run_next[:runs] = lg.run_next[:runs]
+    return StepLog(time, inst, dur, next_same, queue, running, kv_used, itl_count,
+                   run_start, run_len, run_next, lg.sizes)
+
+
+# ------------------------------------------------------------------ wait queue (linked list)
+
+
+@njit(cache=True)
+def _wq_push_back(ins, rs, i, r):
+    tail = ins.wq[i, 1]
+    rs.wq_prev[r] = tail
+    rs.wq_next[r] = -1
+    if tail >= 0:
+        rs.wq_next[tail] = r
+    else:
+        ins.wq[i, 0] = r
+    ins.wq[i, 1] = r
+    ins.wq[i, 2] += 1
+
+
+@njit(cache=True)
+def _wq_push_front(ins, rs, i, r):
+    head = ins.wq[i, 0]
+    rs.wq_next[r] = head
+    rs.wq_prev[r] = -1
+    if head >= 0:
+        rs.wq_prev[head] = r
+    else:
+        ins.wq[i, 1] = r
+    ins.wq[i, 0] = r
+    ins.wq[i, 2] += 1
+
+
+@njit(cache=True)
+def _wq_remove(ins, rs, i, r):
+    p = rs.wq_prev[r]
+    n = rs.wq_next[r]
+    if p >= 0:
+        rs.wq_next[p] = n
+    else:
+        ins.wq[i, 0] = n
+    if n >= 0:
+        rs.wq_prev[n] = p
+    else:
+        ins.wq[i, 1] = p
+    rs.wq_prev[r] = -1
+    rs.wq_next[r] = -1
+    ins.wq[i, 2] -= 1
+
+
+@njit(cache=True)
+def _sched_less(code, rs, arrival, input_len, id_rank, a, b):
+    """Strict ordering of two queued requests for the non-FCFS schedulers (CLU-4.4)."""
+    if code == SCHED_SJF:
+        if input_len[a] != input_len[b]:
+            return input_len[a] < input_len[b]
+    elif code == SCHED_PRIORITY_FCFS:
+        if rs.priority[a] != rs.priority[b]:
+            return rs.priority[a] > rs.priority[b]
+    else:
+        if rs.priority[a] != rs.priority[b]:
+            return rs.priority[a] < rs.priority[b]
+    if arrival[a] != arrival[b]:
+        return arrival[a] < arrival[b]
+    return id_rank[a] < id_rank[b]
+
+
+@njit(cache=True)
+def _reorder_queue(code, ins, rs, i, arrival, input_len, id_rank, buf, tmp):
+    """Stable-sort instance ``i``'s wait queue in place with the scheduler's key."""
+    n = ins.wq[i, 2]
+    if n < 2:
+        return
+    r = ins.wq[i, 0]
+    k = 0
+    while r >= 0:
+        buf[k] = r
+        k += 1
+        r = rs.wq_next[r]
+    # bottom-up merge sort (stable)
+    width = 1
+    src = buf
+    dst = tmp
+    while width < n:
+        lo = 0
+        while lo < n:
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            a = lo
+            b = mid
+            o = lo
+            while a < mid and b < hi:
+                if _sched_less(code, rs, arrival, input_len, id_rank, src[b], src[a]):
+                    dst[o] = src[b]
+                    b += 1
+                else:
+                    dst[o] = src[a]
+                    a += 1
+                o += 1
+            while a < mid:
+                dst[o] = src[a]
+                a += 1
+                o += 1
+            while b < hi:
+                dst[o] = src[b]
+                b += 1
+                o += 1
+            lo += 2 * width
+        t = src
+        src = dst
+        dst = t
+        width *= 2
+    prev = -1
+    for k in range(n):
+        q = src[k]
+        rs.wq_prev[q] = prev
+        if prev >= 0:
+            rs.wq_next[prev] = q
+        else:
+            ins.wq[i, 0] = q
+        prev = q
+    rs.wq_next[prev] = -1
+    ins.wq[i, 1] = prev
+
+
+# ------------------------------------------------------------------ completion bookkeeping
+
+
+@njit(cache=True)
+def _count_done(ins, i, column):
+    """Bump a terminal counter and the cluster's in-flight count for the instance (CLU-3.5)."""
+    ins.cnt[i, column] += 1
+    ins.cnt[i, K_INFLIGHT] -= 1
+    if ins.cnt[i, K_INFLIGHT] < 0:
+        ins.cnt[i, K_INFLIGHT] = 0
+
+
+@njit(cache=True)
+def _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode):
+    """recordRequestCompletion with DELTA-6/7: output tokens counted at completion."""
+    _count_done(ins, i, K_COMPLETED)
+    k = rs.pi[r] - input_len[r]
+    if k < output_len[r]:
+        k += 1
+    if k > 0:
+        ins.cnt[i, K_OUT_TOKENS] += k
+    post = post_decode if output_len[r] > 0 else 0
+    rs.e2e[r] = rs.first_token[r] + rs.itl_sum[r] + post
+    # the request's ITL samples (its final attempt) join AllITLs
+    run = rs.run_head[r]
+    while run >= 0:
+        s = lg.run_start[run]
+        for _ in range(lg.run_len[run]):
+            lg.itl_count[s] += 1
+            s = lg.next_same[s]
+        run = lg.run_next[run]
+
+
+@njit(cache=True)
+def _reset_runs(rs, r):
+    rs.run_head[r] = -1
+    rs.run_tail[r] = -1
+    rs.last_dec[r] = -1
+
+
+# ------------------------------------------------------------------ batch formation
+
+
+@njit(cache=True)
+def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, cached_buf, scratch):
+    """preemptForTokens (ENG-4.4 + DELTA-5). Returns (ok, budget, preempted_any)."""
+    preempted = False
+    while True:
+        in_prefill = rs.pi[r] < input_len[r]
+        if kvc.allocate(kv, i, r, rs.pi[r], rs.pi[r] + n, in_prefill, input_len[r],
+                        cached_buf, 0, scratch):
+            return True, budget, preempted
+        blen = ins.batch_len[i]
+        if blen == 0:
+            return False, budget, preempted
+        preempted = True
+        victim = ins.batch[i, blen - 1]
+        ins.batch_len[i] = blen - 1
+        ins.cnt[i, K_PREEMPTIONS] += 1
+        if rs.nnt[victim] > 0:
+            budget += rs.nnt[victim]
+            rs.nnt[victim] = 0
+        rs.state[victim] = ST_QUEUED
+        rs.pi[victim] = 0
+        rs.itl_sum[victim] = 0
+        rs.itl_cnt[victim] = 0
+        _reset_runs(rs, victim)
+        rs.ttft_set[victim] = 0
+        kvc.release(kv, i, victim)
+        rs.computed[victim] = 0
+        _wq_push_front(ins, rs, i, victim)
+        if victim == r:
+            return False, budget, preempted
+
+
+@njit(cache=True)
+def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scratch, admitted):
+    """vLLM batch formation (ENG-4.2..4.5). Returns the number of newly admitted requests."""
+    budget = ic[IC_MAX_TOKENS]
+    threshold = ic[IC_LONG_PREFILL]
+    max_len = ic[IC_MAX_MODEL_LEN]
+    for q in range(ins.batch_len[i]):
+        rs.nnt[ins.batch[i, q]] = 0
+    preemption = False
+    q = 0
+    while q < ins.batch_len[i]:
+        if budget <= 0:
+            break
+        r = ins.batch[i, q]
+        n = input_len[r] - rs.pi[r]
+        if n > 0:
+            if 0 < threshold and threshold < n:
+                n = threshold
+            n = min(n, budget)
+            if max_len > 0:
+                n = min(n, max(max_len - 1 - rs.pi[r], 0))
+            ok, budget, pre = _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget,
+                                                  cached_buf, scratch)
+            preemption = preemption or pre
+            if not ok:
+                break
+            budget -= n
+            rs.nnt[r] = n
+            rs.computed[r] += n
+        if rs.pi[r] >= input_len[r] and output_len[r] > 0:
+            if not (max_len > 0 and rs.pi[r] + 1 > max_len - 1):
+                ok, budget, pre = _preempt_for_tokens(ins, rs, kv, i, r, 1, input_len, budget,
+                                                      cached_buf, scratch)
+                preemption = preemption or pre
+                if not ok:
+                    break
+                budget -= 1
+                rs.nnt[r] = 1
+                rs.computed[r] += 1
+        q += 1
+    n_admitted = 0
+    if preemption:
+        return n_admitted
+    bs = kv.cfg[kvc.CFG_BS]
+    while ins.batch_len[i] < ic[IC_MAX_RUNNING] and ins.wq[i, 2] > 0 and budget > 0:
+        nxt = ins.wq[i, 0]
+        n_cached = kvc.cached_blocks(kv, i, nxt, input_len[nxt], cached_buf)
+        start = n_cached * bs
+        n = input_len[nxt] - start
+        if 0 < threshold and threshold < n:
+            n = threshold
+        n = min(n, budget)
+        if max_len > 0:
+            n = min(n, max(max_len - 1 - start, 0))
+        if not kvc.allocate(kv, i, nxt, start, start + n, True, input_len[nxt], cached_buf,
+                            n_cached, scratch):
+            break
+        _wq_remove(ins, rs, i, nxt)
+        ins.batch[i, ins.batch_len[i]] = nxt
+        ins.batch_len[i] += 1
+        rs.sched_step[nxt] = ins.cnt[i, K_STEPS]
+        admitted[n_admitted] = nxt
+        n_admitted += 1
+        budget -= n
+        rs.state[nxt] = ST_RUNNING
+        rs.nnt[nxt] = n
+        rs.computed[nxt] = n + start
+    return n_admitted
+
+
+# ------------------------------------------------------------------ the step
+
+
+@njit(cache=True)
+def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, output_len,
+          id_rank, buf_a, buf_b, cached_buf, scratch, gather):
+    """One engine iteration at ``now`` (ENG-2 with DELTA-2/3/4/5/6). Returns the duration, or
+    -1 when the step was a no-op (idle instance)."""
+    if ins.batch_len[i] == 0 and ins.wq[i, 2] == 0:
+        ins.cnt[i, K_STEP_PENDING] = 0
+        return np.int64(-1)
+    # ---- scheduleBatch
+    ins.cnt[i, K_STEPS] += 1
+    pcode = ic[IC_PRIORITY]
+    if pcode != PRIO_CONSTANT:
+        r = ins.wq[i, 0]
+        while r >= 0:
+            age = np.float64(now - arrival[r])
+            if pcode == PRIO_SLO_BASED:
+                rs.priority[r] = 0.0 + 1e-6 * age
+            else:
+                rs.priority[r] = 0.0 - 1e-6 * age
+            r = rs.wq_next[r]
+    else:
+        r = ins.wq[i, 0]
+        while r >= 0:
+            rs.priority[r] = 0.0
+            r = rs.wq_next[r]
+    scode = ic[IC_SCHEDULER]
+    if scode != SCHED_FCFS:
+        _reorder_queue(scode, ins, rs, i, arrival, input_len, id_rank, buf_a, buf_b)
+    n_adm = _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scratch,
+                        buf_a)
+    for k in range(n_adm):
+        r = buf_a[k]
+        rs.sched_delay[r] = now - arrival[r]
+        rs.has_sched[r] = 1
+    # step log entry
+    s = lg.sizes[0]
+    lg.sizes[0] = s + 1
+    lg.time[s] = now
+    lg.inst[s] = i
+    lg.queue[s] = ins.wq[i, 2]
+    lg.running[s] = ins.batch_len[i]
+    prev_step = ins.cnt[i, K_LAST_STEP]
+    if prev_step >= 0:
+        lg.next_same[prev_step] = s
+    ins.cnt[i, K_LAST_STEP] = s
+    ins.wq_sum[i, 0] += ins.wq[i, 2]
+    ins.wq_sum[i, 1] += 1
+    # ---- executeBatchStep
+    blen = ins.batch_len[i]
+    g = 0
+    for q in range(blen):
+        r = ins.batch[i, q]
+        if rs.nnt[r] > 0:
+            gather[0, g] = rs.pi[r]
+            gather[1, g] = rs.nnt[r]
+            gather[2, g] = input_len[r]
+            gather[3, g] = output_len[r]
+            g += 1
+    d = step_time(ic[IC_LATENCY_CODE], lat_params, g, gather[0], gather[1], gather[2],
+                  gather[3])
+    d += kvc.consume_pending_transfer(kv, i)
+    d = max(np.int64(1), d)
+    lg.dur[s] = d
+    otp = ic[IC_OUTPUT_TOKEN_TIME]
+    for q in range(blen):
+        r = ins.batch[i, q]
+        if rs.pi[r] < input_len[r]:
+            rs.pi[r] = rs.computed[r]
+        elif rs.nnt[r] > 0:
+            rs.pi[r] += 1
+            rs.itl_sum[r] += d + otp
+            rs.itl_cnt[r] += 1
+            tail = rs.run_tail[r]
+            if tail >= 0 and rs.last_dec[r] == prev_step:
+                lg.run_len[tail] += 1
+            else:
+                run = lg.sizes[1]
+                lg.sizes[1] = run + 1
+                lg.run_start[run] = s
+                lg.run_len[run] = 1
+                lg.run_next[run] = -1
+                if tail >= 0:
+                    lg.run_next[tail] = run
+                else:
+                    rs.run_head[r] = run
+                rs.run_tail[r] = run
+            rs.last_dec[r] = s
+        if rs.pi[r] == input_len[r] and rs.ttft_set[r] == 0:
+            rs.ttft_set[r] = 1
+            rs.first_token[r] = now + d + otp - arrival[r]
+            rs.ttft[r] = rs.first_token[r]
+            rs.has_ttft[r] = 1
+    used = kvc.used_blocks(kv, i)
+    lg.kv_used[s] = used
+    if used > ins.cnt[i, K_PEAK_KV]:
+        ins.cnt[i, K_PEAK_KV] = used
+    ins.kv_integral[i] += np.float64(used) * np.float64(d)
+    # ---- MirrorToCPU
+    kvc.mirror_to_cpu(kv, i, ins.batch[i], blen)
+    return d
+
+
+# ------------------------------------------------------------------ the simulation
+
+
+@njit(cache=True)
+def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
+             rs, ins, kv, lg):
+    """Run the whole simulation. Returns (status, step log) — all other results are written
+    into ``rs``, ``ins`` and ``kv`` in place."""
+    n_req = arrival.shape[0]
+    n_inst = ic[IC_N_INST]
+    horizon = ic[IC_HORIZON]
+    max_len = ic[IC_MAX_MODEL_LEN]
+    bs = kv.cfg[kvc.CFG_BS]
+    total_blocks = kv.cfg[kvc.CFG_BLOCKS]
+    otp = ic[IC_OUTPUT_TOKEN_TIME]
+    post_decode = ic[IC_POST_DECODE]
+    lat_code = ic[IC_LATENCY_CODE]
+
+    cap = 3 * n_req + 4 * n_inst + 16
+    times = np.empty(cap, np.int64)
+    ties = np.empty(cap, np.int64)
+    kinds = np.empty(cap, np.int8)
+    payloads = np.empty(cap, np.int64)
+    size = 0
+    seq = 0
+
+    max_batch = ins.batch.shape[1]
+    qbuf = max(n_req, max_batch) + 1
+    buf_a = np.empty(qbuf, np.int64)
+    buf_b = np.empty(qbuf, np.int64)
+    max_chunks = 1
+    for r in range(n_req):
+        c = kv.chunk_off[r + 1] - kv.chunk_off[r]
+        if c > max_chunks:
+            max_chunks = c
+    cached_buf = np.empty(max_chunks + 1, np.int64)
+    scratch = np.empty(max_chunks + 1, np.int64)
+    gather = np.empty((4, max_batch + 1), np.int64)
+
+    for r in range(n_req):
+        size = heap_push(times, ties, kinds, payloads, size, arrival[r],
+                         make_tie(False, 0, P_C_ARRIVAL, seq), EV_CLUSTER_ARRIVAL, r)
+        seq += 1
+
+    status = STATUS_OK
+    while size > 0:
+        t = times[0]
+        if t > horizon:
+            break
+        tie = ties[0]
+        kind = kinds[0]
+        payload = payloads[0]
+        size = heap_pop(times, ties, kinds, payloads, size)
+        if size + max_batch + 4 > cap:
+            cap *= 2
+            times2 = np.empty(cap, np.int64)
+            ties2 = np.empty(cap, np.int64)
+            kinds2 = np.empty(cap, np.int8)
+            payloads2 = np.empty(cap, np.int64)
+            times2[:size] = times[:size]
+            ties2[:size] = ties[:size]
+            kinds2[:size] = kinds[:size]
+            payloads2[:size] = payloads[:size]
+            times = times2
+            ties = ties2
+            kinds = kinds2
+            payloads = payloads2
+        if not tie_is_instance(tie):
+            r = payload
+            if kind == EV_CLUSTER_ARRIVAL:
+                size = heap_push(times, ties, kinds, payloads, size, t + ic[IC_ADM_LATENCY],
+                                 make_tie(False, 0, P_C_ADMISSION, seq), EV_ADMISSION, r)
+                seq += 1
+            elif kind == EV_ADMISSION:
+                if ic[IC_ADMISSION] == ADM_REJECT_ALL:
+                    ins.rejected[0] += 1
+                    rs.registered[r] = REG_REJECTED_ADMISSION
+                else:
+                    size = heap_push(times, ties, kinds, payloads, size,
+                                     t + ic[IC_ROUTE_LATENCY],
+                                     make_tie(False, 0, P_C_ROUTING, seq), EV_ROUTING, r)
+                    seq += 1
+            else:  # routing decision: round-robin
+                target = ins.rr[0] % n_inst
+                ins.rr[0] += 1
+                ins.cnt[target, K_INFLIGHT] += 1
+                rs.inst[r] = target
+                rs.registered[r] = REG_ROUTED
+                size = heap_push(times, ties, kinds, payloads, size, t,
+                                 make_tie(True, target, P_ARRIVAL, seq), EV_ARRIVAL, r)
+                seq += 1
+            continue
+
+        i = tie_instance(tie)
+        if kind == EV_TIMEOUT and rs.state[payload] == ST_COMPLETED:
+            continue  # lazily cancelled timeout: the clock does not move (DELTA-1)
+        ins.cnt[i, K_CLOCK] = t
+        if kind == EV_ARRIVAL:
+            r = payload
+            delay = queueing_time(lat_code, alpha, input_len[r])
+            size = heap_push(times, ties, kinds, payloads, size, t + delay,
+                             make_tie(True, i, P_QUEUED, seq), EV_QUEUED, r)
+            seq += 1
+        elif kind == EV_QUEUED:
+            r = payload
+            # ---- EnqueueRequest guards (ENG-3.4)
+            if rs.max_out[r] == 0 and max_len > 0 and input_len[r] < max_len:
+                rs.max_out[r] = max_len - input_len[r]
+            drop = False
+            if rs.max_out[r] < 0:
+                drop = True
+            elif max_len > 0 and (input_len[r] >= max_len or (
+                    rs.max_out[r] > 0 and input_len[r] + rs.max_out[r] > max_len)):
+                drop = True
+            elif (input_len[r] + bs - 1) // bs > total_blocks:
+                drop = True
+            if drop:
+                rs.state[r] = ST_DROPPED
+                rs.registered[r] = REG_NONE
+                _count_done(ins, i, K_DROPPED)
+            else:
+                ins.cnt[i, K_IN_TOKENS] += input_len[r]
+                if deadline[r] > 0 and deadline[r] <= t:
+                    rs.state[r] = ST_TIMED_OUT
+                    _count_done(ins, i, K_TIMED_OUT)
+                else:
+                    rs.state[r] = ST_QUEUED
+                    _wq_push_back(ins, rs, i, r)
+                    if deadline[r] > 0 and deadline[r] <= horizon:
+                        size = heap_push(times, ties, kinds, payloads, size, deadline[r],
+                                         make_tie(True, i, P_TIMEOUT, seq), EV_TIMEOUT, r)
+                        seq += 1
+            if ins.cnt[i, K_STEP_PENDING] == 0 and ins.wq[i, 2] > 0:
+                size = heap_push(times, ties, kinds, payloads, size, t,
+                                 make_tie(True, i, P_STEP, seq), EV_STEP, i)
+                seq += 1
+                ins.cnt[i, K_STEP_PENDING] = 1
+        elif kind == EV_STEP:
+            lg = _grow_log(lg, 1, ins.batch_len[i] + ic[IC_MAX_RUNNING] + 1)
+            d = _step(ic, lat_params, alpha, ins, rs, kv, lg, i, t, arrival, input_len,
+                      output_len, id_rank, buf_a, buf_b, cached_buf, scratch, gather)
+            if d < 0:
+                continue
+            # ---- processCompletions (ENG-2.4, DELTA-8)
+            blen = ins.batch_len[i]
+            keep = 0
+            for q in range(blen):
+                r = ins.batch[i, q]
+                done = False
+                if rs.pi[r] >= input_len[r] + max(output_len[r], 1) - 1:
+                    rs.state[r] = ST_COMPLETED
+                    if output_len[r] > 0 and rs.pi[r] < input_len[r] + output_len[r]:
+                        if not kvc.allocate(kv, i, r, rs.pi[r], rs.pi[r] + 1, False,
+                                            input_len[r], cached_buf, 0, scratch):
+                            ins.cnt[i, K_KV_FAIL] += 1
+                    done = True
+                elif max_len > 0 and rs.pi[r] >= max_len - 1:
+                    ins.cnt[i, K_LENGTH_CAPPED] += 1
+                    rs.capped[r] = 1
+                    rs.state[r] = ST_COMPLETED
+                    done = True
+                if done:
+                    kvc.release(kv, i, r)
+                    rs.fin_step[r] = ins.cnt[i, K_STEPS]
+                    size = heap_push(times, ties, kinds, payloads, size, t + d,
+                                     make_tie(True, i, P_LEFT, seq), EV_REQUEST_LEFT, r)
+                    seq += 1
+                    _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode)
+                else:
+                    ins.batch[i, keep] = r
+                    keep += 1
+            ins.batch_len[i] = keep
+            # ---- scheduleNextStep
+            if keep > 0 or ins.wq[i, 2] > 0:
+                size = heap_push(times, ties, kinds, payloads, size, t + d,
+                                 make_tie(True, i, P_STEP, seq), EV_STEP, i)
+                seq += 1
+                ins.cnt[i, K_STEP_PENDING] = 1
+            else:
+                ins.cnt[i, K_STEP_PENDING] = 0
+        elif kind == EV_TIMEOUT:
+            r = payload
+            if rs.state[r] == ST_TIMED_OUT:
+                continue
+            was_running = rs.state[r] == ST_RUNNING
+            was_queued = rs.state[r] == ST_QUEUED
+            rs.state[r] = ST_TIMED_OUT
+            _count_done(ins, i, K_TIMED_OUT)
+            kvc.release(kv, i, r)
+            rs.computed[r] = 0
+            if was_running:
+                keep = 0
+                for q in range(ins.batch_len[i]):
+                    x = ins.batch[i, q]
+                    if x != r:
+                        ins.batch[i, keep] = x
+                        keep += 1
+                ins.batch_len[i] = keep
+            elif was_queued:
+                _wq_remove(ins, rs, i, r)
+            if ins.batch_len[i] == 0 and ins.cnt[i, K_STEP_PENDING] == 0 and ins.wq[i, 2] > 0:
+                size = heap_push(times, ties, kinds, payloads, size, t,
+                                 make_tie(True, i, P_STEP, seq), EV_STEP, i)
+                seq += 1
+                ins.cnt[i, K_STEP_PENDING] = 1
+        # EV_REQUEST_LEFT: only moves the clock
+    return status, lg

@@ -1,0 +1,563 @@
+"""Block KV cache with prefix caching, LRU free list and optional CPU tier (ENG-5, DELTA-13/14).
+
+All instances' caches live in 2-D arrays indexed ``[instance, block]``. A block's token
+contents are never stored: a request's block list always covers consecutive block-aligned
+chunks of its token sequence (input ++ output), starting at chunk ``req_first_chunk``, so the
+``j``-th block of a request holds chunk ``req_first_chunk + j`` and its hash is
+``chain_hash(prev block's hash, chunk digest)`` exactly where the reference hashes the tokens.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from blis_fast.kernels.hashing import chain_hash
+
+KVState = namedtuple(
+    "KVState",
+    [
+        # per block, [n_instances, n_blocks]
+        "ref",  # int32 reference count
+        "tok",  # int32 tokens held (0..block_size)
+        "hsh",  # uint64 block hash (0 = none)
+        "prv",  # int32 free-list links (-1 = none)
+        "nxt",
+        "onfree",  # int8 1 when on the free list (the reference's !InUse)
+        # per instance, [n_instances, 8] int64: head, tail, free count, hits, misses
+        "meta",
+        # prefix hash table per instance (open addressing, linear probing; key 0 = empty)
+        "ht_key",  # uint64 [n_instances, table_size]
+        "ht_val",  # int32
+        # per request block lists
+        "req_off",  # int64 offset of the request's slice in pool
+        "req_cnt",  # int32 blocks currently held (0 = no RequestMap entry)
+        "req_first_chunk",  # int64 chunk index of the request's first block
+        "pool",  # int32 block ids
+        # request digests (from the RequestTable)
+        "chunk_off",
+        "chunk_dig",
+        # CPU tier (tiered mode only; 1-slot arrays otherwise)
+        "cpu_key",  # uint64 [n_instances, cpu_table_size] hash -> slot table
+        "cpu_val",  # int32
+        "cpu_hash",  # uint64 [n_instances, cpu_blocks]
+        "cpu_prv",  # int32 LRU links
+        "cpu_nxt",
+        "cpu_free",  # int32 free-slot stack
+        # per instance [n_instances, 12] int64: lru head, lru tail, used, free top, evictions,
+        # mirrors, cpu hits, cpu misses, pending transfer latency
+        "cpu_meta",
+        # int64 config: block size, total blocks, tiered flag, cpu capacity,
+        # ticks per reloaded block (base latency + transfer)
+        "cfg",
+    ],
+)
+
+M_HEAD, M_TAIL, M_FREE, M_HITS, M_MISSES = 0, 1, 2, 3, 4
+C_HEAD, C_TAIL, C_USED, C_FREETOP, C_EVICT, C_MIRROR, C_HIT, C_MISS, C_PENDING = range(9)
+CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS = range(5)
+
+
+def new_kv_state(
+    n_instances: int,
+    total_blocks: int,
+    block_size: int,
+    chunk_offsets: np.ndarray,
+    chunk_digests: np.ndarray,
+    input_len: np.ndarray,
+    output_len: np.ndarray,
+    cpu_blocks: int = 0,
+    reload_ticks: int = 0,
+) -> KVState:
+    """Allocate an empty cache for every instance, sized from the workload."""
+    n_req = len(input_len)
+    total_chunks = int(chunk_offsets[-1]) if len(chunk_offsets) else 0
+    table_entries = max(1, min(total_blocks, total_chunks + 1))
+    table_size = 16
+    while table_size < 2 * table_entries:
+        table_size *= 2
+    per_req = (input_len + output_len + block_size - 1) // block_size + 1
+    req_off = np.zeros(n_req, dtype=np.int64)
+    if n_req:
+        req_off[1:] = np.cumsum(per_req)[:-1]
+    pool = np.zeros(int(per_req.sum()) + 1, dtype=np.int32)
+    shape = (n_instances, total_blocks)
+    prv = np.empty(shape, dtype=np.int32)
+    nxt = np.empty(shape, dtype=np.int32)
+    ids = np.arange(total_blocks, dtype=np.int32)
+    prv[:] = ids - 1
+    nxt[:] = ids + 1
+    nxt[:, -1] = -1
+    meta = np.zeros((n_instances, 8), dtype=np.int64)
+    meta[:, M_HEAD] = 0
+    meta[:, M_TAIL] = total_blocks - 1
+    meta[:, M_FREE] = total_blocks
+    tiered = cpu_blocks > 0
+    cpu_cap = cpu_blocks if tiered else 1
+    cpu_entries = max(1, min(cpu_cap, total_chunks + 1))
+    cpu_table = 16
+    while cpu_table < 2 * cpu_entries:
+        cpu_table *= 2
+    cpu_meta = np.zeros((n_instances, 12), dtype=np.int64)
+    cpu_meta[:, C_HEAD] = -1
+    cpu_meta[:, C_TAIL] = -1
+    cpu_meta[:, C_FREETOP] = cpu_cap
+    cpu_free = np.empty((n_instances, cpu_cap), dtype=np.int32)
+    cpu_free[:] = np.arange(cpu_cap - 1, -1, -1, dtype=np.int32)
+    cfg = np.array([block_size, total_blocks, 1 if tiered else 0, cpu_cap, reload_ticks],
+                   dtype=np.int64)
+    return KVState(
+        ref=np.zeros(shape, dtype=np.int32),
+        tok=np.zeros(shape, dtype=np.int32),
+        hsh=np.zeros(shape, dtype=np.uint64),
+        prv=prv,
+        nxt=nxt,
+        onfree=np.ones(shape, dtype=np.int8),
+        meta=meta,
+        ht_key=np.zeros((n_instances, table_size), dtype=np.uint64),
+        ht_val=np.zeros((n_instances, table_size), dtype=np.int32),
+        req_off=req_off,
+        req_cnt=np.zeros(n_req, dtype=np.int32),
+        req_first_chunk=np.zeros(n_req, dtype=np.int64),
+        pool=pool,
+        chunk_off=chunk_offsets,
+        chunk_dig=chunk_digests,
+        cpu_key=np.zeros((n_instances, cpu_table), dtype=np.uint64),
+        cpu_val=np.zeros((n_instances, cpu_table), dtype=np.int32),
+        cpu_hash=np.zeros((n_instances, cpu_cap), dtype=np.uint64),
+        cpu_prv=np.full((n_instances, cpu_cap), -1, dtype=np.int32),
+        cpu_nxt=np.full((n_instances, cpu_cap), -1, dtype=np.int32),
+        cpu_free=cpu_free,
+        cpu_meta=cpu_meta,
+        cfg=cfg,
+    )
+
+
+# ---------------------------------------------------------------- hash tables
+
+
+@njit(cache=True)
+def _table_get(keys, vals, i, h):
+    mask = keys.shape[1] - 1
+    j = np.int64(h & np.uint64(mask))
+    while True:
+        k = keys[i, j]
+        if k == h:
+            return np.int64(vals[i, j])
+        if k == 0:
+            return np.int64(-1)
+        j = (j + 1) & mask
+
+
+@njit(cache=True)
+def _table_put(keys, vals, i, h, v):
+    mask = keys.shape[1] - 1
+    j = np.int64(h & np.uint64(mask))
+    while True:
+        k = keys[i, j]
+        if k == h or k == 0:
+            keys[i, j] = h
+            vals[i, j] = v
+            return
+        j = (j + 1) & mask
+
+
+@njit(cache=True)
+def _table_del(keys, vals, i, h):
+    mask = keys.shape[1] - 1
+    j = np.int64(h & np.uint64(mask))
+    while True:
+        k = keys[i, j]
+        if k == 0:
+            return
+        if k == h:
+            break
+        j = (j + 1) & mask
+    # backward-shift deletion keeps probe chains intact without tombstones
+    hole = j
+    j = (j + 1) & mask
+    while keys[i, j] != 0:
+        home = np.int64(keys[i, j] & np.uint64(mask))
+        if (hole - home) & mask < (j - home) & mask:
+            keys[i, hole] = keys[i, j]
+            vals[i, hole] = vals[i, j]
+            hole = j
+        j = (j + 1) & mask
+    keys[i, hole] = 0
+
+
+# ---------------------------------------------------------------- GPU free list
+
+
+@njit(cache=True)
+def _free_append(kv, i, b):
+    meta = kv.meta
+    meta[i, M_FREE] += 1
+    kv.nxt[i, b] = -1
+    tail = meta[i, M_TAIL]
+    if tail >= 0:
+        kv.nxt[i, tail] = b
+        kv.prv[i, b] = tail
+        meta[i, M_TAIL] = b
+    else:
+        meta[i, M_HEAD] = b
+        meta[i, M_TAIL] = b
+        kv.prv[i, b] = -1
+    kv.onfree[i, b] = 1
+
+
+@njit(cache=True)
+def _free_remove(kv, i, b):
+    meta = kv.meta
+    meta[i, M_FREE] -= 1
+    p = kv.prv[i, b]
+    n = kv.nxt[i, b]
+    if p >= 0:
+        kv.nxt[i, p] = n
+    else:
+        meta[i, M_HEAD] = n
+    if n >= 0:
+        kv.prv[i, n] = p
+    else:
+        meta[i, M_TAIL] = p
+    kv.prv[i, b] = -1
+    kv.nxt[i, b] = -1
+    kv.onfree[i, b] = 0
+
+
+@njit(cache=True)
+def _pop_free(kv, i):
+    """Take the LRU head of the free list and drop its hash mapping (ENG-5.4, DELTA-14)."""
+    b = kv.meta[i, M_HEAD]
+    if b < 0:
+        return np.int64(-1)
+    _free_remove(kv, i, b)
+    kv.tok[i, b] = 0
+    h = kv.hsh[i, b]
+    if h != 0:
+        _table_del(kv.ht_key, kv.ht_val, i, h)
+        kv.hsh[i, b] = 0
+    return np.int64(b)
+
+
+@njit(cache=True)
+def free_blocks(kv, i):
+    """Number of blocks on instance ``i``'s free list."""
+    return kv.meta[i, M_FREE]
+
+
+@njit(cache=True)
+def used_blocks(kv, i):
+    """Blocks in use on instance ``i`` (total minus free)."""
+    return kv.cfg[CFG_BLOCKS] - kv.meta[i, M_FREE]
+
+
+# ---------------------------------------------------------------- queries
+
+
+@njit(cache=True)
+def cached_blocks(kv, i, r, input_len, out):
+    """Leading full input blocks of request ``r`` present in instance ``i``'s cache (ENG-5.3).
+
+    Writes block ids to ``out`` and returns how many were found. Pure query.
+    """
+    bs = kv.cfg[CFG_BS]
+    n = input_len // bs
+    base = kv.chunk_off[r]
+    prev = np.uint64(0)
+    count = 0
+    for k in range(n):
+        h = chain_hash(prev, kv.chunk_dig[base + k])
+        b = _table_get(kv.ht_key, kv.ht_val, i, h)
+        if b < 0:
+            break
+        out[count] = b
+        count += 1
+        prev = h
+    return count
+
+
+@njit(cache=True)
+def _commit(kv, i, r, blocks, lo, hi):
+    off = kv.req_off[r]
+    if kv.req_cnt[r] == 0:
+        kv.req_first_chunk[r] = 0
+    for k in range(lo, hi):
+        b = blocks[k]
+        kv.ref[i, b] += 1
+        if kv.onfree[i, b] == 1:
+            _free_remove(kv, i, b)
+        kv.meta[i, M_HITS] += 1
+        kv.pool[off + kv.req_cnt[r]] = b
+        kv.req_cnt[r] += 1
+
+
+@njit(cache=True)
+def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
+    """GPU-tier AllocateKVBlocks with the check-then-act pre-check (DELTA-13)."""
+    bs = kv.cfg[CFG_BS]
+    off = kv.req_off[r]
+    ntok = end - start
+    free = kv.meta[i, M_FREE]
+    if in_prefill:
+        eff = ntok
+        cnt = kv.req_cnt[r]
+        if cnt > 0:
+            last = kv.pool[off + cnt - 1]
+            spare = bs - kv.tok[i, last]
+            if spare > 0 and spare < bs:
+                eff -= min(spare, eff)
+        need = np.int64(0)
+        if eff > 0:
+            need = (eff + bs - 1) // bs
+        from_free = np.int64(0)
+        for k in range(n_cached):
+            if kv.onfree[i, cached[k]] == 1:
+                from_free += 1
+        if need + from_free > free:
+            return False
+    else:
+        cnt = kv.req_cnt[r]
+        if cnt > 0:
+            last = kv.pool[off + cnt - 1]
+            if kv.tok[i, last] == bs and free == 0:
+                return False
+        elif free == 0:
+            return False
+
+    remaining = ntok
+    while remaining > 0:
+        cnt = kv.req_cnt[r]
+        latest = np.int64(-1)
+        if cnt > 0:
+            latest = kv.pool[off + cnt - 1]
+        else:
+            if n_cached > 0:
+                _commit(kv, i, r, cached, 0, n_cached)
+                cnt = kv.req_cnt[r]
+                latest = kv.pool[off + cnt - 1]
+            else:
+                kv.req_first_chunk[r] = start // bs
+        if latest >= 0 and kv.tok[i, latest] > 0 and kv.tok[i, latest] < bs:
+            take = min(bs - kv.tok[i, latest], remaining)
+            kv.tok[i, latest] += take
+            remaining -= take
+            if kv.tok[i, latest] == bs:
+                prev = np.uint64(0)
+                if cnt >= 2:
+                    prev = kv.hsh[i, kv.pool[off + cnt - 2]]
+                chunk = kv.req_first_chunk[r] + cnt - 1
+                h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
+                kv.hsh[i, latest] = h
+                _table_put(kv.ht_key, kv.ht_val, i, h, latest)
+        else:
+            n_new = (remaining + bs - 1) // bs
+            prev = np.uint64(0)
+            if kv.req_cnt[r] > 0:
+                prev = kv.hsh[i, kv.pool[off + kv.req_cnt[r] - 1]]
+            for _ in range(n_new):
+                b = _pop_free(kv, i)
+                take = min(bs, remaining)
+                kv.tok[i, b] = take
+                kv.ref[i, b] = 1
+                kv.meta[i, M_MISSES] += 1
+                if take == bs and in_prefill:
+                    chunk = kv.req_first_chunk[r] + kv.req_cnt[r]
+                    h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
+                    kv.hsh[i, b] = h
+                    _table_put(kv.ht_key, kv.ht_val, i, h, b)
+                    prev = h
+                kv.pool[off + kv.req_cnt[r]] = b
+                kv.req_cnt[r] += 1
+                remaining -= take
+    return True
+
+
+@njit(cache=True)
+def release(kv, i, r):
+    """Release every block of request ``r``, last to first, onto the free-list tail (ENG-5.5)."""
+    cnt = kv.req_cnt[r]
+    off = kv.req_off[r]
+    for k in range(cnt - 1, -1, -1):
+        b = kv.pool[off + k]
+        kv.ref[i, b] -= 1
+        if kv.ref[i, b] == 0:
+            _free_append(kv, i, b)
+    kv.req_cnt[r] = 0
+
+
+# ---------------------------------------------------------------- CPU tier
+
+
+@njit(cache=True)
+def _cpu_unlink(kv, i, s):
+    cm = kv.cpu_meta
+    p = kv.cpu_prv[i, s]
+    n = kv.cpu_nxt[i, s]
+    if p >= 0:
+        kv.cpu_nxt[i, p] = n
+    else:
+        cm[i, C_HEAD] = n
+    if n >= 0:
+        kv.cpu_prv[i, n] = p
+    else:
+        cm[i, C_TAIL] = p
+    kv.cpu_prv[i, s] = -1
+    kv.cpu_nxt[i, s] = -1
+
+
+@njit(cache=True)
+def _cpu_append(kv, i, s):
+    cm = kv.cpu_meta
+    tail = cm[i, C_TAIL]
+    kv.cpu_nxt[i, s] = -1
+    kv.cpu_prv[i, s] = tail
+    if tail >= 0:
+        kv.cpu_nxt[i, tail] = s
+    else:
+        cm[i, C_HEAD] = s
+    cm[i, C_TAIL] = s
+
+
+@njit(cache=True)
+def _cpu_store(kv, i, h):
+    cm = kv.cpu_meta
+    if cm[i, C_USED] >= kv.cfg[CFG_CPU_CAP]:
+        victim = cm[i, C_HEAD]
+        if victim >= 0:
+            _cpu_unlink(kv, i, victim)
+            _table_del(kv.cpu_key, kv.cpu_val, i, kv.cpu_hash[i, victim])
+            cm[i, C_USED] -= 1
+            cm[i, C_EVICT] += 1
+            kv.cpu_free[i, cm[i, C_FREETOP]] = victim
+            cm[i, C_FREETOP] += 1
+    cm[i, C_FREETOP] -= 1
+    s = kv.cpu_free[i, cm[i, C_FREETOP]]
+    kv.cpu_hash[i, s] = h
+    _table_put(kv.cpu_key, kv.cpu_val, i, h, s)
+    _cpu_append(kv, i, s)
+    cm[i, C_USED] += 1
+
+
+@njit(cache=True)
+def mirror_to_cpu(kv, i, batch_reqs, n):
+    """Copy every full, hashed block of the batch's requests to the CPU tier (ENG-5.9)."""
+    if kv.cfg[CFG_TIERED] == 0:
+        return
+    bs = kv.cfg[CFG_BS]
+    for q in range(n):
+        r = batch_reqs[q]
+        off = kv.req_off[r]
+        for k in range(kv.req_cnt[r]):
+            b = kv.pool[off + k]
+            h = kv.hsh[i, b]
+            if h == 0 or kv.tok[i, b] < bs:
+                continue
+            s = _table_get(kv.cpu_key, kv.cpu_val, i, h)
+            if s >= 0:
+                _cpu_unlink(kv, i, s)
+                _cpu_append(kv, i, s)
+            else:
+                _cpu_store(kv, i, h)
+                kv.cpu_meta[i, C_MIRROR] += 1
+
+
+@njit(cache=True)
+def _reload_prefix(kv, i, r, input_len):
+    bs = kv.cfg[CFG_BS]
+    n = input_len // bs
+    max_reloads = kv.meta[i, M_FREE]
+    base = kv.chunk_off[r]
+    prev = np.uint64(0)
+    reloaded = False
+    count = 0
+    for k in range(n):
+        h = chain_hash(prev, kv.chunk_dig[base + k])
+        if _table_get(kv.ht_key, kv.ht_val, i, h) >= 0:
+            prev = h
+            continue
+        s = _table_get(kv.cpu_key, kv.cpu_val, i, h)
+        if s < 0:
+            break
+        if count >= max_reloads:
+            break
+        b = _pop_free(kv, i)
+        if b < 0:
+            break
+        kv.tok[i, b] = bs
+        kv.hsh[i, b] = h
+        kv.ref[i, b] = 0
+        _table_put(kv.ht_key, kv.ht_val, i, h, b)
+        _free_append(kv, i, b)
+        kv.cpu_meta[i, C_PENDING] += kv.cfg[CFG_RELOAD_TICKS]
+        _cpu_unlink(kv, i, s)
+        _cpu_append(kv, i, s)
+        kv.cpu_meta[i, C_HIT] += 1
+        reloaded = True
+        count += 1
+        prev = h
+    return reloaded
+
+
+@njit(cache=True)
+def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scratch):
+    """AllocateKVBlocks for either store (single tier, or GPU+CPU with reload, ENG-5.10)."""
+    if _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
+        return True
+    if kv.cfg[CFG_TIERED] == 0:
+        return False
+    if _reload_prefix(kv, i, r, input_len):
+        bs = kv.cfg[CFG_BS]
+        n_new = cached_blocks(kv, i, r, input_len, scratch)
+        new_start = n_new * bs
+        if new_start > start:
+            has_entry = kv.req_cnt[r] > 0
+            if new_start >= end:
+                end_block = min((end + bs - 1) // bs, n_new)
+                if has_entry:
+                    start_block = (start + bs - 1) // bs
+                    if start_block < end_block:
+                        _commit(kv, i, r, scratch, start_block, end_block)
+                else:
+                    _commit(kv, i, r, scratch, 0, end_block)
+                return True
+            new_start_block = new_start // bs
+            if has_entry:
+                start_block = (start + bs - 1) // bs
+                if start_block < new_start_block:
+                    _commit(kv, i, r, scratch, start_block, new_start_block)
+            else:
+                _commit(kv, i, r, scratch, 0, new_start_block)
+            return _gpu_allocate(kv, i, r, new_start, end, in_prefill, scratch, n_new)
+        return _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached)
+    kv.cpu_meta[i, C_MISS] += 1
+    return False
+
+
+@njit(cache=True)
+def consume_pending_transfer(kv, i):
+    """Pending CPU->GPU transfer latency to add to the next step, then cleared (ENG-5.10.5)."""
+    lat = kv.cpu_meta[i, C_PENDING]
+    kv.cpu_meta[i, C_PENDING] = 0
+    return lat
+
+
+@njit(cache=True)
+def hit_rate(kv, i):
+    """Cumulative hit rate (tiered: CPU misses count as misses too, ENG-5.11)."""
+    hits = kv.meta[i, M_HITS]
+    total = hits + kv.meta[i, M_MISSES] + kv.cpu_meta[i, C_MISS]
+    if total == 0:
+        return 0.0
+    return hits / total
+
+
+@njit(cache=True)
+def thrashing_rate(kv, i):
+    """CPU evictions per mirrored block (0 single-tier or without mirrors)."""
+    mirrors = kv.cpu_meta[i, C_MIRROR]
+    if mirrors == 0:
+        return 0.0
+    return kv.cpu_meta[i, C_EVICT] / mirrors

@@ -1,0 +1,616 @@
+"""Latency-model kernels: step time and alpha overheads of every backend (ENG-6, DELTA-3/16/17/20).
+
+Each backend is an integer ``code``; its configuration is one float64 ``params`` array packed by
+``blis_fast.config.latency.LatencyConfig`` (layouts below, index constants in this module).
+Every formula keeps the reference's float64 evaluation order (left to right, no fused
+multiply-add, no reassociation), so results are bit-identical to the Go simulator's.
+
+Batch contract of ``step_time``: entries ``0..n-1`` of the four int64 arrays describe the
+requests scheduled this step (those granted tokens, DELTA-3), in batch order. Entry ``i`` is a
+**prefill** request iff ``progress[i] < input_len[i]``; otherwise a **decode** request iff
+``output_len[i] > 0``; otherwise it is ignored (but still counts in the batch size of the trained
+backends). ``new_tokens[i]`` is the request's NumNewTokens of the step.
+
+``params`` layouts (index constants ``<PREFIX>_<NAME>``):
+
+* BLACKBOX (``BB_``, 3): ``BETA0`` per-step µs, ``BETA1`` µs per prefill token, ``BETA2`` µs per
+  decode token.
+* ROOFLINE (``RF_``, 20): ``D`` hidden size, ``L`` layers, ``H`` attention heads, ``HKV`` KV heads
+  (0 replaced by H), ``DHEAD`` = D/H (float division), ``DKV`` = HKV·DHEAD, ``DFF_MOE`` and
+  ``DFF_DENSE`` (FFN widths of MoE and dense layers; intermediate size, or 4·D when absent),
+  ``NMAT`` MLP matrix count (2), ``N_MOE`` / ``N_DENSE`` layer counts, ``E`` experts, ``K`` experts
+  per token, ``BPP`` KV/compute bytes per element, ``WBPP`` effective weight bytes per parameter,
+  ``TP``, ``PEAK_FLOPS`` (FLOP/s, the FP8 rate when WBPP is exactly 1 and the GPU has one),
+  ``PEAK_BW`` (bytes/s), ``MFU_PREFILL``, ``MFU_DECODE``.
+* CROSSMODEL (``CM_``, 8): ``BETA0..BETA3``, ``L`` layers, ``KV_DIM_SCALED`` = (L·HKV·(D/H)/TP)·1e-6,
+  ``IS_MOE`` (1.0 when the model has experts), ``IS_TP`` (1.0 when TP > 1).
+* TRAINED_ROOFLINE (``TR_``, 19): ``BETA0..BETA6``, ``L``, ``D``, ``DKV`` (HKV·(D div H)), ``DH``
+  (D div H), ``DFF`` intermediate size, ``TP``, ``KEFF`` = max(1, experts per token), ``HPG`` = H/TP,
+  ``IS_MOE`` (experts > 0), ``E`` experts, ``FLOPS_US`` (TFlopsPeak·1e6), ``BW_US`` (BwPeakTBs·1e6).
+* TRAINED_PHYSICS (``TP_``, 31): ``BETA0..BETA9`` (missing betas are 0), ``PREFILL_SPLIT`` /
+  ``DECODE_SPLIT`` (1.0 when ≥ 9 / ≥ 10 betas were given), ``L``, ``D``, ``DKV``, ``DH``, ``TP``,
+  ``KEFF``, ``HPG``, ``IS_MOE`` (experts > 1), ``E``, ``N_MOE``, ``N_DENSE``, ``DFF_MOE``,
+  ``DFF_DENSE``, ``MOE_SCALING`` (1.0 for interleaved MoE), ``WBPP``, ``FLOPS_US`` (FP8-aware),
+  ``BW_US``, ``TP_FACTOR`` = (TP−1)/TP, ``AR_UNITS`` = 2·N_DENSE + N_MOE.
+
+``alpha`` is always float64[3]. All times are int64 microseconds (ticks).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "BLACKBOX",
+    "CROSSMODEL",
+    "ROOFLINE",
+    "TRAINED_PHYSICS",
+    "TRAINED_ROOFLINE",
+    "clamp_to_int64",
+    "go_pow",
+    "output_token_processing_time",
+    "post_decode_fixed_overhead",
+    "queueing_time",
+    "step_time",
+]
+
+# backend codes
+BLACKBOX = 0
+ROOFLINE = 1
+CROSSMODEL = 2
+TRAINED_ROOFLINE = 3
+TRAINED_PHYSICS = 4
+
+# BLACKBOX layout
+BB_BETA0, BB_BETA1, BB_BETA2 = 0, 1, 2
+BB_SIZE = 3
+
+# ROOFLINE layout
+RF_D, RF_L, RF_H, RF_HKV, RF_DHEAD, RF_DKV = 0, 1, 2, 3, 4, 5
+RF_DFF_MOE, RF_DFF_DENSE, RF_NMAT, RF_N_MOE, RF_N_DENSE = 6, 7, 8, 9, 10
+RF_E, RF_K, RF_BPP, RF_WBPP, RF_TP = 11, 12, 13, 14, 15
+RF_PEAK_FLOPS, RF_PEAK_BW, RF_MFU_PREFILL, RF_MFU_DECODE = 16, 17, 18, 19
+RF_SIZE = 20
+
+# CROSSMODEL layout
+CM_BETA0, CM_BETA1, CM_BETA2, CM_BETA3 = 0, 1, 2, 3
+CM_L, CM_KV_DIM_SCALED, CM_IS_MOE, CM_IS_TP = 4, 5, 6, 7
+CM_SIZE = 8
+
+# TRAINED_ROOFLINE layout
+TR_BETA0 = 0  # BETA0..BETA6 at 0..6
+TR_L, TR_D, TR_DKV, TR_DH, TR_DFF, TR_TP = 7, 8, 9, 10, 11, 12
+TR_KEFF, TR_HPG, TR_IS_MOE, TR_E, TR_FLOPS_US, TR_BW_US = 13, 14, 15, 16, 17, 18
+TR_SIZE = 19
+
+# TRAINED_PHYSICS layout
+TP_BETA0 = 0  # BETA0..BETA9 at 0..9
+TP_PREFILL_SPLIT, TP_DECODE_SPLIT = 10, 11
+TP_L, TP_D, TP_DKV, TP_DH, TP_TP, TP_KEFF, TP_HPG = 12, 13, 14, 15, 16, 17, 18
+TP_IS_MOE, TP_E, TP_N_MOE, TP_N_DENSE, TP_DFF_MOE, TP_DFF_DENSE = 19, 20, 21, 22, 23, 24
+TP_MOE_SCALING, TP_WBPP, TP_FLOPS_US, TP_BW_US, TP_TP_FACTOR, TP_AR_UNITS = 25, 26, 27, 28, 29, 30
+TP_SIZE = 31
+
+_INT64_MAX = np.int64(9223372036854775807)
+_INT64_MIN = np.int64(-9223372036854775807 - 1)
+_TWO63 = 9.223372036854775808e18
+
+
+@njit(cache=True)
+def clamp_to_int64(v: float) -> np.int64:
+    """Go's clampToInt64: NaN or ≥ 2^63 → MaxInt64, else truncation toward zero."""
+    if math.isnan(v) or v >= _TWO63:
+        return _INT64_MAX
+    if v < -_TWO63:
+        return _INT64_MIN
+    return np.int64(v)
+
+
+@njit(cache=True)
+def _go_max(x: float, y: float) -> float:
+    """Go's math.Max (Inf wins over NaN, NaN propagates, +0 beats −0)."""
+    if (math.isinf(x) and x > 0) or (math.isinf(y) and y > 0):
+        return math.inf
+    if math.isnan(x) or math.isnan(y):
+        return math.nan
+    if x == 0.0 and y == 0.0:
+        if math.copysign(1.0, x) < 0:
+            return y
+        return x
+    if x > y:
+        return x
+    return y
+
+
+@njit(cache=True)
+def _go_min(x: float, y: float) -> float:
+    """Go's math.Min (−Inf wins over NaN, NaN propagates, −0 beats +0)."""
+    if (math.isinf(x) and x < 0) or (math.isinf(y) and y < 0):
+        return -math.inf
+    if math.isnan(x) or math.isnan(y):
+        return math.nan
+    if x == 0.0 and y == 0.0:
+        if math.copysign(1.0, x) < 0:
+            return x
+        return y
+    if x < y:
+        return x
+    return y
+
+
+@njit(cache=True)
+def _is_odd_int(x: float) -> bool:
+    if abs(x) >= 9007199254740992.0:
+        return False
+    xi = math.floor(abs(x))
+    if abs(x) - xi != 0.0:
+        return False
+    return (np.int64(xi) & 1) == 1
+
+
+@njit(cache=True)
+def _pow_zero_base(x: float, y: float) -> float:
+    """Go's Pow for x = ±0 and y ≠ 0."""
+    neg = math.copysign(1.0, x) < 0
+    if y < 0:
+        if neg and _is_odd_int(y):
+            return -math.inf
+        return math.inf
+    if neg and _is_odd_int(y):
+        return x
+    return 0.0
+
+
+@njit(cache=True)
+def go_pow(x: float, y: float) -> float:
+    """Port of Go's math.Pow (pure-Go algorithm: mantissa squaring, exponent tracked apart).
+
+    For integral exponents (the only ones the roofline uses) this is bit-identical to Go; the
+    fractional part, never used here, goes through the C library's exp/log.
+    """
+    if y == 0.0 or x == 1.0:
+        return 1.0
+    if y == 1.0:
+        return x
+    if math.isnan(x) or math.isnan(y):
+        return math.nan
+    if x == 0.0:
+        return _pow_zero_base(x, y)
+    if math.isinf(y):
+        if x == -1.0:
+            return 1.0
+        if (abs(x) < 1.0) == (y > 0):
+            return 0.0
+        return math.inf
+    if math.isinf(x):
+        if x < 0:
+            return _pow_zero_base(-0.0, -y)
+        if y < 0:
+            return 0.0
+        return math.inf
+    if y == 0.5:
+        return math.sqrt(x)
+    if y == -0.5:
+        return 1.0 / math.sqrt(x)
+    ay = abs(y)
+    yi = math.floor(ay)
+    yf = ay - yi
+    if yf != 0.0 and x < 0:
+        return math.nan
+    if yi >= _TWO63:
+        if x == -1.0:
+            return 1.0
+        if (abs(x) < 1.0) == (y > 0):
+            return 0.0
+        return math.inf
+    a1 = 1.0
+    ae = 0
+    if yf != 0.0:
+        if yf > 0.5:
+            yf -= 1.0
+            yi += 1.0
+        a1 = math.exp(yf * math.log(x))
+    x1, xe = math.frexp(x)
+    i = np.int64(yi)
+    while i != 0:
+        if xe < -4096 or 4096 < xe:
+            ae += xe
+            break
+        if (i & 1) == 1:
+            a1 *= x1
+            ae += xe
+        x1 *= x1
+        xe <<= 1
+        if x1 < 0.5:
+            x1 += x1
+            xe -= 1
+        i >>= 1
+    if y < 0:
+        a1 = 1.0 / a1
+        ae = -ae
+    return math.ldexp(a1, ae)
+
+
+# ----------------------------------------------------------------------------- blackbox
+
+
+@njit(cache=True)
+def _blackbox_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
+    prefill = np.int64(0)
+    decode = np.int64(0)
+    for i in range(n):
+        if progress[i] < input_len[i]:
+            prefill += new_tokens[i]
+        elif output_len[i] > 0:
+            decode += new_tokens[i]
+    t = 0.0
+    t += params[BB_BETA0]
+    t += params[BB_BETA1] * float(prefill)
+    t += params[BB_BETA2] * float(decode)
+    return max(np.int64(1), clamp_to_int64(t))
+
+
+# ----------------------------------------------------------------------------- roofline
+
+
+@njit(cache=True)
+def _rf_flops(p, seq_len, new_tokens) -> float:
+    """Transformer FLOPs of one request (attention + MLP), as calculateTransformerFlops."""
+    d = p[RF_D]
+    n_layers = p[RF_L]
+    n_heads = p[RF_H]
+    d_head = p[RF_DHEAD]
+    d_kv = p[RF_DKV]
+    seq = float(seq_len)
+    new_t = float(new_tokens)
+
+    qkv = 2 * new_t * (d * d + 2 * d * d_kv)
+    proj = 2 * new_t * d * d
+    gemm = (qkv + proj) * n_layers
+    eff_ctx = seq
+    if new_t > 1:
+        eff_ctx = seq + (new_t - 1) / 2.0
+    attn = 4 * n_heads * new_t * eff_ctx * d_head
+    rope = 2 * new_t * d
+    vector = (5 * n_heads * new_t * eff_ctx) + rope
+    gemm += attn * n_layers
+    sram = vector * n_layers
+
+    n_mat = p[RF_NMAT]
+    n_moe = p[RF_N_MOE]
+    n_dense = p[RF_N_DENSE]
+    if n_moe > 0:
+        mlp_moe = 2 * new_t * (n_mat * d * p[RF_DFF_MOE]) * p[RF_K]
+        gemm += mlp_moe * n_moe
+    if n_dense > 0:
+        mlp_dense = 2 * new_t * (n_mat * d * p[RF_DFF_DENSE])
+        gemm += mlp_dense * n_dense
+    return gemm + sram
+
+
+@njit(cache=True)
+def _rf_weights(p, new_tokens) -> float:
+    """Weight bytes touched by a pass over ``new_tokens`` tokens (MoE: expected unique experts)."""
+    d = p[RF_D]
+    n_layers = p[RF_L]
+    attn_per_layer = d * (d + 2 * p[RF_DKV]) + (d * d)
+    n_mat = p[RF_NMAT]
+    n_moe = p[RF_N_MOE]
+    n_dense = p[RF_N_DENSE]
+    moe_w = 0.0
+    if n_moe > 0:
+        per_layer = n_mat * d * p[RF_DFF_MOE]
+        e = p[RF_E]
+        k = p[RF_K]
+        prob_not_selected = (e - k) / e
+        n_eff = e * (1.0 - go_pow(prob_not_selected, float(new_tokens)))
+        moe_w = per_layer * n_eff * n_moe
+    dense_w = 0.0
+    if n_dense > 0:
+        per_layer_d = n_mat * d * p[RF_DFF_DENSE]
+        dense_w = per_layer_d * n_dense
+    total_mlp = moe_w + dense_w
+    return ((attn_per_layer * n_layers) + total_mlp) * p[RF_WBPP]
+
+
+@njit(cache=True)
+def _rf_dynamic_bytes(p, seq_len, new_tokens) -> float:
+    """(total − weights) bytes of one request: KV growth, KV reads and activations."""
+    n_layers = p[RF_L]
+    d = p[RF_D]
+    bpp = p[RF_BPP]
+    new_t = float(new_tokens)
+    weights = _rf_weights(p, new_tokens)
+    kv_per_token = 2 * n_layers * p[RF_HKV] * p[RF_DHEAD] * bpp
+    growth = kv_per_token * new_t
+    access = kv_per_token * float(seq_len)
+    act = n_layers * d * bpp * new_t
+    total = weights + growth + access + act
+    return total - weights
+
+
+@njit(cache=True)
+def _roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
+    p = params
+    tp = p[RF_TP]
+    peak_flops = p[RF_PEAK_FLOPS]
+    peak_bw = p[RF_PEAK_BW]
+    n_prefill = 0
+    n_decode = 0
+    prefill_tokens = np.int64(0)
+    for i in range(n):
+        if progress[i] < input_len[i]:
+            n_prefill += 1
+            prefill_tokens += new_tokens[i]
+        elif output_len[i] > 0:
+            n_decode += 1
+    if n_prefill == 0 and n_decode == 0:
+        return np.int64(1)
+    compute_s = 0.0
+    dynamic_bytes = 0.0
+    for i in range(n):  # prefill requests first, in batch order
+        if progress[i] < input_len[i]:
+            f = _rf_flops(p, progress[i], new_tokens[i])
+            compute_s += f / tp / (peak_flops * p[RF_MFU_PREFILL])
+            dynamic_bytes += _rf_dynamic_bytes(p, progress[i], new_tokens[i]) / tp
+    for i in range(n):  # then decode requests (one token each)
+        if progress[i] >= input_len[i] and output_len[i] > 0:
+            f = _rf_flops(p, progress[i], 1)
+            compute_s += f / tp / (peak_flops * p[RF_MFU_DECODE])
+            dynamic_bytes += _rf_dynamic_bytes(p, progress[i], 1) / tp
+    total_new = prefill_tokens + n_decode
+    weight_bytes = _rf_weights(p, total_new) / tp
+    memory_s = (weight_bytes + dynamic_bytes) / peak_bw
+    micros = _go_max(compute_s, memory_s) * 1e6
+    return max(np.int64(1), clamp_to_int64(micros))
+
+
+# ----------------------------------------------------------------------------- crossmodel
+
+
+@njit(cache=True)
+def _crossmodel_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
+    prefill = np.int64(0)
+    decode = np.int64(0)
+    for i in range(n):
+        if progress[i] < input_len[i]:
+            prefill += new_tokens[i]
+        elif output_len[i] > 0:
+            decode += new_tokens[i]
+    p = params
+    t = (
+        p[CM_BETA0] * p[CM_L]
+        + p[CM_BETA1] * float(decode) * p[CM_KV_DIM_SCALED]
+        + p[CM_BETA2] * float(prefill + decode) * p[CM_IS_MOE]
+        + p[CM_BETA3] * p[CM_IS_TP]
+    )
+    return max(np.int64(1), clamp_to_int64(t))
+
+
+# ----------------------------------------------------------------------------- trained-roofline
+
+
+@njit(cache=True)
+def _trained_roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
+    if n == 0:
+        return np.int64(1)
+    p = params
+    total_prefill = 0.0
+    total_decode = 0.0
+    sum_ctx = 0.0
+    prefill_attn = 0.0
+    batch_size = float(n)
+    n_layers = p[TR_L]
+    d = p[TR_D]
+    d_kv = p[TR_DKV]
+    d_h = p[TR_DH]
+    d_ff = p[TR_DFF]
+    tp = p[TR_TP]
+    k_eff = p[TR_KEFF]
+    h_per_gpu = p[TR_HPG]
+    for i in range(n):
+        if progress[i] < input_len[i]:
+            ti = float(new_tokens[i])
+            si = float(input_len[i])
+            total_prefill += ti
+            prefill_attn += 4 * h_per_gpu * ti * (si + ti / 2) * d_h
+        elif output_len[i] > 0:
+            total_decode += 1
+            sum_ctx += float(progress[i])
+
+    t_pf_compute = 0.0
+    if total_prefill > 0:
+        flops_proj = n_layers * 2 * total_prefill * d * (2 * d + 2 * d_kv) / tp
+        flops_attn = n_layers * prefill_attn
+        flops_ffn = n_layers * total_prefill * k_eff * 6 * d * d_ff / tp
+        t_pf_compute = (flops_proj + flops_attn + flops_ffn) / p[TR_FLOPS_US]
+    t_pf_kv = 0.0
+    if total_prefill > 0:
+        bytes_pf_kv = n_layers * 2 * (d_kv / tp) * total_prefill * 2.0
+        t_pf_kv = bytes_pf_kv / p[TR_BW_US]
+    t_dc_compute = 0.0
+    if total_decode > 0:
+        flops_proj = n_layers * 2 * total_decode * d * (2 * d + 2 * d_kv) / tp
+        flops_attn = n_layers * 4 * h_per_gpu * sum_ctx * d_h
+        flops_ffn = n_layers * total_decode * k_eff * 6 * d * d_ff / tp
+        t_dc_compute = (flops_proj + flops_attn + flops_ffn) / p[TR_FLOPS_US]
+    t_dc_kv = 0.0
+    if total_decode > 0:
+        bytes_dc_kv = n_layers * 2 * (d_kv / tp) * 2.0 * (sum_ctx + total_decode)
+        t_dc_kv = bytes_dc_kv / p[TR_BW_US]
+    n_eff = 1.0
+    if p[TR_IS_MOE] != 0.0:
+        b = total_prefill + total_decode
+        n_eff = _go_min(p[TR_E], _go_max(k_eff, b * k_eff))
+    bytes_attn = n_layers * d * (2 * d + 2 * d_kv) * 2.0 / tp
+    bytes_ffn = n_layers * n_eff * 3 * d * d_ff * 2.0 / tp
+    t_weight = (bytes_attn + bytes_ffn) / p[TR_BW_US]
+    t_tp = 0.0
+    t = (
+        p[TR_BETA0] * _go_max(t_pf_compute, t_pf_kv)
+        + p[TR_BETA0 + 1] * _go_max(t_dc_compute, t_dc_kv)
+        + p[TR_BETA0 + 2] * t_weight
+        + p[TR_BETA0 + 3] * t_tp
+        + p[TR_BETA0 + 4] * n_layers
+        + p[TR_BETA0 + 5] * batch_size
+        + p[TR_BETA0 + 6]
+    )
+    return max(np.int64(1), clamp_to_int64(t))
+
+
+# ----------------------------------------------------------------------------- trained-physics
+
+
+@njit(cache=True)
+def _trained_physics_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
+    if n == 0:
+        return np.int64(1)
+    p = params
+    total_prefill = 0.0
+    total_decode = 0.0
+    sum_ctx = 0.0
+    prefill_attn = 0.0
+    batch_size = float(n)
+    n_layers = p[TP_L]
+    d = p[TP_D]
+    d_kv = p[TP_DKV]
+    d_h = p[TP_DH]
+    tp = p[TP_TP]
+    k_eff = p[TP_KEFF]
+    h_per_gpu = p[TP_HPG]
+    n_moe = p[TP_N_MOE]
+    n_dense = p[TP_N_DENSE]
+    dff_moe = p[TP_DFF_MOE]
+    dff_dense = p[TP_DFF_DENSE]
+    flops_us = p[TP_FLOPS_US]
+    bw_us = p[TP_BW_US]
+    for i in range(n):
+        if progress[i] < input_len[i]:
+            ti = float(new_tokens[i])
+            si = float(input_len[i])
+            total_prefill += ti
+            prefill_attn += 4 * h_per_gpu * ti * (si + ti / 2) * d_h
+        elif output_len[i] > 0:
+            total_decode += 1
+            sum_ctx += float(progress[i])
+
+    t_pf_compute = 0.0
+    if total_prefill > 0:
+        flops_proj = n_layers * 2 * total_prefill * d * (2 * d + 2 * d_kv) / tp
+        flops_attn = n_layers * prefill_attn
+        flops_ffn = 0.0
+        if n_moe > 0:
+            flops_ffn += n_moe * total_prefill * k_eff * 6 * d * dff_moe / tp
+        if n_dense > 0:
+            flops_ffn += n_dense * total_prefill * 1 * 6 * d * dff_dense / tp
+        t_pf_compute = (flops_proj + flops_attn + flops_ffn) / flops_us
+    t_pf_kv = 0.0
+    if total_prefill > 0:
+        bytes_pf_kv = n_layers * 2 * (d_kv / tp) * total_prefill * 2.0
+        t_pf_kv = bytes_pf_kv / bw_us
+    t_dc_compute = 0.0
+    if total_decode > 0:
+        flops_proj = n_layers * 2 * total_decode * d * (2 * d + 2 * d_kv) / tp
+        flops_attn = n_layers * 4 * h_per_gpu * sum_ctx * d_h
+        flops_ffn = 0.0
+        if n_moe > 0:
+            flops_ffn += n_moe * total_decode * k_eff * 6 * d * dff_moe / tp
+        if n_dense > 0:
+            flops_ffn += n_dense * total_decode * 1 * 6 * d * dff_dense / tp
+        t_dc_compute = (flops_proj + flops_attn + flops_ffn) / flops_us
+    t_dc_kv = 0.0
+    if total_decode > 0:
+        bytes_dc_kv = n_layers * 2 * (d_kv / tp) * 2.0 * (sum_ctx + total_decode)
+        t_dc_kv = bytes_dc_kv / bw_us
+
+    n_eff = 1.0
+    if p[TP_IS_MOE] != 0.0:
+        b = total_prefill + total_decode
+        n_eff = _go_min(p[TP_E], _go_max(k_eff, b * k_eff))
+    bpp = p[TP_WBPP]
+    bytes_attn = n_layers * d * (2 * d + 2 * d_kv) * bpp / tp
+    bytes_ffn = 0.0
+    if n_moe > 0:
+        bytes_ffn += n_moe * n_eff * 3 * d * dff_moe * bpp / tp
+    if n_dense > 0:
+        bytes_ffn += n_dense * 1 * 3 * d * dff_dense * bpp / tp
+    t_weight = (bytes_attn + bytes_ffn) / bw_us
+
+    t_tp = 0.0
+    if tp > 1:
+        total_tokens = total_prefill + total_decode
+        t_tp = p[TP_AR_UNITS] * total_tokens * d * 2.0 * 2.0 * p[TP_TP_FACTOR] / bw_us
+
+    if p[TP_PREFILL_SPLIT] != 0.0:
+        prefill_term = p[TP_BETA0] * t_pf_compute + p[TP_BETA0 + 8] * t_pf_kv
+    else:
+        prefill_term = p[TP_BETA0] * _go_max(t_pf_compute, t_pf_kv)
+    if p[TP_DECODE_SPLIT] != 0.0:
+        decode_term = p[TP_BETA0 + 1] * t_dc_compute + p[TP_BETA0 + 9] * t_dc_kv
+    else:
+        decode_term = p[TP_BETA0 + 1] * _go_max(t_dc_compute, t_dc_kv)
+
+    t = (
+        prefill_term
+        + decode_term
+        + p[TP_BETA0 + 2] * t_weight
+        + p[TP_BETA0 + 3] * t_tp
+        + p[TP_BETA0 + 4] * n_layers
+        + p[TP_BETA0 + 5] * batch_size
+        + p[TP_BETA0 + 6]
+        + p[TP_BETA0 + 7] * p[TP_MOE_SCALING] * n_moe
+    )
+    return max(np.int64(1), clamp_to_int64(t))
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+@njit(cache=True)
+def step_time(
+    code: int,
+    params: np.ndarray,
+    n: int,
+    progress: np.ndarray,
+    new_tokens: np.ndarray,
+    input_len: np.ndarray,
+    output_len: np.ndarray,
+) -> np.int64:
+    """The backend's StepTime (≥ 1 µs) over the first ``n`` scheduled requests."""
+    if code == BLACKBOX:
+        return _blackbox_step(params, n, progress, new_tokens, input_len, output_len)
+    if code == ROOFLINE:
+        return _roofline_step(params, n, progress, new_tokens, input_len, output_len)
+    if code == CROSSMODEL:
+        return _crossmodel_step(params, n, progress, new_tokens, input_len, output_len)
+    if code == TRAINED_ROOFLINE:
+        return _trained_roofline_step(params, n, progress, new_tokens, input_len, output_len)
+    return _trained_physics_step(params, n, progress, new_tokens, input_len, output_len)
+
+
+@njit(cache=True)
+def queueing_time(code: int, alpha: np.ndarray, input_len: int) -> np.int64:
+    """Arrival → queued delay: α0 + α1·input length, or α0 alone for the trained backends."""
+    if code == TRAINED_ROOFLINE or code == TRAINED_PHYSICS:
+        return clamp_to_int64(alpha[0])
+    t = 0.0
+    t += alpha[0]
+    t += alpha[1] * float(input_len)
+    return clamp_to_int64(t)
+
+
+@njit(cache=True)
+def output_token_processing_time(code: int, alpha: np.ndarray) -> np.int64:
+    """Per-output-token overhead α2 (added to TTFT once and to every ITL sample)."""
+    return clamp_to_int64(alpha[2])
+
+
+@njit(cache=True)
+def post_decode_fixed_overhead(code: int, alpha: np.ndarray) -> np.int64:
+    """Fixed E2E overhead of requests with outputs: α1 for the trained backends, else 0."""
+    if code == TRAINED_ROOFLINE or code == TRAINED_PHYSICS:
+        return clamp_to_int64(alpha[1])
+    return np.int64(0)

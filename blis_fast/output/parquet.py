@@ -1,0 +1,143 @@
+"""Parquet outputs of ``--output-dir``: ``summary.parquet`` (one row) and ``requests.parquet``.
+
+Column names and Arrow types come from the JSON schema files in ``schemas/`` (packaged as
+``blis_fast/data/schemas``), loaded by :func:`load_schema`; the writers build tables with
+exactly those schemas. Files are written atomically: a temporary file in the target's
+directory, then ``os.replace``, so a failed run never leaves a partial file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from blis_fast.data import data_path
+from blis_fast.output.summary import RequestColumns, results_order
+
+__all__ = [
+    "ARROW_TYPES",
+    "load_schema",
+    "schema_fields",
+    "write_summary_parquet",
+    "write_requests_parquet",
+    "requests_table",
+    "summary_table",
+]
+
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+}
+
+
+@cache
+def schema_fields(name: str) -> tuple[dict, ...]:
+    """The field entries (name, type, nullable, description) of ``schemas/<name>.json``."""
+    path = data_path("schemas") / f"{name}.json"
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    return tuple(doc["fields"])
+
+
+def load_schema(name: str) -> pa.Schema:
+    """Arrow schema of ``schemas/<name>.json`` (``summary`` or ``requests``)."""
+    return pa.schema(
+        [
+            pa.field(f["name"], ARROW_TYPES[f["type"]], nullable=bool(f.get("nullable", True)))
+            for f in schema_fields(name)
+        ]
+    )
+
+
+def _atomic_write_table(path: str | os.PathLike, table: pa.Table) -> None:
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def summary_table(summary_dict: dict) -> pa.Table:
+    """One-row table of a metrics dict (``build_metrics_output``); missing counters are 0."""
+    schema = load_schema("summary")
+    unknown = set(summary_dict) - set(schema.names) - {"requests"}
+    if unknown:
+        raise ValueError(f"summary has fields not in the schema: {sorted(unknown)}")
+    cols = []
+    for f in schema:
+        v = summary_dict.get(f.name)
+        if v is None:
+            if f.name != "kv_allocation_failures":
+                raise ValueError(f"summary is missing field {f.name!r}")
+            v = 0
+        cols.append(pa.array([v], type=f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def write_summary_parquet(path: str | os.PathLike, summary_dict: dict) -> None:
+    """Write ``summary.parquet`` (one row) atomically."""
+    _atomic_write_table(path, summary_table(summary_dict))
+
+
+def requests_table(columns: RequestColumns) -> pa.Table:
+    """Per-request table, rows in the results-file order, absent latencies null."""
+    schema = load_schema("requests")
+    order = results_order(columns.request_id, columns.arrival_us)
+
+    def take(x, dtype=None) -> np.ndarray:
+        a = np.asarray(x) if dtype is None else np.asarray(x, dtype=dtype)
+        return a[order]
+
+    def strs(x) -> pa.Array:
+        return pa.array(take(x).astype(str).tolist(), type=pa.string())
+
+    def ms(x) -> pa.Array:
+        a = take(x, np.float64)
+        return pa.array(a / 1e3, type=pa.float64(), mask=np.isnan(a))
+
+    sd = take(columns.scheduling_delay_us, np.int64)
+    hb = take(columns.handled_by, np.int64)
+    e2e = take(columns.e2e_us, np.float64)
+    arrays = {
+        "request_id": strs(columns.request_id),
+        "arrival_us": pa.array(take(columns.arrival_us, np.int64), type=pa.int64()),
+        "num_prefill_tokens": pa.array(take(columns.num_prefill_tokens, np.int64), type=pa.int64()),
+        "num_decode_tokens": pa.array(take(columns.num_decode_tokens, np.int64), type=pa.int64()),
+        "ttft_ms": ms(columns.ttft_us),
+        "itl_ms": ms(columns.itl_us),
+        "e2e_ms": ms(columns.e2e_us),
+        "scheduling_delay_ms": pa.array(
+            np.where(sd < 0, 0, sd).astype(np.float64) / 1e3, type=pa.float64(), mask=sd < 0
+        ),
+        "slo_class": strs(columns.slo_class),
+        "tenant_id": strs(columns.tenant_id),
+        "model": strs(columns.model),
+        "handled_by": pa.array(
+            [f"instance_{i}" if i >= 0 else None for i in hb.tolist()], type=pa.string()
+        ),
+        "length_capped": pa.array(take(columns.length_capped, bool), type=pa.bool_()),
+        "completed": pa.array(~np.isnan(e2e), type=pa.bool_()),
+    }
+    if set(arrays) != set(schema.names):
+        raise AssertionError("requests schema and writer disagree")
+    return pa.Table.from_arrays([arrays[n] for n in schema.names], schema=schema)
+
+
+def write_requests_parquet(path: str | os.PathLike, columns: RequestColumns) -> None:
+    """Write ``requests.parquet`` atomically."""
+    _atomic_write_table(path, requests_table(columns))

@@ -1,0 +1,673 @@
+"""The stdout text of ``blis run`` / ``blis replay`` (CLU-7.25..7.29 with DELTA-9, -11, -12).
+
+Order for ``run``: per-instance metrics blocks (N > 1) → ``cluster`` block → fitness (when
+weights are given) → anomaly counters → KV cache metrics → per-SLO → per-model → per-tenant →
+trace summary (when a trace summary is supplied). ``replay`` prints the same without the
+fitness section and with its own anomaly variant (no timed-out term or line, DELTA-11.3).
+
+Everything here is a pure function of plain data: :class:`ClusterReport` carries the
+per-instance :class:`~blis_fast.output.summary.InstanceMetrics`, the per-request
+:class:`~blis_fast.output.summary.RequestColumns` and the cluster counters.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from blis_fast.errors import BlisConfigError
+from blis_fast.output.stats import Distribution, distribution, go_fixed, sequential_sum
+from blis_fast.output.summary import (
+    InstanceMetrics,
+    RequestColumns,
+    aggregate_instances,
+    build_metrics_output,
+    metrics_block,
+)
+
+__all__ = [
+    "TraceSummary",
+    "ClusterReport",
+    "RawMetrics",
+    "FitnessResult",
+    "ModelMetrics",
+    "TenantMetrics",
+    "FITNESS_KEYS",
+    "parse_go_float",
+    "parse_fitness_weights",
+    "compute_fitness",
+    "collect_raw_metrics",
+    "detect_priority_inversions",
+    "detect_hol_blocking",
+    "count_inversion_pairs",
+    "per_slo_distributions",
+    "per_model_metrics",
+    "per_tenant_metrics",
+    "jain_fairness_index",
+    "summarize_trace",
+    "render_report",
+]
+
+FITNESS_KEYS = (
+    "throughput",
+    "tokens_per_sec",
+    "p99_ttft",
+    "p50_ttft",
+    "mean_ttft",
+    "p99_e2e",
+    "p50_e2e",
+    "mean_e2e",
+)
+_REFERENCE_RPS = 100.0
+_REFERENCE_TPS = 10000.0
+_REFERENCE_TICKS = 1000.0
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class TraceSummary:
+    """``trace.Summarize`` result (CLU-6.5), printed by ``--summarize-trace``."""
+
+    total_decisions: int = 0
+    """Number of admission records."""
+    admitted: int = 0
+    """Admission records with admitted = true."""
+    rejected: int = 0
+    """Admission records with admitted = false."""
+    target_distribution: dict[str, int] = field(default_factory=dict)
+    """Instance ID -> number of routing records choosing it."""
+    mean_regret: float = 0.0
+    """Sum of routing regrets (in record order) / number of routing records."""
+    max_regret: float = 0.0
+    """Largest routing regret, starting from 0."""
+
+    @property
+    def unique_targets(self) -> int:
+        """Number of distinct chosen instances."""
+        return len(self.target_distribution)
+
+
+@dataclass
+class ClusterReport:
+    """Everything the stdout report needs, as plain data."""
+
+    instances: list[InstanceMetrics]
+    """Per-instance metrics in instance order (``instance_0`` ...)."""
+    requests: RequestColumns
+    """Per-request records of every request registered at an instance."""
+    admission_rejections: int = 0
+    """Requests rejected by admission (incl. tenant-budget sheds)."""
+    routing_rejections: int = 0
+    """Requests with no routable instance."""
+    shed_by_tier: dict[str, int] = field(default_factory=dict)
+    """Admission rejections per SLO class ("standard" for empty); only non-zero entries."""
+    priority_policy: str = "constant"
+    """Effective priority policy name (inversions are 0 for "constant" or "")."""
+    fitness_weights: str = ""
+    """The ``--fitness-weights`` string ("" = no fitness section)."""
+    trace_summary: TraceSummary | None = None
+    """Trace summary to print (only when tracing is on and --summarize-trace is set)."""
+    aggregate: InstanceMetrics | None = None
+    """Cluster aggregate; computed with ``aggregate_instances`` when None."""
+    priority_inversions: int | None = None
+    """Override for the inversion count (computed from ``requests`` when None)."""
+    subcommand: str = "run"
+    """``run`` or ``replay`` (section set and anomaly variant)."""
+
+
+@dataclass
+class RawMetrics:
+    """``cluster.RawMetrics`` (CLU-7.8): what fitness and the anomaly/KV sections read."""
+
+    ttft: Distribution
+    e2e: Distribution
+    requests_per_sec: float
+    tokens_per_sec: float
+    priority_inversions: int
+    hol_blocking_events: int
+    rejected_requests: int
+    routing_rejections: int
+    dropped_unservable: int
+    length_capped_requests: int
+    timed_out_requests: int
+    shed_by_tier: dict[str, int]
+    cache_hit_rate: float
+    preemption_rate: float
+    kv_thrashing_rate: float
+
+
+@dataclass
+class FitnessResult:
+    """Weighted fitness score and its normalised (unweighted) components."""
+
+    score: float
+    components: dict[str, float]
+
+
+@dataclass
+class ModelMetrics:
+    """Per-model TTFT/E2E distributions (ticks) and throughput (CLU-7.19)."""
+
+    ttft: Distribution
+    e2e: Distribution
+    throughput_rps: float
+    throughput_tokens_per_sec: float
+    total_requests: int
+
+
+@dataclass
+class TenantMetrics:
+    """Per-tenant completed requests and pre-sampled output tokens (DELTA-12)."""
+
+    completed_requests: int
+    total_tokens_served: int
+
+
+# --------------------------------------------------------------------------- fitness
+
+_GO_SPACE = " \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_DEC = r"[0-9](?:_?[0-9])*"
+_HEX = r"[0-9a-fA-F](?:_?[0-9a-fA-F])*"
+_DEC_FLOAT = re.compile(rf"[+-]?(?:{_DEC}(?:\.(?:{_DEC})?)?|\.{_DEC})(?:[eE][+-]?{_DEC})?")
+_HEX_FLOAT = re.compile(rf"[+-]?0[xX](?:_?{_HEX}(?:\.(?:{_HEX})?)?|_?\.{_HEX})[pP][+-]?{_DEC}")
+_SPECIAL = re.compile(r"[+-]?(?:inf|infinity)|nan", re.IGNORECASE)
+
+
+def parse_go_float(s: str) -> float:
+    """``strconv.ParseFloat(s, 64)``; raises ValueError on syntax or range errors."""
+    if _SPECIAL.fullmatch(s):
+        low = s.lower()
+        if low == "nan":
+            return math.nan
+        return -math.inf if low.startswith("-") else math.inf
+    if _DEC_FLOAT.fullmatch(s):
+        v = float(s.replace("_", ""))
+    elif _HEX_FLOAT.fullmatch(s):
+        v = float.fromhex(s.replace("_", ""))
+    else:
+        raise ValueError(f'strconv.ParseFloat: parsing "{s}": invalid syntax')
+    if math.isinf(v):
+        raise ValueError(f'strconv.ParseFloat: parsing "{s}": value out of range')
+    return v
+
+
+def _go_trim(s: str) -> str:
+    return s.strip(_GO_SPACE)
+
+
+def _go_quote(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def parse_fitness_weights(s: str) -> dict[str, float]:
+    """``ParseFitnessWeights`` (CLU-7.9); raises BlisConfigError("Invalid fitness weights: ...")."""
+    if s == "":
+        return {}
+    weights: dict[str, float] = {}
+    for raw in s.split(","):
+        pair = _go_trim(raw)
+        parts = pair.split(":", 1)
+        if len(parts) != 2:
+            raise BlisConfigError(
+                f"Invalid fitness weights: invalid fitness weight {_go_quote(pair)}: expected key:value"
+            )
+        key = _go_trim(parts[0])
+        try:
+            val = parse_go_float(_go_trim(parts[1]))
+        except ValueError as exc:
+            raise BlisConfigError(
+                f"Invalid fitness weights: invalid fitness weight value for {_go_quote(key)}: {exc}"
+            ) from None
+        if math.isnan(val) or math.isinf(val) or val < 0:
+            raise BlisConfigError(
+                f"Invalid fitness weights: invalid weight for {_go_quote(key)}: "
+                f"must be a finite non-negative number, got {val!r}"
+            )
+        weights[key] = val
+    return weights
+
+
+def _extract_metric(m: RawMetrics, key: str) -> float | None:
+    if key == "throughput":
+        return m.requests_per_sec / (m.requests_per_sec + _REFERENCE_RPS)
+    if key == "tokens_per_sec":
+        return m.tokens_per_sec / (m.tokens_per_sec + _REFERENCE_TPS)
+    src = {
+        "p99_ttft": m.ttft.p99,
+        "p50_ttft": m.ttft.p50,
+        "mean_ttft": m.ttft.mean,
+        "p99_e2e": m.e2e.p99,
+        "p50_e2e": m.e2e.p50,
+        "mean_e2e": m.e2e.mean,
+    }
+    if key in src:
+        return 1.0 / (1.0 + src[key] / _REFERENCE_TICKS)
+    return None
+
+
+def compute_fitness(raw: RawMetrics, weights: Mapping[str, float]) -> FitnessResult:
+    """``ComputeFitness`` (CLU-7.11/7.12); unknown keys raise BlisConfigError."""
+    keys = sorted(weights)
+    for key in keys:
+        if _extract_metric(raw, key) is None:
+            raise BlisConfigError(
+                f"Fitness evaluation failed: unknown fitness metric key {_go_quote(key)}; "
+                f"valid keys: {', '.join(FITNESS_KEYS)}"
+            )
+    score = 0.0
+    comps: dict[str, float] = {}
+    for key in keys:
+        value = _extract_metric(raw, key)
+        assert value is not None
+        comps[key] = value
+        score += value * weights[key]
+    return FitnessResult(score=score, components=comps)
+
+
+# --------------------------------------------------------------------------- anomalies
+
+
+def count_inversion_pairs(e2e: np.ndarray, brute_force_max: int = 256) -> int:
+    """Number of pairs ``i < j`` with ``e2e[i] > 2 * e2e[j]`` (O(n log^2 n), exact)."""
+    e = np.asarray(e2e, dtype=np.float64)
+    n = e.size
+    if n < 2:
+        return 0
+    q = e * 2.0
+    if n <= brute_force_max:
+        return int(np.count_nonzero(np.triu(e[:, None] > q[None, :], k=1)))
+    uniq = np.unique(np.concatenate([e, q]))
+    m = np.int64(uniq.size)
+    ra = np.searchsorted(uniq, e).astype(np.int64)
+    rq = np.searchsorted(uniq, q).astype(np.int64)
+    idx = np.arange(n, dtype=np.int64)
+    total = 0
+    s = 1
+    while s < n:
+        blk = idx // (2 * s)
+        right = (idx // s) % 2 == 1
+        lk = np.sort(blk[~right] * m + ra[~right])
+        b = blk[right]
+        hi = np.searchsorted(lk, (b + 1) * m, side="left")
+        le = np.searchsorted(lk, b * m + rq[right], side="right")
+        total += int(np.sum(hi - le))
+        s *= 2
+    return total
+
+
+def detect_priority_inversions(
+    handled_by: np.ndarray,
+    slo_class: Sequence[str] | np.ndarray,
+    arrival_us: np.ndarray,
+    e2e_us: np.ndarray,
+    priority_policy: str,
+    request_id: Sequence[str] | np.ndarray | None = None,
+) -> int:
+    """``detectPriorityInversions`` (CLU-7.13); arrival ties broken by request ID (OPEN-1)."""
+    if priority_policy in ("constant", ""):
+        return 0
+    hb = np.asarray(handled_by, dtype=np.int64)
+    if hb.size == 0:
+        return 0
+    arrived = np.asarray(arrival_us, dtype=np.int64).astype(np.float64) / 1e6
+    e2e = np.asarray(e2e_us, dtype=np.float64)
+    cls = np.asarray(slo_class)
+    cls = np.where(cls == "", "default", cls.astype(str))
+    if request_id is None:
+        tie = np.arange(hb.size)
+    else:
+        tie = np.argsort(np.argsort(np.asarray(request_id), kind="stable"), kind="stable")
+    total = 0
+    instances, counts = np.unique(hb[hb >= 0], return_counts=True)
+    for inst, cnt in zip(instances.tolist(), counts.tolist(), strict=True):
+        if cnt < 2:
+            continue
+        sel = np.flatnonzero((hb == inst) & ~np.isnan(e2e))
+        if sel.size < 2:
+            continue
+        groups, ginv = np.unique(cls[sel], return_inverse=True)
+        for g in range(groups.size):
+            rows = sel[ginv == g]
+            if rows.size < 2:
+                continue
+            order = np.lexsort((tie[rows], arrived[rows]))
+            total += count_inversion_pairs(e2e[rows[order]])
+    return total
+
+
+def detect_hol_blocking(instances: Sequence[InstanceMetrics]) -> int:
+    """``detectHOLBlocking`` (CLU-7.14): instances whose mean wait-queue length > 2x the mean."""
+    if len(instances) < 2:
+        return 0
+    avgs = []
+    total = 0.0
+    for m in instances:
+        avg = 0.0
+        if m.wait_queue_len_steps > 0:
+            avg = float(m.wait_queue_len_sum) / float(m.wait_queue_len_steps)
+        avgs.append(avg)
+        total += avg
+    mean = total / float(len(avgs))
+    if mean > 0:
+        return sum(1 for a in avgs if a > 2.0 * mean)
+    return 0
+
+
+# --------------------------------------------------------------------------- groupings
+
+
+def _groups(labels: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    sel = np.flatnonzero(mask)
+    if sel.size == 0:
+        return {}
+    keys, inv = np.unique(labels[sel], return_inverse=True)
+    return {str(k): sel[inv == i] for i, k in enumerate(keys.tolist())}
+
+
+def per_slo_distributions(req: RequestColumns) -> dict[str, tuple[Distribution, Distribution]]:
+    """``ComputePerSLODistributions``: class -> (TTFT, E2E) distributions in ticks."""
+    cls = np.asarray(req.slo_class)
+    cls = np.where(cls == "", "default", cls.astype(str)) if cls.size else cls.astype(str)
+    ttft = np.asarray(req.ttft_us, dtype=np.float64)
+    e2e = np.asarray(req.e2e_us, dtype=np.float64)
+    tg = _groups(cls, ~np.isnan(ttft))
+    eg = _groups(cls, ~np.isnan(e2e))
+    out: dict[str, tuple[Distribution, Distribution]] = {}
+    for k in sorted(set(tg) | set(eg)):
+        out[k] = (
+            distribution(ttft[tg[k]]) if k in tg else Distribution(),
+            distribution(e2e[eg[k]]) if k in eg else Distribution(),
+        )
+    return out
+
+
+def per_model_metrics(req: RequestColumns, sim_ended_time_us: int) -> dict[str, ModelMetrics]:
+    """``ComputePerModelMetrics`` (CLU-7.19); empty when no tagged request has data."""
+    model = np.asarray(req.model).astype(str)
+    ttft = np.asarray(req.ttft_us, dtype=np.float64)
+    e2e = np.asarray(req.e2e_us, dtype=np.float64)
+    dec = np.asarray(req.num_decode_tokens, dtype=np.int64)
+    tagged = model != ""
+    tg = _groups(model, tagged & ~np.isnan(ttft))
+    eg = _groups(model, tagged & ~np.isnan(e2e))
+    out: dict[str, ModelMetrics] = {}
+    for k in sorted(set(tg) | set(eg)):
+        rows = eg.get(k, np.empty(0, dtype=np.int64))
+        count = int(rows.size)
+        tokens = int(np.sum(dec[rows])) if count else 0
+        rps = 0.0
+        tps = 0.0
+        if sim_ended_time_us > 0 and count > 0:
+            dur = float(sim_ended_time_us) / 1e6
+            rps = float(count) / dur
+            if tokens > 0:
+                tps = float(tokens) / dur
+        out[k] = ModelMetrics(
+            ttft=distribution(ttft[tg[k]]) if k in tg else Distribution(),
+            e2e=distribution(e2e[rows]) if count else Distribution(),
+            throughput_rps=rps,
+            throughput_tokens_per_sec=tps,
+            total_requests=count,
+        )
+    return out
+
+
+def per_tenant_metrics(req: RequestColumns) -> dict[str, TenantMetrics]:
+    """``ComputePerTenantMetrics`` (DELTA-12): completed requests with a tenant label."""
+    tenant = np.asarray(req.tenant_id).astype(str)
+    e2e = np.asarray(req.e2e_us, dtype=np.float64)
+    dec = np.asarray(req.num_decode_tokens, dtype=np.int64)
+    groups = _groups(tenant, (tenant != "") & ~np.isnan(e2e))
+    return {
+        k: TenantMetrics(
+            completed_requests=int(rows.size), total_tokens_served=int(np.sum(dec[rows]))
+        )
+        for k, rows in sorted(groups.items())
+    }
+
+
+def jain_fairness_index(values: Mapping[str, float]) -> float:
+    """``JainFairnessIndex``: (Σx)² / (n·Σx²) with sums in sorted key order; 1 if Σx² = 0."""
+    n = float(len(values))
+    if n == 0:
+        return 0.0
+    sx = 0.0
+    sx2 = 0.0
+    for k in sorted(values):
+        x = float(values[k])
+        sx += x
+        sx2 += x * x
+    if sx2 == 0:
+        return 1.0
+    return (sx * sx) / (n * sx2)
+
+
+def summarize_trace(
+    admitted: np.ndarray, chosen_instance: np.ndarray, regret: np.ndarray
+) -> TraceSummary:
+    """``trace.Summarize`` from admission flags and routing records (instance index, regret)."""
+    adm = np.asarray(admitted, dtype=bool)
+    chosen = np.asarray(chosen_instance, dtype=np.int64)
+    reg = np.asarray(regret, dtype=np.float64)
+    ts = TraceSummary(
+        total_decisions=int(adm.size),
+        admitted=int(np.count_nonzero(adm)),
+        rejected=int(adm.size - np.count_nonzero(adm)),
+    )
+    if chosen.size:
+        inst, cnt = np.unique(chosen, return_counts=True)
+        ts.target_distribution = {
+            f"instance_{i}": int(c) for i, c in zip(inst.tolist(), cnt.tolist(), strict=True)
+        }
+        ts.mean_regret = sequential_sum(reg) / float(reg.size)
+        ts.max_regret = max(0.0, float(np.max(reg)))
+    return ts
+
+
+# --------------------------------------------------------------------------- collection
+
+
+def collect_raw_metrics(report: ClusterReport) -> RawMetrics:
+    """``CollectRawMetrics`` with the per-instance metrics (CLU-7.8, 7.13, 7.14, 7.18)."""
+    agg = (
+        report.aggregate if report.aggregate is not None else aggregate_instances(report.instances)
+    )
+    rps = tps = 0.0
+    if agg.sim_ended_time_us > 0 and agg.completed > 0:
+        dur = float(agg.sim_ended_time_us) / 1e6
+        rps = float(agg.completed) / dur
+        tps = float(agg.total_output_tokens) / dur
+    if report.priority_inversions is not None:
+        inversions = int(report.priority_inversions)
+    else:
+        r = report.requests
+        inversions = detect_priority_inversions(
+            r.handled_by, r.slo_class, r.arrival_us, r.e2e_us, report.priority_policy, r.request_id
+        )
+    preempt = 0
+    hit = 0.0
+    thrash = 0.0
+    for m in report.instances:
+        preempt += int(m.preemption_count)
+        hit += float(m.cache_hit_rate)
+        thrash += float(m.kv_thrashing_rate)
+    count = len(report.instances)
+    return RawMetrics(
+        ttft=distribution(agg.ttft_us),
+        e2e=distribution(agg.e2e_us),
+        requests_per_sec=rps,
+        tokens_per_sec=tps,
+        priority_inversions=inversions,
+        hol_blocking_events=detect_hol_blocking(report.instances),
+        rejected_requests=int(report.admission_rejections),
+        routing_rejections=int(report.routing_rejections),
+        dropped_unservable=int(agg.dropped_unservable),
+        length_capped_requests=int(agg.length_capped),
+        timed_out_requests=int(agg.timed_out),
+        shed_by_tier=dict(report.shed_by_tier),
+        cache_hit_rate=hit / float(count) if count else 0.0,
+        preemption_rate=float(preempt) / float(agg.completed) if agg.completed > 0 else 0.0,
+        kv_thrashing_rate=thrash / float(count) if count else 0.0,
+    )
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _fitness_section(raw: RawMetrics, weights_str: str) -> str:
+    weights = parse_fitness_weights(weights_str)
+    fit = compute_fitness(raw, weights)
+    lines = ["=== Fitness Evaluation ===", f"Score: {go_fixed(fit.score, 6)}"]
+    lines += [f"  {k}: {go_fixed(fit.components[k], 6)}" for k in sorted(fit.components)]
+    return "\n".join(lines) + "\n"
+
+
+def _anomaly_section(raw: RawMetrics, subcommand: str) -> str:
+    trigger = (
+        raw.priority_inversions > 0
+        or raw.hol_blocking_events > 0
+        or raw.rejected_requests > 0
+        or raw.routing_rejections > 0
+        or raw.dropped_unservable > 0
+        or raw.length_capped_requests > 0
+        or (subcommand == "run" and raw.timed_out_requests > 0)
+    )
+    if not trigger:
+        return ""
+    lines = [
+        "=== Anomaly Counters ===",
+        f"Priority Inversions: {raw.priority_inversions}",
+        f"HOL Blocking Events: {raw.hol_blocking_events}",
+        f"Rejected Requests (Admission): {raw.rejected_requests}",
+    ]
+    lines += [f"  Shed ({t}): {raw.shed_by_tier[t]}" for t in sorted(raw.shed_by_tier)]
+    lines += [
+        f"Rejected Requests (Routing): {raw.routing_rejections}",
+        f"Dropped Unservable: {raw.dropped_unservable}",
+    ]
+    if subcommand == "run":
+        lines.append(f"Timed Out Requests: {raw.timed_out_requests}")
+    lines.append(f"Length-Capped Requests: {raw.length_capped_requests}")
+    return "\n".join(lines) + "\n"
+
+
+def _kv_section(raw: RawMetrics) -> str:
+    if raw.preemption_rate == 0 and raw.cache_hit_rate == 0 and raw.kv_thrashing_rate == 0:
+        return ""
+    return (
+        "=== KV Cache Metrics ===\n"
+        f"Preemption Rate: {go_fixed(raw.preemption_rate, 4)}\n"
+        f"Cache Hit Rate: {go_fixed(raw.cache_hit_rate, 4)}\n"
+        f"KV Thrashing Rate: {go_fixed(raw.kv_thrashing_rate, 4)}\n"
+    )
+
+
+def _slo_section(req: RequestColumns) -> str:
+    dists = per_slo_distributions(req)
+    if len(dists) <= 1:
+        return ""
+    lines = ["=== Per-SLO Metrics ==="]
+    for cls in sorted(dists):
+        t, e = dists[cls]
+        lines.append(f"  {cls}:")
+        lines.append(f"    TTFT: mean={go_fixed(t.mean, 2)} p99={go_fixed(t.p99, 2)} (n={t.count})")
+        lines.append(f"    E2E:  mean={go_fixed(e.mean, 2)} p99={go_fixed(e.p99, 2)} (n={e.count})")
+    return "\n".join(lines) + "\n"
+
+
+def _model_section(req: RequestColumns, sim_ended_time_us: int) -> str:
+    models = per_model_metrics(req, sim_ended_time_us)
+    if not models:
+        return ""
+    lines = ["=== Per-Model Metrics ==="]
+    for name in sorted(models):
+        m = models[name]
+        lines.append(f"  {name}:")
+        lines.append(
+            f"    TTFT: p50={go_fixed(m.ttft.p50, 2)} p99={go_fixed(m.ttft.p99, 2)} (n={m.ttft.count})"
+        )
+        lines.append(
+            f"    E2E:  p50={go_fixed(m.e2e.p50, 2)} p99={go_fixed(m.e2e.p99, 2)} (n={m.e2e.count})"
+        )
+        lines.append(
+            f"    Throughput: {go_fixed(m.throughput_rps, 2)} req/s, "
+            f"{go_fixed(m.throughput_tokens_per_sec, 2)} tok/s"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _tenant_section(req: RequestColumns) -> str:
+    tenants = per_tenant_metrics(req)
+    if not tenants:
+        return ""
+    lines = ["=== Per-Tenant Metrics ==="]
+    for tid in sorted(tenants):
+        t = tenants[tid]
+        lines.append(f"  {tid}: requests={t.completed_requests}, tokens={t.total_tokens_served}")
+    jain = jain_fairness_index({k: float(v.total_tokens_served) for k, v in tenants.items()})
+    lines.append(f"  Jain Fairness Index: {go_fixed(jain, 4)}")
+    return "\n".join(lines) + "\n"
+
+
+def _trace_section(ts: TraceSummary) -> str:
+    lines = [
+        "=== Trace Summary ===",
+        f"Total Decisions: {ts.total_decisions}",
+        f"  Admitted: {ts.admitted}",
+        f"  Rejected: {ts.rejected}",
+        f"Unique Targets: {ts.unique_targets}",
+    ]
+    if ts.target_distribution:
+        lines.append("Target Distribution:")
+        lines += [f"  {k}: {ts.target_distribution[k]}" for k in sorted(ts.target_distribution)]
+    lines.append(f"Mean Regret: {go_fixed(ts.mean_regret, 6)}")
+    lines.append(f"Max Regret: {go_fixed(ts.max_regret, 6)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_report(report: ClusterReport) -> str:
+    """The full stdout of ``blis run`` / ``blis replay`` for this report.
+
+    A bad ``fitness_weights`` string raises BlisConfigError *after* the metrics blocks, as
+    the reference exits there; the text printed up to that point is attached to the
+    exception as ``exc.stdout`` so the CLI can emit it before the error line.
+    """
+    if report.subcommand not in ("run", "replay"):
+        raise ValueError(f"unknown subcommand {report.subcommand!r}")
+    agg = (
+        report.aggregate if report.aggregate is not None else aggregate_instances(report.instances)
+    )
+    parts: list[str] = []
+    if len(report.instances) > 1:
+        for i, m in enumerate(report.instances):
+            parts.append(metrics_block(build_metrics_output(f"instance_{i}", m)))
+    parts.append(metrics_block(build_metrics_output("cluster", agg)))
+    raw = collect_raw_metrics(
+        report if report.aggregate is not None else _with_aggregate(report, agg)
+    )
+    if report.subcommand == "run" and report.fitness_weights != "":
+        try:
+            parts.append(_fitness_section(raw, report.fitness_weights))
+        except BlisConfigError as exc:
+            exc.stdout = "".join(parts)  # type: ignore[attr-defined]
+            raise
+    parts.append(_anomaly_section(raw, report.subcommand))
+    parts.append(_kv_section(raw))
+    parts.append(_slo_section(report.requests))
+    parts.append(_model_section(report.requests, agg.sim_ended_time_us))
+    parts.append(_tenant_section(report.requests))
+    if report.trace_summary is not None:
+        parts.append(_trace_section(report.trace_summary))
+    return "".join(parts)
+
+
+def _with_aggregate(report: ClusterReport, agg: InstanceMetrics) -> ClusterReport:
+    from dataclasses import replace
+
+    return replace(report, aggregate=agg)

@@ -1,0 +1,453 @@
+"""``blis run`` end to end: validate and resolve options, generate, simulate, report.
+
+Validation follows the reference's order (DELTA-26) so the first bad flag is the one
+reported; every check runs before the kernel starts and before any file is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from blis_fast.config.defaults import load_defaults
+from blis_fast.config.latency import LatencyConfig, LatencyOptions, resolve_latency
+from blis_fast.data import data_path
+from blis_fast.engine.simulate import (
+    ADMISSION_CODES,
+    INT64_MAX,
+    PRIORITY_CODES,
+    ROUTING_CODES,
+    SCHEDULER_CODES,
+    EngineConfig,
+    SimulationResult,
+    run_engine,
+)
+from blis_fast.errors import BlisConfigError
+from blis_fast.kernels import engine as K
+from blis_fast.kernels.latency import output_token_processing_time, post_decode_fixed_overhead
+from blis_fast.options import RunOptions
+from blis_fast.output.report import ClusterReport, parse_fitness_weights, render_report
+from blis_fast.output.summary import (
+    InstanceMetrics,
+    RequestColumns,
+    aggregate_instances,
+    build_metrics_output,
+    write_results_file,
+)
+from blis_fast.workload.generator import apply_timeout, generate_requests
+from blis_fast.workload.request_table import RequestTable
+from blis_fast.workload.synthesis import (
+    DistributionParams,
+    lookup_preset,
+    synthesize_from_distribution,
+    synthesize_from_preset,
+    validate_distribution_params,
+    validate_rate,
+)
+from blis_fast.workload.trace_v2 import TraceOutcome, export_trace_v2
+
+log = logging.getLogger("blis_fast")
+
+LOG_LEVELS = {
+    "trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+    "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR,
+    "fatal": logging.CRITICAL, "panic": logging.CRITICAL,
+}
+
+VALID_ADMISSION = ("", "always-admit", "token-bucket", "reject-all", "tier-shed", "gaie-legacy")
+VALID_ROUTING = ("", "round-robin", "least-loaded", "weighted", "always-busiest")
+VALID_PRIORITY = ("", "constant", "slo-based", "inverted-slo")
+VALID_SCHEDULER = ("", "fcfs", "priority-fcfs", "sjf", "reverse-priority")
+FITNESS_KEYS = ("throughput", "tokens_per_sec", "p99_ttft", "p50_ttft", "mean_ttft", "p99_e2e",
+                "p50_e2e", "mean_e2e")
+CLUSTER_ISSUE = "the cluster control-plane issue (#3)"
+WORKLOAD_ISSUE = "the workloads issue (#4)"
+
+
+@dataclass
+class Prepared:
+    """A validated run: resolved latency backend, generated workload, engine config."""
+
+    opts: RunOptions
+    latency: LatencyConfig
+    table: RequestTable
+    engine: EngineConfig
+
+
+@dataclass
+class RunResult:
+    """What one ``blis run`` produced."""
+
+    stdout: str
+    summary: dict
+    per_instance: list[dict]
+    requests: RequestColumns
+    simulation: SimulationResult
+    prepared: Prepared
+
+    def requests_table(self):
+        """Per-request results as a pyarrow Table (schema ``schemas/requests.json``)."""
+        from blis_fast.output.parquet import requests_table
+
+        return requests_table(self.requests)
+
+    def requests_frame(self):
+        """Per-request results as a polars DataFrame."""
+        import polars as pl
+
+        return pl.from_arrow(self.requests_table())
+
+
+def _fail(msg: str) -> None:
+    raise BlisConfigError(msg)
+
+
+def _setup_logging(level_name: str) -> None:
+    level = LOG_LEVELS.get(level_name.lower())
+    if level is None:
+        _fail(f"Invalid log level: {level_name}")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter('level=%(levelname)s msg="%(message)s"'))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(level)
+
+
+def _defaults_file(opts: RunOptions) -> str:
+    """The defaults.yaml to use: the flag's value, else the bundled copy."""
+    return opts.defaults_filepath or str(data_path("defaults.yaml"))
+
+
+def _resolve_latency(opts: RunOptions) -> LatencyConfig:
+    explicit = frozenset(name.replace("_", "-") for name in opts.explicit)
+    lo = LatencyOptions(
+        model=opts.model,
+        latency_model=opts.latency_model,
+        alpha_coeffs=tuple(opts.alpha_coeffs),
+        beta_coeffs=tuple(opts.beta_coeffs),
+        hardware=opts.hardware,
+        tp=opts.tp,
+        vllm_version=opts.vllm_version,
+        total_kv_blocks=opts.total_kv_blocks,
+        block_size_in_tokens=opts.block_size_in_tokens,
+        gpu_memory_utilization=opts.gpu_memory_utilization,
+        max_model_len=opts.max_model_len,
+        defaults_filepath=_defaults_file(opts),
+        model_config_folder=opts.model_config_folder,
+        hardware_config=opts.hardware_config,
+        explicit=explicit,
+    )
+    return resolve_latency(lo)
+
+
+def _generate(opts: RunOptions, horizon: int) -> RequestTable:
+    """Workload source selection and generation (WL-1, WL-2, DELTA-28/29)."""
+    if opts.num_requests < 0:
+        _fail(f"--num-requests must be >= 0, got {opts.num_requests}")
+    if opts.prefix_tokens < 0:
+        _fail(f"--prefix-tokens must be >= 0, got {opts.prefix_tokens}")
+    if opts.concurrency < 0:
+        _fail(f"--concurrency must be >= 0, got {opts.concurrency}")
+    if opts.think_time_ms < 0:
+        _fail(f"--think-time-ms must be >= 0, got {opts.think_time_ms}")
+    if opts.concurrency > 0 and opts.given("rate"):
+        _fail("--concurrency and --rate are mutually exclusive; use one or the other")
+    if opts.workload_spec:
+        if opts.concurrency > 0:
+            _fail("--concurrency cannot be used with --workload-spec; define concurrency in the "
+                  "spec file using clients[].concurrency instead")
+        _fail(f"--workload-spec is not supported yet (it arrives with {WORKLOAD_ISSUE})")
+    params = DistributionParams(
+        rate=opts.rate, num_requests=opts.num_requests, prefix_tokens=opts.prefix_tokens,
+        prompt_tokens_mean=opts.prompt_tokens, prompt_tokens_stdev=opts.prompt_tokens_stdev,
+        prompt_tokens_min=opts.prompt_tokens_min, prompt_tokens_max=opts.prompt_tokens_max,
+        output_tokens_mean=opts.output_tokens, output_tokens_stdev=opts.output_tokens_stdev,
+        output_tokens_min=opts.output_tokens_min, output_tokens_max=opts.output_tokens_max,
+    )
+    if opts.concurrency > 0:
+        validate_distribution_params(params)
+        _fail(f"--concurrency is not supported yet (it arrives with {WORKLOAD_ISSUE})")
+    if opts.workload == "distribution":
+        validate_rate(opts.rate)
+        validate_distribution_params(params)
+        spec = synthesize_from_distribution(params, seed=opts.seed)
+    else:
+        validate_rate(opts.rate)
+        defaults = load_defaults(_defaults_file(opts))
+        preset = lookup_preset(defaults.workloads, opts.workload)
+        spec = synthesize_from_preset(preset, opts.rate, opts.num_requests, seed=opts.seed)
+    if opts.timeout == 0:
+        _fail("--timeout must be positive (seconds) or negative to disable; got 0")
+    max_requests = spec.num_requests
+    if opts.given("num_requests"):
+        max_requests = opts.num_requests
+    if max_requests <= 0 and horizon == INT64_MAX:
+        _fail("Workload requires either num_requests or --horizon to bound generation")
+    table = generate_requests(spec, horizon=horizon, max_requests=max_requests,
+                              block_size=opts.block_size_in_tokens)
+    return apply_timeout(table, opts.timeout)
+
+
+def _check_policies(opts: RunOptions) -> None:
+    """Policy names and numeric cluster flags (CLU-9.6, DELTA-26 order)."""
+    if opts.policy_config:
+        _fail(f"--policy-config is not supported yet (it arrives with {CLUSTER_ISSUE})")
+    if opts.admission_policy == "token-bucket":
+        for flag, value in (("token-bucket-capacity", opts.token_bucket_capacity),
+                            ("token-bucket-refill-rate", opts.token_bucket_refill_rate)):
+            if not (value > 0) or math.isinf(value):
+                _fail(f"--{flag} must be a finite value > 0, got {value}")
+    if opts.admission_policy not in VALID_ADMISSION:
+        _fail(f"Unknown admission policy {opts.admission_policy!r}. Valid: "
+              + ", ".join(v for v in VALID_ADMISSION if v))
+    if opts.routing_policy not in VALID_ROUTING:
+        _fail(f"Unknown routing policy {opts.routing_policy!r}. Valid: "
+              + ", ".join(v for v in VALID_ROUTING if v))
+    if opts.priority_policy not in VALID_PRIORITY:
+        _fail(f"Unknown priority policy {opts.priority_policy!r}. Valid: "
+              + ", ".join(v for v in VALID_PRIORITY if v))
+    if opts.scheduler not in VALID_SCHEDULER:
+        _fail(f"Unknown scheduler {opts.scheduler!r}. Valid: "
+              + ", ".join(v for v in VALID_SCHEDULER if v))
+    if opts.trace_level not in ("", "none", "decisions"):
+        _fail(f"Unknown trace level {opts.trace_level!r}. Valid: none, decisions")
+    if opts.counterfactual_k < 0:
+        _fail(f"--counterfactual-k must be >= 0, got {opts.counterfactual_k}")
+    if opts.kv_cpu_blocks < 0:
+        _fail(f"--kv-cpu-blocks must be >= 0, got {opts.kv_cpu_blocks}")
+    thr = opts.kv_offload_threshold
+    if not (0 <= thr <= 1):
+        _fail(f"--kv-offload-threshold must be a finite value in [0, 1], got {thr:f}")
+    bw = opts.kv_transfer_bandwidth
+    if opts.kv_cpu_blocks > 0 and (not (bw > 0) or math.isinf(bw)):
+        _fail(f"--kv-transfer-bandwidth must be a finite value > 0 when --kv-cpu-blocks > 0, "
+              f"got {bw:f}")
+    for flag, value in (("kv-transfer-base-latency", opts.kv_transfer_base_latency),
+                        ("snapshot-refresh-interval", opts.snapshot_refresh_interval),
+                        ("cache-signal-delay", opts.cache_signal_delay),
+                        ("admission-latency", opts.admission_latency),
+                        ("routing-latency", opts.routing_latency)):
+        if value < 0:
+            _fail(f"--{flag} must be >= 0, got {value}")
+    # names the reference accepts whose behaviour lands with the cluster issue
+    if opts.admission_policy not in ADMISSION_CODES:
+        _fail(f"admission policy {opts.admission_policy!r} is not supported yet "
+              f"(it arrives with {CLUSTER_ISSUE})")
+    if opts.routing_policy not in ROUTING_CODES:
+        _fail(f"routing policy {opts.routing_policy!r} is not supported yet "
+              f"(it arrives with {CLUSTER_ISSUE})")
+    if opts.trace_level == "decisions":
+        _fail(f"--trace-level decisions is not supported yet (it arrives with {CLUSTER_ISSUE})")
+    if opts.fitness_weights:
+        weights = parse_fitness_weights(opts.fitness_weights)
+        for key in sorted(weights):
+            if key not in FITNESS_KEYS:
+                _fail(f"Fitness evaluation failed: unknown fitness metric key {key!r}")
+    assert set(PRIORITY_CODES) >= set(VALID_PRIORITY)
+    assert set(SCHEDULER_CODES) >= set(VALID_SCHEDULER)
+
+
+def prepare(opts: RunOptions) -> Prepared:
+    """Validate every option and build the run (no output is written here)."""
+    _setup_logging(opts.log)
+    if not opts.model:
+        _fail("LLM name not provided (--model). Exiting simulation.")
+    opts.values["model"] = opts.model.lower()
+    latency = _resolve_latency(opts)
+    for msg in latency.warnings:
+        log.warning(msg)
+    for msg in latency.infos:
+        log.info(msg)
+    horizon = opts.horizon
+    table = _generate(opts, horizon)
+    if opts.num_instances < 1:
+        _fail("num-instances must be >= 1")
+    total_blocks = latency.total_kv_blocks
+    if total_blocks <= 0:
+        _fail(f"--total-kv-blocks must be > 0, got {total_blocks}")
+    if opts.max_num_running_reqs <= 0:
+        _fail(f"--max-num-running-reqs must be > 0, got {opts.max_num_running_reqs}")
+    if opts.max_num_scheduled_tokens <= 0:
+        _fail(f"--max-num-scheduled-tokens must be > 0, got {opts.max_num_scheduled_tokens}")
+    if opts.long_prefill_token_threshold < 0:
+        _fail(f"--long-prefill-token-threshold must be >= 0, "
+              f"got {opts.long_prefill_token_threshold}")
+    if opts.given("horizon") and horizon <= 0:
+        _fail(f"--horizon must be > 0, got {horizon}")
+    _check_policies(opts)
+    bs = opts.block_size_in_tokens
+    max_len = latency.max_model_len
+    if max_len > 0 and -(-max_len // bs) > total_blocks:
+        _fail(f"KV cache too small for --max-model-len: need {-(-max_len // bs)} blocks "
+              f"(ceil({max_len}/{bs})) but total KV blocks = {total_blocks}")
+    if opts.kv_offload_threshold != 0 and opts.kv_cpu_blocks > 0:
+        log.warning("KVOffloadThreshold is deprecated and ignored; the CPU tier is populated "
+                    "by mirroring")
+    alpha = np.asarray(latency.alpha, dtype=np.float64)
+    engine = EngineConfig(
+        num_instances=opts.num_instances,
+        horizon=horizon,
+        total_kv_blocks=total_blocks,
+        block_size=bs,
+        max_running_reqs=opts.max_num_running_reqs,
+        max_scheduled_tokens=opts.max_num_scheduled_tokens,
+        long_prefill_token_threshold=opts.long_prefill_token_threshold,
+        max_model_len=max_len,
+        kv_cpu_blocks=opts.kv_cpu_blocks,
+        kv_transfer_bandwidth=opts.kv_transfer_bandwidth,
+        kv_transfer_base_latency=opts.kv_transfer_base_latency,
+        admission_latency=opts.admission_latency,
+        routing_latency=opts.routing_latency,
+        admission_policy=opts.admission_policy,
+        routing_policy=opts.routing_policy,
+        priority_policy=opts.priority_policy,
+        scheduler=opts.scheduler,
+        latency_code=latency.code,
+        latency_params=latency.params,
+        alpha=alpha,
+        output_token_time=int(output_token_processing_time(latency.code, alpha)),
+        post_decode_overhead=int(post_decode_fixed_overhead(latency.code, alpha)),
+    )
+    return Prepared(opts=opts, latency=latency, table=table, engine=engine)
+
+
+def instance_metrics(res: SimulationResult, table: RequestTable) -> list[InstanceMetrics]:
+    """Per-instance metrics objects for the report (ENG-7, CLU-7.1)."""
+    cfg = res.config
+    out: list[InstanceMetrics] = []
+    ended = res.sim_ended_us
+    otp = cfg.output_token_time
+    for i in range(cfg.num_instances):
+        c = res.counters[i]
+        mine = res.instance == i
+        ttft = res.ttft_us[mine & (res.ttft_us >= 0)].astype(np.float64)
+        e2e = res.e2e_us[mine & (res.e2e_us >= 0)].astype(np.float64)
+        sched = res.sched_delay_us[mine & (res.sched_delay_us >= 0)].astype(np.int64)
+        steps = (res.step_instance == i) & (res.step_itl_count > 0)
+        out.append(InstanceMetrics(
+            completed=int(c[K.K_COMPLETED]),
+            still_queued=int(res.still_queued[i]),
+            still_running=int(res.still_running[i]),
+            dropped_unservable=int(c[K.K_DROPPED]),
+            timed_out=int(c[K.K_TIMED_OUT]),
+            length_capped=int(c[K.K_LENGTH_CAPPED]),
+            total_input_tokens=int(c[K.K_IN_TOKENS]),
+            total_output_tokens=int(c[K.K_OUT_TOKENS]),
+            preemption_count=int(c[K.K_PREEMPTIONS]),
+            kv_allocation_failures=int(c[K.K_KV_FAIL]),
+            sim_ended_time_us=int(ended[i]),
+            ttft_us=ttft,
+            e2e_us=e2e,
+            scheduling_delay_us=sched,
+            itl_values_us=res.step_duration[steps] + otp,
+            itl_counts=res.step_itl_count[steps],
+            wait_queue_len_sum=int(res.wait_queue_sum[i, 0]),
+            wait_queue_len_steps=int(res.wait_queue_sum[i, 1]),
+            cache_hit_rate=float(res.cache_hit_rate[i]),
+            kv_thrashing_rate=float(res.thrashing_rate[i]),
+        ))
+    return out
+
+
+def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumns:
+    """Per-request records of every request registered at an instance (ENG-7.6, CLU-7.24)."""
+    rows = np.flatnonzero(res.registered == 1)
+    completed = res.state[rows] == K.ST_COMPLETED
+    out_len = table.output_len[rows]
+    capped = res.length_capped[rows] == 1
+    n_itl = np.where(capped, res.itl_count[rows], out_len)
+    denom = np.maximum(n_itl - 1, 1).astype(np.float64)
+    itl = res.itl_sum_us[rows].astype(np.float64) / denom
+    itl = np.where(out_len > 0, itl, 0.0)
+    itl = np.where(completed, itl, np.nan)
+    ttft = res.ttft_us[rows]
+    e2e = res.e2e_us[rows]
+    clients = table.clients
+    cidx = table.client_idx[rows]
+
+    def meta(key: str) -> np.ndarray:
+        values = np.array([str(c.get(key, "") or "") for c in clients] or [""], dtype=object)
+        return values[cidx] if len(clients) else np.full(len(rows), "", dtype=object)
+
+    return RequestColumns(
+        request_id=np.array([f"request_{i}" for i in rows], dtype=object),
+        arrival_us=table.arrival_us[rows],
+        num_prefill_tokens=table.input_len[rows],
+        num_decode_tokens=out_len,
+        ttft_us=np.where(ttft >= 0, ttft.astype(np.float64), np.nan),
+        itl_us=itl,
+        e2e_us=np.where(e2e >= 0, e2e.astype(np.float64), np.nan),
+        scheduling_delay_us=res.sched_delay_us[rows].astype(np.int64),
+        handled_by=res.instance[rows].astype(np.int32),
+        slo_class=meta("slo_class"),
+        tenant_id=meta("tenant_id"),
+        model=meta("model"),
+        length_capped=capped,
+    )
+
+
+def trace_outcome(res: SimulationResult) -> TraceOutcome:
+    """Per-request status/TTFT/ITL sums for the trace v2 export (WL-9.5)."""
+    status = np.full(res.state.shape[0], 2, dtype=np.int8)
+    status[res.state == K.ST_COMPLETED] = 0
+    status[res.state == K.ST_TIMED_OUT] = 1
+    return TraceOutcome(status=status, ttft_us=res.ttft_us.astype(np.int64),
+                        itl_sum_us=res.itl_sum_us.astype(np.int64))
+
+
+def execute_run(opts: RunOptions) -> RunResult:
+    """Validate, simulate and produce every requested output of one ``blis run``."""
+    prepared = prepare(opts)
+    started = time.perf_counter()
+    res = run_engine(prepared.table, prepared.engine)
+    log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
+    if opts.trace_output:
+        export_trace_v2(opts.trace_output, prepared.table, trace_outcome(res))
+    instances = instance_metrics(res, prepared.table)
+    requests = request_columns(res, prepared.table)
+    report = ClusterReport(
+        instances=instances,
+        requests=requests,
+        admission_rejections=res.rejected_admission,
+        routing_rejections=res.rejected_routing,
+        shed_by_tier=_shed_by_tier(res, prepared.table),
+        priority_policy=opts.priority_policy,
+        fitness_weights=opts.fitness_weights,
+    )
+    stdout = render_report(report)
+    aggregate = aggregate_instances(instances)
+    summary = build_metrics_output("cluster", aggregate)
+    metrics_path = opts.metrics_path or opts.results_path
+    if metrics_path:
+        write_results_file(metrics_path, summary, requests)
+    if opts.output_dir:
+        from blis_fast.output.parquet import write_requests_parquet, write_summary_parquet
+
+        out_dir = Path(opts.output_dir)
+        os.makedirs(out_dir, exist_ok=True)
+        write_summary_parquet(out_dir / "summary.parquet", summary)
+        write_requests_parquet(out_dir / "requests.parquet", requests)
+    per_instance = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(instances)]
+    return RunResult(stdout=stdout, summary=summary, per_instance=per_instance,
+                     requests=requests, simulation=res, prepared=prepared)
+
+
+def _shed_by_tier(res: SimulationResult, table: RequestTable) -> dict[str, int]:
+    """Admission rejections per SLO class (DELTA-11); only reject-all exists so far."""
+    if res.rejected_admission == 0:
+        return {}
+    rejected = res.registered == K.REG_REJECTED_ADMISSION
+    counts: dict[str, int] = {}
+    for idx in np.flatnonzero(rejected):
+        client = table.clients[table.client_idx[idx]] if table.clients else {}
+        tier = str(client.get("slo_class", "") or "") or "standard"
+        counts[tier] = counts.get(tier, 0) + 1
+    return counts

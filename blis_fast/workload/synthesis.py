@@ -1,0 +1,207 @@
+"""Workload specs synthesized from CLI distribution flags and from named presets (WL-2).
+
+Both paths build the same one-client v2 spec (client id ``distribution``, constant arrivals,
+gaussian input/output lengths, optional shared prefix group); the flag checks of WL-2.4 are
+here too so the CLI and the Python API report the same errors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from blis_fast.errors import BlisConfigError
+from blis_fast.workload.spec import ArrivalSpec, ClientSpec, DistSpec, WorkloadSpec
+
+PRESET_NAMES = ("chatbot", "summarization", "contentgen", "multidoc")
+"""Preset names the reference's error message lists (WL-1.1)."""
+
+PRESET_KEYS = (
+    "prefix_tokens",
+    "prompt_tokens",
+    "prompt_tokens_stdev",
+    "prompt_tokens_min",
+    "prompt_tokens_max",
+    "output_tokens",
+    "output_tokens_stdev",
+    "output_tokens_min",
+    "output_tokens_max",
+)
+"""Keys of one ``defaults.yaml`` ``workloads.<name>`` entry (a missing key counts as 0)."""
+
+
+@dataclass
+class DistributionParams:
+    """The CLI's distribution-mode flags (WL-2.3 defaults)."""
+
+    rate: float = 1.0
+    num_requests: int = 100
+    prefix_tokens: int = 0
+    prompt_tokens_mean: int = 512
+    prompt_tokens_stdev: int = 256
+    prompt_tokens_min: int = 2
+    prompt_tokens_max: int = 7000
+    output_tokens_mean: int = 512
+    output_tokens_stdev: int = 256
+    output_tokens_min: int = 2
+    output_tokens_max: int = 7000
+
+
+def _gaussian(mean: int, std: int, lo: int, hi: int) -> DistSpec:
+    """Gaussian DistSpec with float params, as the reference builds them."""
+    return DistSpec(
+        type="gaussian",
+        params={"mean": float(mean), "std_dev": float(std), "min": float(lo), "max": float(hi)},
+    )
+
+
+def synthesize_from_distribution(params: DistributionParams, seed: int = 42) -> WorkloadSpec:
+    """Build the one-client v2 spec of ``--workload distribution`` (WL-2.1); seed = ``--seed``."""
+    client = ClientSpec(
+        id="distribution",
+        rate_fraction=1.0,
+        arrival=ArrivalSpec(process="constant"),
+        input_dist=_gaussian(
+            params.prompt_tokens_mean,
+            params.prompt_tokens_stdev,
+            params.prompt_tokens_min,
+            params.prompt_tokens_max,
+        ),
+        output_dist=_gaussian(
+            params.output_tokens_mean,
+            params.output_tokens_stdev,
+            params.output_tokens_min,
+            params.output_tokens_max,
+        ),
+    )
+    if params.prefix_tokens > 0:
+        client.prefix_group = "shared"
+        client.prefix_length = int(params.prefix_tokens)
+    return WorkloadSpec(
+        version="2",
+        seed=int(seed),
+        category="language",
+        clients=[client],
+        aggregate_rate=float(params.rate),
+        num_requests=int(params.num_requests),
+    )
+
+
+def _preset_value(preset: Mapping[str, Any] | Any, key: str) -> int:
+    """Read one preset field from a mapping or an attribute object; missing counts as 0."""
+    if isinstance(preset, Mapping):
+        v = preset.get(key, 0)
+    else:
+        v = getattr(preset, key, 0)
+    return int(v or 0)
+
+
+def lookup_preset(workloads: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | Any:
+    """Return ``workloads[name]`` from defaults.yaml, or raise the reference's unknown-workload error."""
+    if workloads is None or name not in workloads:
+        raise BlisConfigError(
+            f'Undefined workload "{name}". Use one among '
+            f"({', '.join(PRESET_NAMES)}) or --workload-spec"
+        )
+    return workloads[name]
+
+
+def preset_to_params(
+    preset: Mapping[str, Any] | Any, rate: float, num_requests: int
+) -> DistributionParams:
+    """Turn a preset entry plus ``--rate``/``--num-requests`` into distribution params (WL-2.5)."""
+    return DistributionParams(
+        rate=float(rate),
+        num_requests=int(num_requests),
+        prefix_tokens=_preset_value(preset, "prefix_tokens"),
+        prompt_tokens_mean=_preset_value(preset, "prompt_tokens"),
+        prompt_tokens_stdev=_preset_value(preset, "prompt_tokens_stdev"),
+        prompt_tokens_min=_preset_value(preset, "prompt_tokens_min"),
+        prompt_tokens_max=_preset_value(preset, "prompt_tokens_max"),
+        output_tokens_mean=_preset_value(preset, "output_tokens"),
+        output_tokens_stdev=_preset_value(preset, "output_tokens_stdev"),
+        output_tokens_min=_preset_value(preset, "output_tokens_min"),
+        output_tokens_max=_preset_value(preset, "output_tokens_max"),
+    )
+
+
+def synthesize_from_preset(
+    preset: Mapping[str, Any] | Any, rate: float, num_requests: int, seed: int = 42
+) -> WorkloadSpec:
+    """Build the spec of ``--workload <preset>`` (WL-2.5): same shape as distribution mode."""
+    return synthesize_from_distribution(preset_to_params(preset, rate, num_requests), seed=seed)
+
+
+def validate_rate(rate: float) -> None:
+    """Reject a non-finite or non-positive ``--rate`` (distribution and preset modes)."""
+    if not (rate > 0) or math.isinf(rate):
+        raise BlisConfigError(f"--rate must be a finite value > 0, got {_go_v(rate)}")
+
+
+def _go_v(v: float) -> str:
+    """Format a float like Go's ``%v`` (shortest digits; exponent form outside [1e-4, 1e6))."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if v == 0:
+        return "-0" if math.copysign(1.0, v) < 0 else "0"
+    sign, digits, exponent = Decimal(repr(v)).normalize().as_tuple()
+    ds = "".join(map(str, digits))
+    dp = len(ds) + int(exponent)  # position of the decimal point
+    exp = dp - 1
+    neg = "-" if sign else ""
+    if exp < -4 or exp >= 6:
+        mant = ds[0] + ("." + ds[1:] if len(ds) > 1 else "")
+        return f"{neg}{mant}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    if dp <= 0:
+        return f"{neg}0.{'0' * -dp}{ds}"
+    if dp >= len(ds):
+        return f"{neg}{ds}{'0' * (dp - len(ds))}"
+    return f"{neg}{ds[:dp]}.{ds[dp:]}"
+
+
+def validate_distribution_params(p: DistributionParams) -> None:
+    """Flag bound checks of distribution mode, in the reference's order (WL-2.4)."""
+    checks = (
+        (p.prompt_tokens_min < 1, f"--prompt-tokens-min must be >= 1, got {p.prompt_tokens_min}"),
+        (p.prompt_tokens_max < 1, f"--prompt-tokens-max must be >= 1, got {p.prompt_tokens_max}"),
+        (p.output_tokens_min < 1, f"--output-tokens-min must be >= 1, got {p.output_tokens_min}"),
+        (p.output_tokens_max < 1, f"--output-tokens-max must be >= 1, got {p.output_tokens_max}"),
+        (
+            p.prompt_tokens_stdev < 0,
+            f"--prompt-tokens-stdev must be >= 0, got {p.prompt_tokens_stdev}",
+        ),
+        (
+            p.output_tokens_stdev < 0,
+            f"--output-tokens-stdev must be >= 0, got {p.output_tokens_stdev}",
+        ),
+        (
+            p.prompt_tokens_min > p.prompt_tokens_max,
+            f"--prompt-tokens-min ({p.prompt_tokens_min}) must be <= "
+            f"--prompt-tokens-max ({p.prompt_tokens_max})",
+        ),
+        (
+            p.output_tokens_min > p.output_tokens_max,
+            f"--output-tokens-min ({p.output_tokens_min}) must be <= "
+            f"--output-tokens-max ({p.output_tokens_max})",
+        ),
+        (
+            not (p.prompt_tokens_min <= p.prompt_tokens_mean <= p.prompt_tokens_max)
+            or not (p.prompt_tokens_min <= p.prompt_tokens_stdev <= p.prompt_tokens_max),
+            "prompt-tokens and prompt-tokens-stdev should be in range "
+            "[prompt-tokens-min, prompt-tokens-max]",
+        ),
+        (
+            not (p.output_tokens_min <= p.output_tokens_mean <= p.output_tokens_max)
+            or not (p.output_tokens_min <= p.output_tokens_stdev <= p.output_tokens_max),
+            "output-tokens and output-tokens-stdev should be in range "
+            "[output-tokens-min, output-tokens-max]",
+        ),
+    )
+    for failed, msg in checks:
+        if failed:
+            raise BlisConfigError(msg)

@@ -1,0 +1,221 @@
+"""Run a parity case (../shared/parity/cases/<id>) through the blis CLI and compare its outputs.
+
+Comparison rules are those of ../shared/parity/README.md: stdout JSON objects and
+``key: value`` lines must match (integers exactly, floats to a relative error of 1e-9, section
+headers in order); the per-request results file must hold the same records (ties in
+``arrived_at`` may come in any order); a failing case needs a non-zero exit and no output file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+CASES_DIR = Path(__file__).resolve().parents[2] / "shared" / "parity" / "cases"
+REL_TOL = 1e-9
+
+# Cases that wait for a later issue: case id -> the issue that makes them pass.
+PENDING: dict[str, str] = {}
+
+
+@dataclass
+class CaseRun:
+    """What the project's CLI did for one case."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    workdir: Path
+
+
+def load_case(case_id: str) -> dict:
+    """The case.json of one case."""
+    return json.loads((CASES_DIR / case_id / "case.json").read_text())
+
+
+def all_case_ids() -> list[str]:
+    """Every case folder name, sorted."""
+    return sorted(p.name for p in CASES_DIR.iterdir() if (p / "case.json").is_file())
+
+
+def run_case(case_id: str, workdir: Path) -> CaseRun:
+    """Copy the case's inputs into ``workdir`` and run ``blis <subcommand> <args>`` there."""
+    from blis_fast.cli import main
+
+    src = CASES_DIR / case_id
+    case = load_case(case_id)
+    outputs = {"stdout.txt", "stderr.txt", "results.json", "trace.yaml", "trace.csv", "case.json"}
+    for item in src.iterdir():
+        if item.name not in outputs:
+            if item.is_dir():
+                shutil.copytree(item, workdir / item.name)
+            else:
+                shutil.copy(item, workdir / item.name)
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([case["subcommand"], *case["args"]])
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(cwd)
+    return CaseRun(exit_code=code, stdout=out.getvalue(), stderr=err.getvalue(), workdir=workdir)
+
+
+def _close(a, b, path: str, errors: list[str]) -> None:
+    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
+        if a != b:
+            errors.append(f"{path}: {a!r} != {b!r}")
+        return
+    if isinstance(a, int) and isinstance(b, int):
+        if a != b:
+            errors.append(f"{path}: {a} != {b}")
+        return
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if not math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=0.0):
+            errors.append(f"{path}: {a!r} != {b!r}")
+        return
+    if isinstance(a, dict) and isinstance(b, dict):
+        if list(a) != list(b):
+            errors.append(f"{path}: keys {list(a)} != {list(b)}")
+            return
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}", errors)
+        return
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            errors.append(f"{path}: {len(a)} items != {len(b)}")
+            return
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]", errors)
+        return
+    if a != b:
+        errors.append(f"{path}: {a!r} != {b!r}")
+
+
+def _stdout_items(text: str) -> list[tuple[str, object]]:
+    """Split stdout into ('json', obj), ('header', line) and ('line', line) items."""
+    items: list[tuple[str, object]] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("{"):
+            depth = 0
+            block = []
+            while i < len(lines):
+                block.append(lines[i])
+                depth += lines[i].count("{") - lines[i].count("}")
+                i += 1
+                if depth == 0:
+                    break
+            items.append(("json", json.loads("\n".join(block))))
+            continue
+        if line.startswith("==="):
+            items.append(("header", line))
+        elif line.strip():
+            items.append(("line", line))
+        i += 1
+    return items
+
+
+def _parse_value(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def compare_stdout(actual: str, expected: str) -> list[str]:
+    """Differences between two stdout texts under the parity rules (empty = equal)."""
+    errors: list[str] = []
+    a_items, e_items = _stdout_items(actual), _stdout_items(expected)
+    if len(a_items) != len(e_items):
+        errors.append(f"stdout: {len(a_items)} items != {len(e_items)} expected")
+    for n, (a, e) in enumerate(zip(a_items, e_items, strict=False)):
+        if a[0] != e[0]:
+            errors.append(f"stdout item {n}: {a} != {e}")
+            continue
+        if a[0] == "json":
+            _close(a[1], e[1], f"stdout json #{n}", errors)
+        elif a[0] == "header":
+            if a[1] != e[1]:
+                errors.append(f"stdout header {a[1]!r} != {e[1]!r}")
+        else:
+            la, le = str(a[1]), str(e[1])
+            if ":" in le and ":" in la and la.split(":", 1)[0] == le.split(":", 1)[0]:
+                va, ve = la.split(":", 1)[1].strip(), le.split(":", 1)[1].strip()
+                _close(_parse_value(va), _parse_value(ve), le.split(":", 1)[0], errors)
+            elif la != le:
+                errors.append(f"stdout line {la!r} != {le!r}")
+    return errors
+
+
+def _request_key(rec: dict) -> tuple:
+    return (rec.get("arrived_at"), rec.get("requestID", rec.get("request_id")))
+
+
+def compare_results(actual: object, expected: object) -> list[str]:
+    """Differences between two results files; records with equal arrival may be reordered."""
+    errors: list[str] = []
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        a = dict(actual)
+        e = dict(expected)
+        a_req = sorted(a.pop("requests", []), key=_request_key)
+        e_req = sorted(e.pop("requests", []), key=_request_key)
+        _close(a, e, "results", errors)
+        _close(a_req, e_req, "results.requests", errors)
+        return errors
+    if isinstance(expected, list) and isinstance(actual, list):
+        _close(sorted(actual, key=_request_key), sorted(expected, key=_request_key),
+               "results", errors)
+        return errors
+    return [f"results: type {type(actual).__name__} != {type(expected).__name__}"]
+
+
+def check_case(case_id: str, workdir: Path) -> list[str]:
+    """Run one case and return every difference from the reference's outputs."""
+    case = load_case(case_id)
+    src = CASES_DIR / case_id
+    run = run_case(case_id, workdir)
+    errors: list[str] = []
+    if case["exit_code"] != 0:
+        if run.exit_code == 0:
+            errors.append("expected a non-zero exit code, got 0")
+        for name in ("results.json", "trace.yaml", "trace.csv"):
+            if (workdir / name).exists():
+                errors.append(f"output file {name} written by a failing run")
+        if run.stderr.count("\n") != 1:
+            errors.append(f"stderr should be one line, got: {run.stderr!r}")
+        return errors
+    if run.exit_code != 0:
+        return [f"exit code {run.exit_code}: {run.stderr.strip()[-500:]}"]
+    errors += compare_stdout(run.stdout, (src / "stdout.txt").read_text())
+    if (src / "results.json").is_file():
+        actual_path = workdir / "results.json"
+        if not actual_path.is_file():
+            errors.append("results.json was not written")
+        else:
+            errors += compare_results(json.loads(actual_path.read_text()),
+                                      json.loads((src / "results.json").read_text()))
+    for name in ("trace.yaml", "trace.csv"):
+        if (src / name).is_file():
+            if not (workdir / name).is_file():
+                errors.append(f"{name} was not written")
+            elif (workdir / name).read_text() != (src / name).read_text():
+                errors.append(f"{name} differs from the reference's export")
+    return errors
