@@ -20,8 +20,33 @@ from pathlib import Path
 CASES_DIR = Path(__file__).resolve().parents[2] / "shared" / "parity" / "cases"
 REL_TOL = 1e-9
 
-# Cases that wait for a later issue: case id -> the issue that makes them pass.
-PENDING: dict[str, str] = {}
+# Cases that wait for a later issue: case id -> the issue(s) that make them pass. The parity
+# test marks them as strict expected failures, so a case that starts passing must leave this list.
+PENDING: dict[str, str] = {
+    "c4-always-busiest-latencies": "#3 cluster control plane",
+    "c4-least-loaded-snapshot-100ms": "#3 cluster control plane",
+    "c4-policy-config-weighted-routing-load-spikes": "#3 cluster control plane + #4 workloads",
+    "c4-round-robin-inverted-slo-reverse-priority": "#3 cluster control plane + #4 workloads",
+    "c4-scorer-active-requests-contentgen": "#3 cluster control plane",
+    "c4-scorer-kv-utilization": "#3 cluster control plane",
+    "c4-scorer-no-hit-lru-regression-multiturn": "#3 cluster control plane + #4 workloads",
+    "c4-scorer-precise-prefix-inference-perf": "#3 cluster control plane + #4 workloads",
+    "c4-scorer-prefix-affinity-cache-warmup": "#3 cluster control plane + #4 workloads",
+    "c4-scorer-queue-depth-token-bucket": "#3 cluster control plane",
+    "c4-scorer-vllm-dp-servegen": "#3 cluster control plane + #4 workloads",
+    "c8-policy-config-round-robin-chatbot": "#3 cluster control plane",
+    "c8-round-robin-trace-counterfactual": "#3 cluster control plane",
+    "c8-scorer-load-aware-fitness": "#3 cluster control plane",
+    "c8-scorer-load-balance-slo-priority": "#3 cluster control plane + #4 workloads",
+    "c8-scorer-running-requests-2000": "#3 cluster control plane",
+    "c8-weighted-default-prefix-affinity-demo": "#3 cluster control plane + #4 workloads",
+    "concurrency-closed-loop-cli": "#4 workloads and traces",
+    "replay-c4-least-loaded": "#3 cluster control plane + #4 workloads",
+    "wl-cohorts-lifecycle": "#3 cluster control plane + #4 workloads",
+    "wl-mixed-arrivals-lengths": "#3 cluster control plane + #4 workloads",
+    "wl-multimodal-reasoning": "#3 cluster control plane + #4 workloads",
+    "wl-multiturn-chat-demo-closed-loop": "#4 workloads and traces",
+}
 
 
 @dataclass
@@ -187,10 +212,50 @@ def compare_results(actual: object, expected: object) -> list[str]:
     return [f"results: type {type(actual).__name__} != {type(expected).__name__}"]
 
 
+MARCH_REFERENCE = "blis@9afd96ff"
+
+
+def _adopt_march_metrics(obj: dict) -> dict:
+    """A March metrics object as the adopted (April) reference would print it.
+
+    Only DELTA-6 differs for the March cases: a normally completing request now counts all N
+    output tokens instead of N - 1. The rewrite is exact when no request was length-capped,
+    timed out, preempted or left running, which is asserted.
+    """
+    for key in ("still_running", "still_queued", "timed_out_requests", "length_capped_requests",
+                "preemption_count", "dropped_unservable"):
+        assert obj[key] == 0, f"March adaptation needs {key} == 0"
+    out = dict(obj)
+    out["total_output_tokens"] = obj["total_output_tokens"] + obj["completed_requests"]
+    duration = obj["vllm_estimated_duration_s"]
+    out["tokens_per_sec"] = out["total_output_tokens"] / duration if duration > 0 else 0
+    return out
+
+
+def _adopt_march_trace(yaml_text: str, csv_text: str, seed: int, timeout_s: int):
+    """A March trace export as the adopted reference writes it (DELTA-28, DELTA-60, DELTA-61):
+    a ``prefix_length`` column after ``prefix_group``, ``workload_seed`` in the header, and the
+    default ``--timeout`` deadline on every synthesized request."""
+    header = yaml_text + f"workload_seed: {seed}\n"
+    lines = csv_text.splitlines()
+    cols = lines[0].split(",")
+    pg = cols.index("prefix_group")
+    dl = cols.index("deadline_us")
+    arr = cols.index("arrival_time_us")
+    out = [",".join(cols[: pg + 1] + ["prefix_length"] + cols[pg + 1:])]
+    for line in lines[1:]:
+        f = line.split(",")
+        assert f[pg] == "" and f[dl] == "0", "March adaptation needs no prefix and no deadline"
+        f[dl] = str(int(f[arr]) + timeout_s * 1_000_000)
+        out.append(",".join(f[: pg + 1] + ["0"] + f[pg + 1:]))
+    return header, "\n".join(out) + "\n"
+
+
 def check_case(case_id: str, workdir: Path) -> list[str]:
     """Run one case and return every difference from the reference's outputs."""
     case = load_case(case_id)
     src = CASES_DIR / case_id
+    march = case["reference"].startswith(MARCH_REFERENCE)
     run = run_case(case_id, workdir)
     errors: list[str] = []
     if case["exit_code"] != 0:
@@ -204,18 +269,30 @@ def check_case(case_id: str, workdir: Path) -> list[str]:
         return errors
     if run.exit_code != 0:
         return [f"exit code {run.exit_code}: {run.stderr.strip()[-500:]}"]
-    errors += compare_stdout(run.stdout, (src / "stdout.txt").read_text())
+    expected_stdout = (src / "stdout.txt").read_text()
+    if march:
+        items = _stdout_items(expected_stdout)
+        assert len(items) == 2 and items[1][0] == "json", "March cases are single-instance"
+        expected_stdout = "=== Simulation Metrics ===\n" + json.dumps(
+            _adopt_march_metrics(items[1][1]), indent=2) + "\n"
+    errors += compare_stdout(run.stdout, expected_stdout)
     if (src / "results.json").is_file():
         actual_path = workdir / "results.json"
         if not actual_path.is_file():
             errors.append("results.json was not written")
         else:
-            errors += compare_results(json.loads(actual_path.read_text()),
-                                      json.loads((src / "results.json").read_text()))
-    for name in ("trace.yaml", "trace.csv"):
-        if (src / name).is_file():
+            expected = json.loads((src / "results.json").read_text())
+            if march:
+                expected = _adopt_march_metrics(expected)
+            errors += compare_results(json.loads(actual_path.read_text()), expected)
+    if (src / "trace.csv").is_file():
+        exp_yaml = (src / "trace.yaml").read_text()
+        exp_csv = (src / "trace.csv").read_text()
+        if march:
+            exp_yaml, exp_csv = _adopt_march_trace(exp_yaml, exp_csv, 42, 300)
+        for name, text in (("trace.yaml", exp_yaml), ("trace.csv", exp_csv)):
             if not (workdir / name).is_file():
                 errors.append(f"{name} was not written")
-            elif (workdir / name).read_text() != (src / name).read_text():
+            elif (workdir / name).read_text() != text:
                 errors.append(f"{name} differs from the reference's export")
     return errors

@@ -12,9 +12,9 @@ from blis_fast.kernels import engine as K
 from blis_fast.kernels.kvcache import (
     C_EVICT,
     C_MIRROR,
+    C_MISS,
     M_HITS,
     M_MISSES,
-    C_MISS,
     new_kv_state,
 )
 

@@ -547,7 +547,6 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
     max_len = ic[IC_MAX_MODEL_LEN]
     bs = kv.cfg[kvc.CFG_BS]
     total_blocks = kv.cfg[kvc.CFG_BLOCKS]
-    otp = ic[IC_OUTPUT_TOKEN_TIME]
     post_decode = ic[IC_POST_DECODE]
     lat_code = ic[IC_LATENCY_CODE]
 
