@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -49,8 +50,19 @@ def run_command(ctx: click.Context, **raw: object) -> None:
     sys.stdout.flush()
 
 
+def _install_log_handler() -> None:
+    """Diagnostics go to stderr as ``level=... msg="..."`` lines (the reference's logrus style)."""
+    logger = logging.getLogger("blis_fast")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter('level=%(levelname)s msg="%(message)s"'))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run click without its own error handling, one stderr line per error."""
+    _install_log_handler()
     try:
         main_group.main(args=argv, prog_name="blis", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,11 +112,6 @@ def _setup_logging(level_name: str) -> None:
     level = LOG_LEVELS.get(level_name.lower())
     if level is None:
         _fail(f"Invalid log level: {level_name}")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter('level=%(levelname)s msg="%(message)s"'))
-        log.addHandler(handler)
-        log.propagate = False
     log.setLevel(level)
 
 

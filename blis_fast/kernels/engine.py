@@ -52,8 +52,9 @@ SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY = 0, 1, 2, 3
 # values of rs.registered: routed to an instance (and not dropped) = 1
 REG_NONE, REG_ROUTED, REG_REJECTED_ADMISSION, REG_REJECTED_ROUTING = 0, 1, 2, 3
 
-# status codes returned by simulate
-STATUS_OK, STATUS_BAD_ALIGNMENT = 0, 1
+# status codes returned by simulate (and, internally, by the event loop)
+STATUS_OK, STATUS_BAD_ALIGNMENT, STATUS_GROW_HEAP, STATUS_GROW_LOG = 0, 1, 2, 3
+HS_SIZE, HS_SEQ = 0, 1
 
 ReqState = namedtuple("ReqState", [
     "state", "inst", "pi", "nnt", "computed", "ttft_set", "first_token", "ttft", "has_ttft",
@@ -75,7 +76,7 @@ InstState = namedtuple("InstState", [
 
 StepLog = namedtuple("StepLog", [
     "time", "inst", "dur", "next_same", "queue", "running", "kv_used", "itl_count",
-    "run_start", "run_len", "run_next", "sizes",  # sizes: [steps used, runs used]
+    "run_start", "run_len", "run_next", "sizes",  # [steps used, runs used, loop entries]
 ])
 
 
@@ -118,7 +119,7 @@ def new_step_log(step_cap: int, run_cap: int) -> StepLog:
         queue=np.zeros(step_cap, np.int32), running=np.zeros(step_cap, np.int32),
         kv_used=np.zeros(step_cap, np.int64), itl_count=np.zeros(step_cap, np.int64),
         run_start=np.zeros(run_cap, np.int64), run_len=np.zeros(run_cap, np.int64),
-        run_next=np.full(run_cap, -1, np.int64), sizes=np.zeros(2, np.int64),
+        run_next=np.full(run_cap, -1, np.int64), sizes=np.zeros(3, np.int64),
     )
 
 
@@ -165,7 +166,7 @@ def _grow_log(lg, need_steps, need_runs):
 # ------------------------------------------------------------------ wait queue (linked list)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _wq_push_back(ins, rs, i, r):
     tail = ins.wq[i, 1]
     rs.wq_prev[r] = tail
@@ -178,7 +179,7 @@ def _wq_push_back(ins, rs, i, r):
     ins.wq[i, 2] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _wq_push_front(ins, rs, i, r):
     head = ins.wq[i, 0]
     rs.wq_next[r] = head
@@ -191,7 +192,7 @@ def _wq_push_front(ins, rs, i, r):
     ins.wq[i, 2] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _wq_remove(ins, rs, i, r):
     p = rs.wq_prev[r]
     n = rs.wq_next[r]
@@ -208,7 +209,7 @@ def _wq_remove(ins, rs, i, r):
     ins.wq[i, 2] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _sched_less(code, rs, arrival, input_len, id_rank, a, b):
     """Strict ordering of two queued requests for the non-FCFS schedulers (CLU-4.4)."""
     if code == SCHED_SJF:
@@ -225,7 +226,7 @@ def _sched_less(code, rs, arrival, input_len, id_rank, a, b):
     return id_rank[a] < id_rank[b]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _reorder_queue(code, ins, rs, i, arrival, input_len, id_rank, buf, tmp):
     """Stable-sort instance ``i``'s wait queue in place with the scheduler's key."""
     n = ins.wq[i, 2]
@@ -286,7 +287,7 @@ def _reorder_queue(code, ins, rs, i, arrival, input_len, id_rank, buf, tmp):
 # ------------------------------------------------------------------ completion bookkeeping
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _count_done(ins, i, column):
     """Bump a terminal counter and the cluster's in-flight count for the instance (CLU-3.5)."""
     ins.cnt[i, column] += 1
@@ -295,7 +296,7 @@ def _count_done(ins, i, column):
         ins.cnt[i, K_INFLIGHT] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode):
     """recordRequestCompletion with DELTA-6/7: output tokens counted at completion."""
     _count_done(ins, i, K_COMPLETED)
@@ -316,7 +317,7 @@ def _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode):
         run = lg.run_next[run]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _reset_runs(rs, r):
     rs.run_head[r] = -1
     rs.run_tail[r] = -1
@@ -326,7 +327,7 @@ def _reset_runs(rs, r):
 # ------------------------------------------------------------------ batch formation
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, cached_buf, scratch):
     """preemptForTokens (ENG-4.4 + DELTA-5). Returns (ok, budget, preempted_any)."""
     preempted = False
@@ -358,7 +359,7 @@ def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, cached_buf, scr
             return False, budget, preempted
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scratch, admitted):
     """vLLM batch formation (ENG-4.2..4.5). Returns the number of newly admitted requests."""
     budget = ic[IC_MAX_TOKENS]
@@ -389,11 +390,12 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
             rs.computed[r] += n
         if rs.pi[r] >= input_len[r] and output_len[r] > 0:
             if not (max_len > 0 and rs.pi[r] + 1 > max_len - 1):
-                ok, budget, pre = _preempt_for_tokens(ins, rs, kv, i, r, 1, input_len, budget,
-                                                      cached_buf, scratch)
-                preemption = preemption or pre
-                if not ok:
-                    break
+                if not kvc.append_decode_token_fast(kv, i, r):
+                    ok, budget, pre = _preempt_for_tokens(ins, rs, kv, i, r, 1, input_len,
+                                                          budget, cached_buf, scratch)
+                    preemption = preemption or pre
+                    if not ok:
+                        break
                 budget -= 1
                 rs.nnt[r] = 1
                 rs.computed[r] += 1
@@ -431,7 +433,7 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
 # ------------------------------------------------------------------ the step
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, output_len,
           id_rank, buf_a, buf_b, cached_buf, scratch, gather):
     """One engine iteration at ``now`` (ENG-2 with DELTA-2/3/4/5/6). Returns the duration, or
@@ -451,11 +453,7 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
             else:
                 rs.priority[r] = 0.0 - 1e-6 * age
             r = rs.wq_next[r]
-    else:
-        r = ins.wq[i, 0]
-        while r >= 0:
-            rs.priority[r] = 0.0
-            r = rs.wq_next[r]
+    # constant policy: every priority stays 0.0, nothing to recompute
     scode = ic[IC_SCHEDULER]
     if scode != SCHED_FCFS:
         _reorder_queue(scode, ins, rs, i, arrival, input_len, id_rank, buf_a, buf_b)
@@ -536,12 +534,15 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
 # ------------------------------------------------------------------ the simulation
 
 
-@njit(cache=True)
-def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
-             rs, ins, kv, lg):
-    """Run the whole simulation. Returns (status, step log) — all other results are written
-    into ``rs``, ``ins`` and ``kv`` in place."""
-    n_req = arrival.shape[0]
+@njit(cache=True, _nrt=False)
+def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
+                rs, ins, kv, lg, times, ties, kinds, payloads, hs, buf_a, buf_b, cached_buf,
+                scratch, gather):
+    """Process events until the heap drains, the horizon is passed, or a buffer must grow.
+
+    Compiled without reference counting (the hot path touches only preallocated arrays);
+    returns STATUS_OK when done or STATUS_GROW_* so :func:`simulate` can enlarge a buffer.
+    """
     n_inst = ic[IC_N_INST]
     horizon = ic[IC_HORIZON]
     max_len = ic[IC_MAX_MODEL_LEN]
@@ -549,56 +550,28 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
     total_blocks = kv.cfg[kvc.CFG_BLOCKS]
     post_decode = ic[IC_POST_DECODE]
     lat_code = ic[IC_LATENCY_CODE]
-
-    cap = 3 * n_req + 4 * n_inst + 16
-    times = np.empty(cap, np.int64)
-    ties = np.empty(cap, np.int64)
-    kinds = np.empty(cap, np.int8)
-    payloads = np.empty(cap, np.int64)
-    size = 0
-    seq = 0
-
     max_batch = ins.batch.shape[1]
-    qbuf = max(n_req, max_batch) + 1
-    buf_a = np.empty(qbuf, np.int64)
-    buf_b = np.empty(qbuf, np.int64)
-    max_chunks = 1
-    for r in range(n_req):
-        c = kv.chunk_off[r + 1] - kv.chunk_off[r]
-        if c > max_chunks:
-            max_chunks = c
-    cached_buf = np.empty(max_chunks + 1, np.int64)
-    scratch = np.empty(max_chunks + 1, np.int64)
-    gather = np.empty((4, max_batch + 1), np.int64)
-
-    for r in range(n_req):
-        size = heap_push(times, ties, kinds, payloads, size, arrival[r],
-                         make_tie(False, 0, P_C_ARRIVAL, seq), EV_CLUSTER_ARRIVAL, r)
-        seq += 1
-
+    size = hs[HS_SIZE]
+    seq = hs[HS_SEQ]
+    cap = times.shape[0]
     status = STATUS_OK
     while size > 0:
+        if size + max_batch + 4 > cap:
+            status = STATUS_GROW_HEAP
+            break
         t = times[0]
         if t > horizon:
             break
         tie = ties[0]
         kind = kinds[0]
         payload = payloads[0]
+        if kind == EV_STEP and (
+                lg.sizes[0] + 1 > lg.time.shape[0]
+                or lg.sizes[1] + ins.batch_len[tie_instance(tie)] + ic[IC_MAX_RUNNING] + 1
+                > lg.run_start.shape[0]):
+            status = STATUS_GROW_LOG
+            break
         size = heap_pop(times, ties, kinds, payloads, size)
-        if size + max_batch + 4 > cap:
-            cap *= 2
-            times2 = np.empty(cap, np.int64)
-            ties2 = np.empty(cap, np.int64)
-            kinds2 = np.empty(cap, np.int8)
-            payloads2 = np.empty(cap, np.int64)
-            times2[:size] = times[:size]
-            ties2[:size] = ties[:size]
-            kinds2[:size] = kinds[:size]
-            payloads2[:size] = payloads[:size]
-            times = times2
-            ties = ties2
-            kinds = kinds2
-            payloads = payloads2
         if not tie_is_instance(tie):
             r = payload
             if kind == EV_CLUSTER_ARRIVAL:
@@ -670,7 +643,6 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
                 seq += 1
                 ins.cnt[i, K_STEP_PENDING] = 1
         elif kind == EV_STEP:
-            lg = _grow_log(lg, 1, ins.batch_len[i] + ic[IC_MAX_RUNNING] + 1)
             d = _step(ic, lat_params, alpha, ins, rs, kv, lg, i, t, arrival, input_len,
                       output_len, id_rank, buf_a, buf_b, cached_buf, scratch, gather)
             if d < 0:
@@ -684,8 +656,9 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
                 if rs.pi[r] >= input_len[r] + max(output_len[r], 1) - 1:
                     rs.state[r] = ST_COMPLETED
                     if output_len[r] > 0 and rs.pi[r] < input_len[r] + output_len[r]:
-                        if not kvc.allocate(kv, i, r, rs.pi[r], rs.pi[r] + 1, False,
-                                            input_len[r], cached_buf, 0, scratch):
+                        if not kvc.append_decode_token_fast(kv, i, r) and not kvc.allocate(
+                                kv, i, r, rs.pi[r], rs.pi[r] + 1, False, input_len[r],
+                                cached_buf, 0, scratch):
                             ins.cnt[i, K_KV_FAIL] += 1
                     done = True
                 elif max_len > 0 and rs.pi[r] >= max_len - 1:
@@ -738,4 +711,66 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
                 seq += 1
                 ins.cnt[i, K_STEP_PENDING] = 1
         # EV_REQUEST_LEFT: only moves the clock
-    return status, lg
+    hs[HS_SIZE] = size
+    hs[HS_SEQ] = seq
+    return status
+
+
+@njit(cache=True)
+def _grow_heap(times, ties, kinds, payloads, size):
+    cap = times.shape[0] * 2
+    times2 = np.empty(cap, np.int64)
+    ties2 = np.empty(cap, np.int64)
+    kinds2 = np.empty(cap, np.int8)
+    payloads2 = np.empty(cap, np.int64)
+    times2[:size] = times[:size]
+    ties2[:size] = ties[:size]
+    kinds2[:size] = kinds[:size]
+    payloads2[:size] = payloads[:size]
+    return times2, ties2, kinds2, payloads2
+
+
+@njit(cache=True)
+def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
+             rs, ins, kv, lg):
+    """Run the whole simulation. Returns (status, step log) — all other results are written
+    into ``rs``, ``ins`` and ``kv`` in place."""
+    n_req = arrival.shape[0]
+    n_inst = ic[IC_N_INST]
+    cap = 3 * n_req + 4 * n_inst + 16
+    times = np.empty(cap, np.int64)
+    ties = np.empty(cap, np.int64)
+    kinds = np.empty(cap, np.int8)
+    payloads = np.empty(cap, np.int64)
+    max_batch = ins.batch.shape[1]
+    qbuf = max(n_req, max_batch) + 1
+    buf_a = np.empty(qbuf, np.int64)
+    buf_b = np.empty(qbuf, np.int64)
+    max_chunks = 1
+    for r in range(n_req):
+        c = kv.chunk_off[r + 1] - kv.chunk_off[r]
+        if c > max_chunks:
+            max_chunks = c
+    cached_buf = np.empty(max_chunks + 1, np.int64)
+    scratch = np.empty(max_chunks + 1, np.int64)
+    gather = np.empty((4, max_batch + 1), np.int64)
+    size = 0
+    seq = 0
+    for r in range(n_req):
+        size = heap_push(times, ties, kinds, payloads, size, arrival[r],
+                         make_tie(False, 0, P_C_ARRIVAL, seq), EV_CLUSTER_ARRIVAL, r)
+        seq += 1
+    hs = np.zeros(2, np.int64)
+    hs[HS_SIZE] = size
+    hs[HS_SEQ] = seq
+    while True:
+        lg.sizes[2] += 1
+        status = _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
+                             id_rank, rs, ins, kv, lg, times, ties, kinds, payloads, hs, buf_a,
+                             buf_b, cached_buf, scratch, gather)
+        if status == STATUS_GROW_HEAP:
+            times, ties, kinds, payloads = _grow_heap(times, ties, kinds, payloads, hs[HS_SIZE])
+        elif status == STATUS_GROW_LOG:
+            lg = _grow_log(lg, 1, ins.batch.shape[1] + ic[IC_MAX_RUNNING] + 1)
+        else:
+            return status, lg

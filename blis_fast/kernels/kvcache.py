@@ -29,8 +29,7 @@ KVState = namedtuple(
         # per instance, [n_instances, 8] int64: head, tail, free count, hits, misses
         "meta",
         # prefix hash table per instance (open addressing, linear probing; key 0 = empty)
-        "ht_key",  # uint64 [n_instances, table_size]
-        "ht_val",  # int32
+        "ht",  # uint64 [n_instances, table_size, 2]: key, value side by side (one cache line)
         # per request block lists
         "req_off",  # int64 offset of the request's slice in pool
         "req_cnt",  # int32 blocks currently held (0 = no RequestMap entry)
@@ -40,8 +39,7 @@ KVState = namedtuple(
         "chunk_off",
         "chunk_dig",
         # CPU tier (tiered mode only; 1-slot arrays otherwise)
-        "cpu_key",  # uint64 [n_instances, cpu_table_size] hash -> slot table
-        "cpu_val",  # int32
+        "cpu_ht",  # uint64 [n_instances, cpu_table_size, 2] hash -> slot table
         "cpu_hash",  # uint64 [n_instances, cpu_blocks]
         "cpu_prv",  # int32 LRU links
         "cpu_nxt",
@@ -116,16 +114,14 @@ def new_kv_state(
         nxt=nxt,
         onfree=np.ones(shape, dtype=np.int8),
         meta=meta,
-        ht_key=np.zeros((n_instances, table_size), dtype=np.uint64),
-        ht_val=np.zeros((n_instances, table_size), dtype=np.int32),
+        ht=np.zeros((n_instances, table_size, 2), dtype=np.uint64),
         req_off=req_off,
         req_cnt=np.zeros(n_req, dtype=np.int32),
         req_first_chunk=np.zeros(n_req, dtype=np.int64),
         pool=pool,
         chunk_off=chunk_offsets,
         chunk_dig=chunk_digests,
-        cpu_key=np.zeros((n_instances, cpu_table), dtype=np.uint64),
-        cpu_val=np.zeros((n_instances, cpu_table), dtype=np.int32),
+        cpu_ht=np.zeros((n_instances, cpu_table, 2), dtype=np.uint64),
         cpu_hash=np.zeros((n_instances, cpu_cap), dtype=np.uint64),
         cpu_prv=np.full((n_instances, cpu_cap), -1, dtype=np.int32),
         cpu_nxt=np.full((n_instances, cpu_cap), -1, dtype=np.int32),
@@ -138,38 +134,38 @@ def new_kv_state(
 # ---------------------------------------------------------------- hash tables
 
 
-@njit(cache=True)
-def _table_get(keys, vals, i, h):
-    mask = keys.shape[1] - 1
+@njit(cache=True, _nrt=False)
+def _table_get(table, i, h):
+    mask = table.shape[1] - 1
     j = np.int64(h & np.uint64(mask))
     while True:
-        k = keys[i, j]
+        k = table[i, j, 0]
         if k == h:
-            return np.int64(vals[i, j])
+            return np.int64(table[i, j, 1])
         if k == 0:
             return np.int64(-1)
         j = (j + 1) & mask
 
 
-@njit(cache=True)
-def _table_put(keys, vals, i, h, v):
-    mask = keys.shape[1] - 1
+@njit(cache=True, _nrt=False)
+def _table_put(table, i, h, v):
+    mask = table.shape[1] - 1
     j = np.int64(h & np.uint64(mask))
     while True:
-        k = keys[i, j]
+        k = table[i, j, 0]
         if k == h or k == 0:
-            keys[i, j] = h
-            vals[i, j] = v
+            table[i, j, 0] = h
+            table[i, j, 1] = np.uint64(v)
             return
         j = (j + 1) & mask
 
 
-@njit(cache=True)
-def _table_del(keys, vals, i, h):
-    mask = keys.shape[1] - 1
+@njit(cache=True, _nrt=False)
+def _table_del(table, i, h):
+    mask = table.shape[1] - 1
     j = np.int64(h & np.uint64(mask))
     while True:
-        k = keys[i, j]
+        k = table[i, j, 0]
         if k == 0:
             return
         if k == h:
@@ -178,20 +174,20 @@ def _table_del(keys, vals, i, h):
     # backward-shift deletion keeps probe chains intact without tombstones
     hole = j
     j = (j + 1) & mask
-    while keys[i, j] != 0:
-        home = np.int64(keys[i, j] & np.uint64(mask))
+    while table[i, j, 0] != 0:
+        home = np.int64(table[i, j, 0] & np.uint64(mask))
         if (hole - home) & mask < (j - home) & mask:
-            keys[i, hole] = keys[i, j]
-            vals[i, hole] = vals[i, j]
+            table[i, hole, 0] = table[i, j, 0]
+            table[i, hole, 1] = table[i, j, 1]
             hole = j
         j = (j + 1) & mask
-    keys[i, hole] = 0
+    table[i, hole, 0] = 0
 
 
 # ---------------------------------------------------------------- GPU free list
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _free_append(kv, i, b):
     meta = kv.meta
     meta[i, M_FREE] += 1
@@ -208,7 +204,7 @@ def _free_append(kv, i, b):
     kv.onfree[i, b] = 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _free_remove(kv, i, b):
     meta = kv.meta
     meta[i, M_FREE] -= 1
@@ -227,7 +223,7 @@ def _free_remove(kv, i, b):
     kv.onfree[i, b] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _pop_free(kv, i):
     """Take the LRU head of the free list and drop its hash mapping (ENG-5.4, DELTA-14)."""
     b = kv.meta[i, M_HEAD]
@@ -237,18 +233,18 @@ def _pop_free(kv, i):
     kv.tok[i, b] = 0
     h = kv.hsh[i, b]
     if h != 0:
-        _table_del(kv.ht_key, kv.ht_val, i, h)
+        _table_del(kv.ht, i, h)
         kv.hsh[i, b] = 0
     return np.int64(b)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def free_blocks(kv, i):
     """Number of blocks on instance ``i``'s free list."""
     return kv.meta[i, M_FREE]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def used_blocks(kv, i):
     """Blocks in use on instance ``i`` (total minus free)."""
     return kv.cfg[CFG_BLOCKS] - kv.meta[i, M_FREE]
@@ -257,7 +253,7 @@ def used_blocks(kv, i):
 # ---------------------------------------------------------------- queries
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def cached_blocks(kv, i, r, input_len, out):
     """Leading full input blocks of request ``r`` present in instance ``i``'s cache (ENG-5.3).
 
@@ -270,7 +266,7 @@ def cached_blocks(kv, i, r, input_len, out):
     count = 0
     for k in range(n):
         h = chain_hash(prev, kv.chunk_dig[base + k])
-        b = _table_get(kv.ht_key, kv.ht_val, i, h)
+        b = _table_get(kv.ht, i, h)
         if b < 0:
             break
         out[count] = b
@@ -279,7 +275,7 @@ def cached_blocks(kv, i, r, input_len, out):
     return count
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _commit(kv, i, r, blocks, lo, hi):
     off = kv.req_off[r]
     if kv.req_cnt[r] == 0:
@@ -294,7 +290,7 @@ def _commit(kv, i, r, blocks, lo, hi):
         kv.req_cnt[r] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
     """GPU-tier AllocateKVBlocks with the check-then-act pre-check (DELTA-13)."""
     bs = kv.cfg[CFG_BS]
@@ -351,7 +347,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 chunk = kv.req_first_chunk[r] + cnt - 1
                 h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
                 kv.hsh[i, latest] = h
-                _table_put(kv.ht_key, kv.ht_val, i, h, latest)
+                _table_put(kv.ht, i, h, latest)
         else:
             n_new = (remaining + bs - 1) // bs
             prev = np.uint64(0)
@@ -367,7 +363,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                     chunk = kv.req_first_chunk[r] + kv.req_cnt[r]
                     h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
                     kv.hsh[i, b] = h
-                    _table_put(kv.ht_key, kv.ht_val, i, h, b)
+                    _table_put(kv.ht, i, h, b)
                     prev = h
                 kv.pool[off + kv.req_cnt[r]] = b
                 kv.req_cnt[r] += 1
@@ -375,7 +371,25 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
+def append_decode_token_fast(kv, i, r):
+    """Decode allocation when the request's last block has room for the token without filling
+    up: only the block's token count changes, exactly as the general path would do it.
+
+    Returns False when the general :func:`allocate` is needed (new block or block hashing).
+    Inlined so the hot decode path does not copy the cache state into a call.
+    """
+    cnt = kv.req_cnt[r]
+    if cnt == 0:
+        return False
+    last = kv.pool[kv.req_off[r] + cnt - 1]
+    if kv.tok[i, last] >= kv.cfg[CFG_BS] - 1:
+        return False
+    kv.tok[i, last] += 1
+    return True
+
+
+@njit(cache=True, _nrt=False)
 def release(kv, i, r):
     """Release every block of request ``r``, last to first, onto the free-list tail (ENG-5.5)."""
     cnt = kv.req_cnt[r]
@@ -391,7 +405,7 @@ def release(kv, i, r):
 # ---------------------------------------------------------------- CPU tier
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _cpu_unlink(kv, i, s):
     cm = kv.cpu_meta
     p = kv.cpu_prv[i, s]
@@ -408,7 +422,7 @@ def _cpu_unlink(kv, i, s):
     kv.cpu_nxt[i, s] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _cpu_append(kv, i, s):
     cm = kv.cpu_meta
     tail = cm[i, C_TAIL]
@@ -421,14 +435,14 @@ def _cpu_append(kv, i, s):
     cm[i, C_TAIL] = s
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _cpu_store(kv, i, h):
     cm = kv.cpu_meta
     if cm[i, C_USED] >= kv.cfg[CFG_CPU_CAP]:
         victim = cm[i, C_HEAD]
         if victim >= 0:
             _cpu_unlink(kv, i, victim)
-            _table_del(kv.cpu_key, kv.cpu_val, i, kv.cpu_hash[i, victim])
+            _table_del(kv.cpu_ht, i, kv.cpu_hash[i, victim])
             cm[i, C_USED] -= 1
             cm[i, C_EVICT] += 1
             kv.cpu_free[i, cm[i, C_FREETOP]] = victim
@@ -436,12 +450,12 @@ def _cpu_store(kv, i, h):
     cm[i, C_FREETOP] -= 1
     s = kv.cpu_free[i, cm[i, C_FREETOP]]
     kv.cpu_hash[i, s] = h
-    _table_put(kv.cpu_key, kv.cpu_val, i, h, s)
+    _table_put(kv.cpu_ht, i, h, s)
     _cpu_append(kv, i, s)
     cm[i, C_USED] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def mirror_to_cpu(kv, i, batch_reqs, n):
     """Copy every full, hashed block of the batch's requests to the CPU tier (ENG-5.9)."""
     if kv.cfg[CFG_TIERED] == 0:
@@ -455,7 +469,7 @@ def mirror_to_cpu(kv, i, batch_reqs, n):
             h = kv.hsh[i, b]
             if h == 0 or kv.tok[i, b] < bs:
                 continue
-            s = _table_get(kv.cpu_key, kv.cpu_val, i, h)
+            s = _table_get(kv.cpu_ht, i, h)
             if s >= 0:
                 _cpu_unlink(kv, i, s)
                 _cpu_append(kv, i, s)
@@ -464,7 +478,7 @@ def mirror_to_cpu(kv, i, batch_reqs, n):
                 kv.cpu_meta[i, C_MIRROR] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _reload_prefix(kv, i, r, input_len):
     bs = kv.cfg[CFG_BS]
     n = input_len // bs
@@ -475,10 +489,10 @@ def _reload_prefix(kv, i, r, input_len):
     count = 0
     for k in range(n):
         h = chain_hash(prev, kv.chunk_dig[base + k])
-        if _table_get(kv.ht_key, kv.ht_val, i, h) >= 0:
+        if _table_get(kv.ht, i, h) >= 0:
             prev = h
             continue
-        s = _table_get(kv.cpu_key, kv.cpu_val, i, h)
+        s = _table_get(kv.cpu_ht, i, h)
         if s < 0:
             break
         if count >= max_reloads:
@@ -489,7 +503,7 @@ def _reload_prefix(kv, i, r, input_len):
         kv.tok[i, b] = bs
         kv.hsh[i, b] = h
         kv.ref[i, b] = 0
-        _table_put(kv.ht_key, kv.ht_val, i, h, b)
+        _table_put(kv.ht, i, h, b)
         _free_append(kv, i, b)
         kv.cpu_meta[i, C_PENDING] += kv.cfg[CFG_RELOAD_TICKS]
         _cpu_unlink(kv, i, s)
@@ -501,7 +515,7 @@ def _reload_prefix(kv, i, r, input_len):
     return reloaded
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scratch):
     """AllocateKVBlocks for either store (single tier, or GPU+CPU with reload, ENG-5.10)."""
     if _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
@@ -536,7 +550,7 @@ def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scra
     return False
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def consume_pending_transfer(kv, i):
     """Pending CPU->GPU transfer latency to add to the next step, then cleared (ENG-5.10.5)."""
     lat = kv.cpu_meta[i, C_PENDING]
@@ -544,7 +558,7 @@ def consume_pending_transfer(kv, i):
     return lat
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def hit_rate(kv, i):
     """Cumulative hit rate (tiered: CPU misses count as misses too, ENG-5.11)."""
     hits = kv.meta[i, M_HITS]
@@ -554,7 +568,7 @@ def hit_rate(kv, i):
     return hits / total
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def thrashing_rate(kv, i):
     """CPU evictions per mirrored block (0 single-tier or without mirrors)."""
     mirrors = kv.cpu_meta[i, C_MIRROR]

@@ -1,0 +1,21 @@
+"""blis_fast: a fast, deterministic discrete-event simulator of LLM inference serving clusters.
+
+A NumPy/Numba re-implementation of BLIS (inference-sim/inference-sim) that reproduces the
+reference's numbers for the same inputs. Start with :func:`blis_fast.run` or the ``blis`` CLI.
+"""
+
+from __future__ import annotations
+
+from blis_fast.errors import BlisConfigError, BlisError, BlisInputError, BlisRuntimeError
+
+__version__ = "0.1.0"
+
+__all__ = ["BlisConfigError", "BlisError", "BlisInputError", "BlisRuntimeError", "run",
+           "__version__"]
+
+
+def run(**options):
+    """Run one simulation with the options of ``blis run``; see :func:`blis_fast.api.run`."""
+    from blis_fast.api import run as _run
+
+    return _run(**options)
