@@ -18,6 +18,7 @@ import numpy as np
 from blis_fast.config.defaults import load_defaults
 from blis_fast.config.latency import LatencyConfig, LatencyOptions, resolve_latency
 from blis_fast.data import data_path
+from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.simulate import (
     ADMISSION_CODES,
     INT64_MAX,
@@ -261,6 +262,7 @@ def prepare(opts: RunOptions) -> Prepared:
     for msg in latency.infos:
         log.info(msg)
     horizon = opts.horizon
+    notify_if_compiling()
     table = _generate(opts, horizon)
     if opts.num_instances < 1:
         _fail("num-instances must be >= 1")
