@@ -9,8 +9,11 @@ times (default 3) and the median is reported.
 Cases:
 
   a  quick start, warm kernel cache         ``--model meta-llama/llama-3.1-8b-instruct``
-  b  10k requests, 4 instances, 50 req/s    (roofline, default model)
-  c  100k requests, 16 instances, 400 req/s (the Go reference: 197 s, 7.4 GB)
+  b  10k requests, 4 instances, 50 req/s    (roofline, the quick start's model)
+  c  100k requests, 16 instances, 400 req/s (same model; the Go reference: 197 s, 7.4 GB)
+
+``--model`` is required by ``blis run`` (there is no default model), so b and c use the quick
+start's ``meta-llama/llama-3.1-8b-instruct`` with every other flag at its default.
   d  cold compile: the quick start with NUMBA_CACHE_DIR in a fresh empty temp dir; its stderr
      should carry a one-line notice that the kernels are being compiled
 
@@ -66,9 +69,11 @@ CASES: dict[str, Case] = {
     "a": Case("a", "quick start (warm cache)", QUICKSTART_ARGS, max_wall_s=1.5,
               check_quickstart_stdout=True),
     "b": Case("b", "10k req, 4 inst, 50 req/s",
-              ["--num-requests", "10000", "--num-instances", "4", "--rate", "50"]),
+              [*QUICKSTART_ARGS, "--num-requests", "10000", "--num-instances", "4",
+               "--rate", "50"]),
     "c": Case("c", "100k req, 16 inst, 400 req/s",
-              ["--num-requests", "100000", "--num-instances", "16", "--rate", "400"],
+              [*QUICKSTART_ARGS, "--num-requests", "100000", "--num-instances", "16",
+               "--rate", "400"],
               max_wall_s=4.0, max_rss_mb=600.0),
     "d": Case("d", "cold compile (quick start)", QUICKSTART_ARGS, cold=True, max_wall_s=60.0,
               check_quickstart_stdout=True, timeout_s=900.0),

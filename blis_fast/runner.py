@@ -17,14 +17,18 @@ import numpy as np
 
 from blis_fast.config.defaults import load_defaults
 from blis_fast.config.latency import LatencyConfig, LatencyOptions, resolve_latency
+from blis_fast.config.policy_bundle import (
+    VALID_ADMISSION,
+    VALID_PRIORITY,
+    VALID_ROUTING,
+    VALID_SCHEDULER,
+    load_policy_bundle,
+    parse_scorer_list,
+)
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.simulate import (
-    ADMISSION_CODES,
     INT64_MAX,
-    PRIORITY_CODES,
-    ROUTING_CODES,
-    SCHEDULER_CODES,
     EngineConfig,
     SimulationResult,
     run_engine,
@@ -33,7 +37,12 @@ from blis_fast.errors import BlisConfigError
 from blis_fast.kernels import engine as K
 from blis_fast.kernels.latency import output_token_processing_time, post_decode_fixed_overhead
 from blis_fast.options import RunOptions
-from blis_fast.output.report import ClusterReport, parse_fitness_weights, render_report
+from blis_fast.output.report import (
+    ClusterReport,
+    parse_fitness_weights,
+    render_report,
+    summarize_trace,
+)
 from blis_fast.output.summary import (
     InstanceMetrics,
     RequestColumns,
@@ -61,13 +70,8 @@ LOG_LEVELS = {
     "fatal": logging.CRITICAL, "panic": logging.CRITICAL,
 }
 
-VALID_ADMISSION = ("", "always-admit", "token-bucket", "reject-all", "tier-shed", "gaie-legacy")
-VALID_ROUTING = ("", "round-robin", "least-loaded", "weighted", "always-busiest")
-VALID_PRIORITY = ("", "constant", "slo-based", "inverted-slo")
-VALID_SCHEDULER = ("", "fcfs", "priority-fcfs", "sjf", "reverse-priority")
 FITNESS_KEYS = ("throughput", "tokens_per_sec", "p99_ttft", "p50_ttft", "mean_ttft", "p99_e2e",
                 "p50_e2e", "mean_e2e")
-CLUSTER_ISSUE = "the cluster control-plane issue (#3)"
 WORKLOAD_ISSUE = "the workloads issue (#4)"
 
 
@@ -79,6 +83,7 @@ class Prepared:
     latency: LatencyConfig
     table: RequestTable
     engine: EngineConfig
+    policies: Policies
 
 
 @dataclass
@@ -191,31 +196,78 @@ def _generate(opts: RunOptions, horizon: int) -> RequestTable:
     return apply_timeout(table, opts.timeout)
 
 
-def _check_policies(opts: RunOptions) -> None:
-    """Policy names and numeric cluster flags (CLU-9.6, DELTA-26 order)."""
+@dataclass
+class Policies:
+    """Cluster policy settings after merging ``--policy-config`` under the CLI flags."""
+
+    admission: str
+    routing: str
+    priority: str
+    scheduler: str
+    scorers: tuple[tuple[str, float], ...]
+    token_bucket_capacity: float
+    token_bucket_refill_rate: float
+    tier_shed_threshold: int = 0
+    tier_shed_min_priority: int = 0
+    gaie_qd_threshold: float = 5.0
+    gaie_kv_threshold: float = 0.8
+    slo_priorities: dict | None = None
+    tenant_budgets: dict | None = None
+
+
+def _resolve_policies(opts: RunOptions) -> Policies:
+    """Bundle load/merge, then the policy and cluster flag checks (CLU-5, CLU-9.6, DELTA-26)."""
+    pol = Policies(admission=opts.admission_policy, routing=opts.routing_policy,
+                   priority=opts.priority_policy, scheduler=opts.scheduler, scorers=(),
+                   token_bucket_capacity=opts.token_bucket_capacity,
+                   token_bucket_refill_rate=opts.token_bucket_refill_rate)
+    bundle_scorers: list[tuple[str, float]] = []
     if opts.policy_config:
-        _fail(f"--policy-config is not supported yet (it arrives with {CLUSTER_ISSUE})")
-    if opts.admission_policy == "token-bucket":
-        for flag, value in (("token-bucket-capacity", opts.token_bucket_capacity),
-                            ("token-bucket-refill-rate", opts.token_bucket_refill_rate)):
+        b = load_policy_bundle(opts.policy_config)
+        if b.admission_policy and not opts.given("admission_policy"):
+            pol.admission = b.admission_policy
+        if b.token_bucket_capacity is not None and not opts.given("token_bucket_capacity"):
+            pol.token_bucket_capacity = b.token_bucket_capacity
+        if b.token_bucket_refill_rate is not None and not opts.given("token_bucket_refill_rate"):
+            pol.token_bucket_refill_rate = b.token_bucket_refill_rate
+        if b.tier_shed_threshold is not None:
+            pol.tier_shed_threshold = b.tier_shed_threshold
+        if b.tier_shed_min_priority is not None:
+            pol.tier_shed_min_priority = b.tier_shed_min_priority
+        elif b.admission_policy == "tier-shed":
+            pol.tier_shed_min_priority = 3
+        pol.tenant_budgets = b.tenant_budgets
+        pol.slo_priorities = b.slo_priorities
+        if b.gaie_qd_threshold is not None:
+            pol.gaie_qd_threshold = b.gaie_qd_threshold
+        if b.gaie_kv_threshold is not None:
+            pol.gaie_kv_threshold = b.gaie_kv_threshold
+        if b.routing_policy and not opts.given("routing_policy"):
+            pol.routing = b.routing_policy
+        bundle_scorers = b.scorers
+        if b.priority_policy and not opts.given("priority_policy"):
+            pol.priority = b.priority_policy
+        if b.scheduler and not opts.given("scheduler"):
+            pol.scheduler = b.scheduler
+    if pol.admission == "token-bucket":
+        for flag, value in (("token-bucket-capacity", pol.token_bucket_capacity),
+                            ("token-bucket-refill-rate", pol.token_bucket_refill_rate)):
             if not (value > 0) or math.isinf(value):
                 _fail(f"--{flag} must be a finite value > 0, got {value}")
-    if opts.admission_policy not in VALID_ADMISSION:
-        _fail(f"Unknown admission policy {opts.admission_policy!r}. Valid: "
-              + ", ".join(v for v in VALID_ADMISSION if v))
-    if opts.routing_policy not in VALID_ROUTING:
-        _fail(f"Unknown routing policy {opts.routing_policy!r}. Valid: "
-              + ", ".join(v for v in VALID_ROUTING if v))
-    if opts.priority_policy not in VALID_PRIORITY:
-        _fail(f"Unknown priority policy {opts.priority_policy!r}. Valid: "
-              + ", ".join(v for v in VALID_PRIORITY if v))
-    if opts.scheduler not in VALID_SCHEDULER:
-        _fail(f"Unknown scheduler {opts.scheduler!r}. Valid: "
-              + ", ".join(v for v in VALID_SCHEDULER if v))
+    for flag, name, valid in (("admission-policy", pol.admission, VALID_ADMISSION),
+                              ("routing-policy", pol.routing, VALID_ROUTING),
+                              ("priority-policy", pol.priority, VALID_PRIORITY),
+                              ("scheduler", pol.scheduler, VALID_SCHEDULER)):
+        if name and name not in valid:
+            _fail(f"--{flag}: unknown value {name!r}. Valid: "
+                  + ", ".join(v for v in valid if v))
     if opts.trace_level not in ("", "none", "decisions"):
-        _fail(f"Unknown trace level {opts.trace_level!r}. Valid: none, decisions")
+        _fail(f"--trace-level: unknown value {opts.trace_level!r}. Valid: none, decisions")
     if opts.counterfactual_k < 0:
         _fail(f"--counterfactual-k must be >= 0, got {opts.counterfactual_k}")
+    if opts.trace_level != "decisions" and (opts.counterfactual_k > 0 or opts.summarize_trace):
+        log.warning("--counterfactual-k and --summarize-trace have no effect without "
+                    "--trace-level decisions")
     if opts.kv_cpu_blocks < 0:
         _fail(f"--kv-cpu-blocks must be >= 0, got {opts.kv_cpu_blocks}")
     thr = opts.kv_offload_threshold
@@ -232,22 +284,17 @@ def _check_policies(opts: RunOptions) -> None:
                         ("routing-latency", opts.routing_latency)):
         if value < 0:
             _fail(f"--{flag} must be >= 0, got {value}")
-    # names the reference accepts whose behaviour lands with the cluster issue
-    if opts.admission_policy not in ADMISSION_CODES:
-        _fail(f"admission policy {opts.admission_policy!r} is not supported yet "
-              f"(it arrives with {CLUSTER_ISSUE})")
-    if opts.routing_policy not in ROUTING_CODES:
-        _fail(f"routing policy {opts.routing_policy!r} is not supported yet "
-              f"(it arrives with {CLUSTER_ISSUE})")
-    if opts.trace_level == "decisions":
-        _fail(f"--trace-level decisions is not supported yet (it arrives with {CLUSTER_ISSUE})")
+    if pol.routing == "weighted":
+        cli_scorers = parse_scorer_list(opts.routing_scorers)
+        pol.scorers = tuple(cli_scorers or bundle_scorers)
+    elif opts.routing_scorers:
+        log.warning("--routing-scorers has no effect unless --routing-policy is weighted")
     if opts.fitness_weights:
         weights = parse_fitness_weights(opts.fitness_weights)
         for key in sorted(weights):
             if key not in FITNESS_KEYS:
-                _fail(f"Fitness evaluation failed: unknown fitness metric key {key!r}")
-    assert set(PRIORITY_CODES) >= set(VALID_PRIORITY)
-    assert set(SCHEDULER_CODES) >= set(VALID_SCHEDULER)
+                _fail(f"--fitness-weights: unknown fitness metric key {key!r}")
+    return pol
 
 
 def prepare(opts: RunOptions) -> Prepared:
@@ -278,7 +325,7 @@ def prepare(opts: RunOptions) -> Prepared:
               f"got {opts.long_prefill_token_threshold}")
     if opts.given("horizon") and horizon <= 0:
         _fail(f"--horizon must be > 0, got {horizon}")
-    _check_policies(opts)
+    pol = _resolve_policies(opts)
     bs = opts.block_size_in_tokens
     max_len = latency.max_model_len
     if max_len > 0 and -(-max_len // bs) > total_blocks:
@@ -302,17 +349,31 @@ def prepare(opts: RunOptions) -> Prepared:
         kv_transfer_base_latency=opts.kv_transfer_base_latency,
         admission_latency=opts.admission_latency,
         routing_latency=opts.routing_latency,
-        admission_policy=opts.admission_policy,
-        routing_policy=opts.routing_policy,
-        priority_policy=opts.priority_policy,
-        scheduler=opts.scheduler,
+        admission_policy=pol.admission,
+        routing_policy=pol.routing,
+        priority_policy=pol.priority,
+        scheduler=pol.scheduler,
+        seed=opts.seed,
+        routing_scorers=pol.scorers,
+        snapshot_refresh_interval=opts.snapshot_refresh_interval,
+        cache_signal_delay=opts.cache_signal_delay,
+        token_bucket_capacity=pol.token_bucket_capacity,
+        token_bucket_refill_rate=pol.token_bucket_refill_rate,
+        tier_shed_threshold=pol.tier_shed_threshold,
+        tier_shed_min_priority=pol.tier_shed_min_priority,
+        gaie_qd_threshold=pol.gaie_qd_threshold,
+        gaie_kv_threshold=pol.gaie_kv_threshold,
+        slo_priorities=dict(pol.slo_priorities or {}),
+        tenant_budgets=dict(pol.tenant_budgets or {}),
+        trace_decisions=opts.trace_level == "decisions",
+        counterfactual_k=opts.counterfactual_k,
         latency_code=latency.code,
         latency_params=latency.params,
         alpha=alpha,
         output_token_time=int(output_token_processing_time(latency.code, alpha)),
         post_decode_overhead=int(post_decode_fixed_overhead(latency.code, alpha)),
     )
-    return Prepared(opts=opts, latency=latency, table=table, engine=engine)
+    return Prepared(opts=opts, latency=latency, table=table, engine=engine, policies=pol)
 
 
 def instance_metrics(res: SimulationResult, table: RequestTable) -> list[InstanceMetrics]:
@@ -403,7 +464,7 @@ def execute_run(opts: RunOptions) -> RunResult:
     """Validate, simulate and produce every requested output of one ``blis run``."""
     prepared = prepare(opts)
     started = time.perf_counter()
-    res = run_engine(prepared.table, prepared.engine)
+    res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model)
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
     if opts.trace_output:
         export_trace_v2(opts.trace_output, prepared.table, trace_outcome(res))
@@ -415,8 +476,9 @@ def execute_run(opts: RunOptions) -> RunResult:
         admission_rejections=res.rejected_admission,
         routing_rejections=res.rejected_routing,
         shed_by_tier=_shed_by_tier(res, prepared.table),
-        priority_policy=opts.priority_policy,
+        priority_policy=prepared.policies.priority,
         fitness_weights=opts.fitness_weights,
+        trace_summary=_trace_summary(res) if opts.summarize_trace else None,
     )
     stdout = render_report(report)
     aggregate = aggregate_instances(instances)
@@ -434,6 +496,14 @@ def execute_run(opts: RunOptions) -> RunResult:
     per_instance = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(instances)]
     return RunResult(stdout=stdout, summary=summary, per_instance=per_instance,
                      requests=requests, simulation=res, prepared=prepared)
+
+
+def _trace_summary(res: SimulationResult):
+    """The --summarize-trace section's numbers (CLU-6.5), when tracing was on."""
+    if res.decisions is None:
+        return None
+    d = res.decisions
+    return summarize_trace(d.admitted, d.routing_target, d.routing_regret)
 
 
 def _shed_by_tier(res: SimulationResult, table: RequestTable) -> dict[str, int]:

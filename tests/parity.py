@@ -23,22 +23,13 @@ REL_TOL = 1e-9
 # Cases that wait for a later issue: case id -> the issue(s) that make them pass. The parity
 # test marks them as strict expected failures, so a case that starts passing must leave this list.
 PENDING: dict[str, str] = {
-    "c4-always-busiest-latencies": "#3 cluster control plane",
-    "c4-least-loaded-snapshot-100ms": "#3 cluster control plane",
     "c4-policy-config-weighted-routing-load-spikes": "#3 cluster control plane + #4 workloads",
     "c4-round-robin-inverted-slo-reverse-priority": "#3 cluster control plane + #4 workloads",
-    "c4-scorer-active-requests-contentgen": "#3 cluster control plane",
-    "c4-scorer-kv-utilization": "#3 cluster control plane",
     "c4-scorer-no-hit-lru-regression-multiturn": "#3 cluster control plane + #4 workloads",
     "c4-scorer-precise-prefix-inference-perf": "#3 cluster control plane + #4 workloads",
     "c4-scorer-prefix-affinity-cache-warmup": "#3 cluster control plane + #4 workloads",
-    "c4-scorer-queue-depth-token-bucket": "#3 cluster control plane",
     "c4-scorer-vllm-dp-servegen": "#3 cluster control plane + #4 workloads",
-    "c8-policy-config-round-robin-chatbot": "#3 cluster control plane",
-    "c8-round-robin-trace-counterfactual": "#3 cluster control plane",
-    "c8-scorer-load-aware-fitness": "#3 cluster control plane",
     "c8-scorer-load-balance-slo-priority": "#3 cluster control plane + #4 workloads",
-    "c8-scorer-running-requests-2000": "#3 cluster control plane",
     "c8-weighted-default-prefix-affinity-demo": "#3 cluster control plane + #4 workloads",
     "concurrency-closed-loop-cli": "#4 workloads and traces",
     "replay-c4-least-loaded": "#3 cluster control plane + #4 workloads",

@@ -24,6 +24,17 @@ from typing import Any
 
 import yaml
 
+from blis_fast.config.strict_yaml import (
+    YamlContext,
+    as_float,
+    as_float_list,
+    as_int,
+    as_str,
+    decode_struct,
+    is_null,
+    mapping_items,
+    parse_root,
+)
 from blis_fast.errors import BlisInputError
 
 __all__ = [
@@ -104,134 +115,31 @@ class DefaultsConfig:
     version: str = ""
 
 
-# --------------------------------------------------------------------------------------------
-# node-level strict decoding
-
-_INT_TAG = "tag:yaml.org,2002:int"
-_FLOAT_TAG = "tag:yaml.org,2002:float"
-_NULL_TAG = "tag:yaml.org,2002:null"
-_STR_TAG = "tag:yaml.org,2002:str"
-
-
-class _Ctx:
-    """Decoding context: the file name and a loader able to construct scalar values."""
-
-    def __init__(self, path: str, loader: yaml.SafeLoader) -> None:
-        self.path = path
-        self.loader = loader
-
-    def fail(self, node: yaml.Node, msg: str) -> BlisInputError:
-        """Build the error for ``node`` (file and 1-based line)."""
-        return BlisInputError(f"{self.path}:{node.start_mark.line + 1}: {msg}")
-
-
-def _is_null(node: yaml.Node) -> bool:
-    return isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG
-
-
-def _scalar(ctx: _Ctx, node: yaml.Node, what: str) -> Any:
-    if not isinstance(node, yaml.ScalarNode):
-        raise ctx.fail(node, f"{what}: expected a scalar value")
-    return ctx.loader.construct_object(node, deep=True)
-
-
-def _as_str(ctx: _Ctx, node: yaml.Node, what: str) -> str:
-    if _is_null(node):
-        return ""
-    if not isinstance(node, yaml.ScalarNode):
-        raise ctx.fail(node, f"{what}: expected a string")
-    return str(node.value)
-
-
-def _as_int(ctx: _Ctx, node: yaml.Node, what: str) -> int:
-    if _is_null(node):
-        return 0
-    v = _scalar(ctx, node, what)
-    if isinstance(v, bool) or node.tag not in (_INT_TAG, _FLOAT_TAG):
-        raise ctx.fail(node, f"{what}: expected an integer, got {node.value!r}")
-    if isinstance(v, float):
-        if not v.is_integer():
-            raise ctx.fail(node, f"{what}: expected an integer, got {node.value!r}")
-        v = int(v)
-    return int(v)
-
-
-def _as_float(ctx: _Ctx, node: yaml.Node, what: str) -> float:
-    if _is_null(node):
-        return 0.0
-    v = _scalar(ctx, node, what)
-    if isinstance(v, bool) or node.tag not in (_INT_TAG, _FLOAT_TAG):
-        raise ctx.fail(node, f"{what}: expected a number, got {node.value!r}")
-    return float(v)
-
-
-def _as_float_list(ctx: _Ctx, node: yaml.Node, what: str) -> tuple[float, ...] | None:
-    if _is_null(node):
-        return None
-    if not isinstance(node, yaml.SequenceNode):
-        raise ctx.fail(node, f"{what}: expected a list of numbers")
-    return tuple(_as_float(ctx, item, f"{what}[{i}]") for i, item in enumerate(node.value))
-
-
-def _mapping_items(ctx: _Ctx, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
-    """Return ``(key, key_node, value_node)`` of a mapping, rejecting duplicate keys."""
-    if not isinstance(node, yaml.MappingNode):
-        raise ctx.fail(node, f"{what}: expected a mapping")
-    seen: dict[str, int] = {}
-    out = []
-    for knode, vnode in node.value:
-        if not isinstance(knode, yaml.ScalarNode):
-            raise ctx.fail(knode, f"{what}: keys must be scalars")
-        key = str(knode.value)
-        if key in seen:
-            raise ctx.fail(knode, f"{what}: key {key!r} already defined at line {seen[key]}")
-        seen[key] = knode.start_mark.line + 1
-        out.append((key, knode, vnode))
-    return out
-
-
-def _decode_struct(
-    ctx: _Ctx, node: yaml.Node, what: str, fields: dict[str, Callable[[_Ctx, yaml.Node, str], Any]]
-) -> dict[str, Any]:
-    """Decode a mapping with a fixed key set; an unknown key is an error naming it."""
-    if _is_null(node):
-        return {}
-    values: dict[str, Any] = {}
-    for key, knode, vnode in _mapping_items(ctx, node, what):
-        conv = fields.get(key)
-        if conv is None:
-            raise ctx.fail(
-                knode, f"unknown key {key!r} in {what} (known keys: {', '.join(fields)})"
-            )
-        values[key] = conv(ctx, vnode, f"{what}.{key}")
-    return values
-
-
 _DEFAULT_FIELDS = {
-    "GPU": _as_str,
-    "tensor_parallelism": _as_int,
-    "vllm_version": _as_str,
-    "hf_repo": _as_str,
+    "GPU": as_str,
+    "tensor_parallelism": as_int,
+    "vllm_version": as_str,
+    "hf_repo": as_str,
 }
-_WORKLOAD_FIELDS = {name: _as_int for name in WorkloadPreset.__dataclass_fields__}
+_WORKLOAD_FIELDS = {name: as_int for name in WorkloadPreset.__dataclass_fields__}
 _MODEL_FIELDS = {
-    "GPU": _as_str,
-    "alpha_coeffs": _as_float_list,
-    "beta_coeffs": _as_float_list,
-    "id": _as_str,
-    "tensor_parallelism": _as_int,
-    "vllm_version": _as_str,
-    "best_loss": _as_float,
+    "GPU": as_str,
+    "alpha_coeffs": as_float_list,
+    "beta_coeffs": as_float_list,
+    "id": as_str,
+    "tensor_parallelism": as_int,
+    "vllm_version": as_str,
+    "best_loss": as_float,
 }
-_COEFF_FIELDS = {"alpha_coeffs": _as_float_list, "beta_coeffs": _as_float_list}
+_COEFF_FIELDS = {"alpha_coeffs": as_float_list, "beta_coeffs": as_float_list}
 
 
-def _decode_defaults_map(ctx: _Ctx, node: yaml.Node, what: str) -> dict[str, DefaultSpec]:
+def _decode_defaults_map(ctx: YamlContext, node: yaml.Node, what: str) -> dict[str, DefaultSpec]:
     out: dict[str, DefaultSpec] = {}
-    if _is_null(node):
+    if is_null(node):
         return out
-    for key, _k, vnode in _mapping_items(ctx, node, what):
-        v = _decode_struct(ctx, vnode, f"{what}[{key}]", _DEFAULT_FIELDS)
+    for key, _k, vnode in mapping_items(ctx, node, what):
+        v = decode_struct(ctx, vnode, f"{what}[{key}]", _DEFAULT_FIELDS)
         out[key] = DefaultSpec(
             gpu=v.get("GPU", ""),
             tensor_parallelism=v.get("tensor_parallelism", 0),
@@ -241,23 +149,23 @@ def _decode_defaults_map(ctx: _Ctx, node: yaml.Node, what: str) -> dict[str, Def
     return out
 
 
-def _decode_workloads(ctx: _Ctx, node: yaml.Node, what: str) -> dict[str, WorkloadPreset]:
+def _decode_workloads(ctx: YamlContext, node: yaml.Node, what: str) -> dict[str, WorkloadPreset]:
     out: dict[str, WorkloadPreset] = {}
-    if _is_null(node):
+    if is_null(node):
         return out
-    for key, _k, vnode in _mapping_items(ctx, node, what):
-        out[key] = WorkloadPreset(**_decode_struct(ctx, vnode, f"{what}[{key}]", _WORKLOAD_FIELDS))
+    for key, _k, vnode in mapping_items(ctx, node, what):
+        out[key] = WorkloadPreset(**decode_struct(ctx, vnode, f"{what}[{key}]", _WORKLOAD_FIELDS))
     return out
 
 
-def _decode_models(ctx: _Ctx, node: yaml.Node, what: str) -> tuple[ModelCoefficients, ...]:
-    if _is_null(node):
+def _decode_models(ctx: YamlContext, node: yaml.Node, what: str) -> tuple[ModelCoefficients, ...]:
+    if is_null(node):
         return ()
     if not isinstance(node, yaml.SequenceNode):
         raise ctx.fail(node, f"{what}: expected a list")
     out = []
     for i, item in enumerate(node.value):
-        v = _decode_struct(ctx, item, f"{what}[{i}]", _MODEL_FIELDS)
+        v = decode_struct(ctx, item, f"{what}[{i}]", _MODEL_FIELDS)
         out.append(
             ModelCoefficients(
                 id=v.get("id", ""),
@@ -272,17 +180,17 @@ def _decode_models(ctx: _Ctx, node: yaml.Node, what: str) -> tuple[ModelCoeffici
     return tuple(out)
 
 
-def _decode_coeffs(ctx: _Ctx, node: yaml.Node, what: str) -> CoefficientSet | None:
-    if _is_null(node):
+def _decode_coeffs(ctx: YamlContext, node: yaml.Node, what: str) -> CoefficientSet | None:
+    if is_null(node):
         return None
-    v = _decode_struct(ctx, node, what, _COEFF_FIELDS)
+    v = decode_struct(ctx, node, what, _COEFF_FIELDS)
     return CoefficientSet(alpha_coeffs=v.get("alpha_coeffs"), beta_coeffs=v.get("beta_coeffs"))
 
 
-_TOP_FIELDS: dict[str, Callable[[_Ctx, yaml.Node, str], Any]] = {
+_TOP_FIELDS: dict[str, Callable[[YamlContext, yaml.Node, str], Any]] = {
     "models": _decode_models,
     "defaults": _decode_defaults_map,
-    "version": _as_str,
+    "version": as_str,
     "workloads": _decode_workloads,
     "trained_physics_coefficients": _decode_coeffs,
     "crossmodel_defaults": _decode_coeffs,
@@ -303,21 +211,8 @@ def load_defaults(path: str | os.PathLike[str]) -> DefaultsConfig:
         text = Path(p).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DefaultsReadError(f"cannot read defaults file {p}: {exc}") from exc
-    loader = yaml.SafeLoader(text)
-    try:
-        try:
-            root = loader.get_node() if loader.check_node() else None
-        except yaml.YAMLError as exc:
-            raise BlisInputError(f"cannot parse defaults file {p}: {exc}") from exc
-        if root is None:
-            raise BlisInputError(f"cannot parse defaults file {p}: the file is empty")
-        ctx = _Ctx(p, loader)
-        try:
-            top = _decode_struct(ctx, root, "defaults file", _TOP_FIELDS)
-        except yaml.YAMLError as exc:
-            raise BlisInputError(f"cannot parse defaults file {p}: {exc}") from exc
-    finally:
-        loader.dispose()
+    with parse_root(text, p, "defaults file") as (ctx, root):
+        top = decode_struct(ctx, root, "defaults file", _TOP_FIELDS)
     cfg = DefaultsConfig(
         path=p,
         defaults=top.get("defaults", {}),

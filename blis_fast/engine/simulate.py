@@ -9,6 +9,8 @@ import numpy as np
 
 from blis_fast.errors import BlisRuntimeError
 from blis_fast.kernels import engine as K
+from blis_fast.kernels import routing as R
+from blis_fast.kernels.gorand import new_source, subsystem_seed
 from blis_fast.kernels.kvcache import (
     C_EVICT,
     C_MIRROR,
@@ -20,8 +22,16 @@ from blis_fast.kernels.kvcache import (
 
 INT64_MAX = (1 << 63) - 1
 
-ADMISSION_CODES = {"": K.ADM_ALWAYS, "always-admit": K.ADM_ALWAYS, "reject-all": K.ADM_REJECT_ALL}
-ROUTING_CODES = {"": K.ROUTE_ROUND_ROBIN, "round-robin": K.ROUTE_ROUND_ROBIN}
+ADMISSION_CODES = {"": R.ADM_ALWAYS, "always-admit": R.ADM_ALWAYS,
+                   "reject-all": R.ADM_REJECT_ALL, "token-bucket": R.ADM_TOKEN_BUCKET,
+                   "tier-shed": R.ADM_TIER_SHED, "gaie-legacy": R.ADM_GAIE_LEGACY}
+ROUTING_CODES = {"": R.ROUTE_ROUND_ROBIN, "round-robin": R.ROUTE_ROUND_ROBIN,
+                 "least-loaded": R.ROUTE_LEAST_LOADED, "weighted": R.ROUTE_WEIGHTED,
+                 "always-busiest": R.ROUTE_ALWAYS_BUSIEST}
+DEFAULT_SCORERS = (("precise-prefix-cache", 2.0), ("queue-depth", 1.0), ("kv-utilization", 1.0))
+"""The weighted-routing profile used when no scorers are configured (DELTA-31)."""
+SLO_PRIORITIES = {"critical": 4, "standard": 3, "batch": -1, "sheddable": -2, "background": -3}
+"""Default SLO-class priorities (DELTA-38); unknown or empty classes count as 3."""
 PRIORITY_CODES = {"": K.PRIO_CONSTANT, "constant": K.PRIO_CONSTANT,
                   "slo-based": K.PRIO_SLO_BASED, "inverted-slo": K.PRIO_INVERTED_SLO}
 SCHEDULER_CODES = {"": K.SCHED_FCFS, "fcfs": K.SCHED_FCFS,
@@ -55,6 +65,41 @@ class EngineConfig:
     alpha: np.ndarray = field(default_factory=lambda: np.zeros(3))
     output_token_time: int = 0
     post_decode_overhead: int = 0
+    hash_decode_blocks: bool = False  # register decode-filled blocks (sessions; always if tiered)
+    seed: int = 42  # the run's --seed: the router's random stream derives from it
+    routing_scorers: tuple[tuple[str, float], ...] = ()  # weighted routing; () = default profile
+    snapshot_refresh_interval: int = 0
+    cache_signal_delay: int = 50_000
+    token_bucket_capacity: float = 10_000.0
+    token_bucket_refill_rate: float = 1_000.0
+    tier_shed_threshold: int = 0
+    tier_shed_min_priority: int = 0
+    gaie_qd_threshold: float = 5.0
+    gaie_kv_threshold: float = 0.8
+    slo_priorities: dict[str, int] = field(default_factory=dict)  # overrides of SLO_PRIORITIES
+    tenant_budgets: dict[str, float] = field(default_factory=dict)
+    trace_decisions: bool = False
+    counterfactual_k: int = 0
+
+
+@dataclass
+class DecisionTrace:
+    """Admission and routing decision records (CLU-6), when tracing is on."""
+
+    admission_request: np.ndarray
+    admission_clock: np.ndarray
+    admitted: np.ndarray
+    admission_reason: np.ndarray  # routing.REASON_* codes
+    routing_request: np.ndarray
+    routing_clock: np.ndarray
+    routing_target: np.ndarray
+    routing_regret: np.ndarray
+    routing_best: np.ndarray  # policy-specific: best composite score, extreme load, RR counter
+    routing_scores: np.ndarray | None  # [decisions, instances] composite scores (weighted only)
+    candidate_instance: np.ndarray  # [decisions, k]; -1 = none
+    candidate_score: np.ndarray
+    candidate_counts: np.ndarray  # [decisions, k, 4]: queue depth, batch size, in-flight, free
+    candidate_kv_utilization: np.ndarray
 
 
 @dataclass
@@ -82,6 +127,7 @@ class SimulationResult:
     still_running: np.ndarray  # per instance, running-batch size at the end
     rejected_admission: int
     rejected_routing: int
+    decisions: DecisionTrace | None
     # per step
     step_time: np.ndarray
     step_instance: np.ndarray
@@ -97,16 +143,42 @@ class SimulationResult:
         return np.minimum(self.counters[:, K.K_CLOCK], self.config.horizon)
 
 
-def id_rank_of(n: int) -> np.ndarray:
-    """Rank of ``request_<i>`` ids in byte-wise string order (scheduler tie-breaks)."""
-    ids = np.array([f"request_{i}" for i in range(n)])
+def id_rank_of(n: int, prefix: str = "request_") -> np.ndarray:
+    """Rank of ``<prefix><i>`` ids in byte-wise string order (scheduler tie-breaks)."""
+    ids = np.array([f"{prefix}{i}" for i in range(n)])
     order = np.argsort(ids, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
     return rank
 
 
-def run_engine(table, cfg: EngineConfig) -> SimulationResult:
+def instance_rank_of(n: int) -> np.ndarray:
+    """Rank of ``instance_<i>`` ids in byte-wise string order (``instance_10`` < ``instance_2``)."""
+    return id_rank_of(n, prefix="instance_")
+
+
+def _request_metadata(table, cfg: EngineConfig, model: str):
+    """Per-request SLO priority, sheddable flag, tenant code and model-mismatch flag."""
+    priorities = dict(SLO_PRIORITIES)
+    priorities.update(cfg.slo_priorities)
+    clients = table.clients or [{}]
+    client_prio = np.array([priorities.get(str(c.get("slo_class", "") or ""), 3)
+                            for c in clients], dtype=np.int64)
+    tenants = sorted(cfg.tenant_budgets)
+    tenant_code = {t: k for k, t in enumerate(tenants)}
+    client_tenant = np.array([tenant_code.get(str(c.get("tenant_id", "") or ""), -1)
+                              for c in clients], dtype=np.int64)
+    client_model_bad = np.array([1 if (c.get("model") or "") not in ("", model) else 0
+                                 for c in clients], dtype=np.int8)
+    cidx = table.client_idx if table.n else np.zeros(0, np.int32)
+    capacity = max(1, cfg.num_instances * cfg.max_running_reqs)
+    budget = np.array([cfg.tenant_budgets[t] * float(capacity) for t in tenants], np.float64)
+    prio = client_prio[cidx]
+    return (prio, (prio < 0).astype(np.int8), client_tenant[cidx], client_model_bad[cidx],
+            budget)
+
+
+def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
     """Simulate ``table`` (a RequestTable) under ``cfg``."""
     n = table.n
     n_inst = cfg.num_instances
@@ -120,8 +192,6 @@ def run_engine(table, cfg: EngineConfig) -> SimulationResult:
     ic[K.IC_MAX_MODEL_LEN] = cfg.max_model_len
     ic[K.IC_ADM_LATENCY] = cfg.admission_latency
     ic[K.IC_ROUTE_LATENCY] = cfg.routing_latency
-    ic[K.IC_ADMISSION] = ADMISSION_CODES[cfg.admission_policy]
-    ic[K.IC_ROUTING] = ROUTING_CODES[cfg.routing_policy]
     ic[K.IC_PRIORITY] = PRIORITY_CODES[cfg.priority_policy]
     ic[K.IC_SCHEDULER] = SCHEDULER_CODES[cfg.scheduler]
     ic[K.IC_LATENCY_CODE] = cfg.latency_code
@@ -137,15 +207,42 @@ def run_engine(table, cfg: EngineConfig) -> SimulationResult:
     kv = new_kv_state(n_inst, cfg.total_kv_blocks, cfg.block_size,
                       np.ascontiguousarray(table.chunk_offsets, dtype=np.int64),
                       np.ascontiguousarray(table.chunk_digests, dtype=np.uint64),
-                      input_len, output_len, cfg.kv_cpu_blocks, reload_ticks)
+                      input_len, output_len, cfg.kv_cpu_blocks, reload_ticks,
+                      cfg.hash_decode_blocks)
     rs = K.new_req_state(n, table.max_output_len)
     ins = K.new_inst_state(n_inst, max_batch)
     lg = K.new_step_log(max(1024, 4 * n), max(1024, 2 * n))
+    scorers = cfg.routing_scorers or DEFAULT_SCORERS
+    total_weight = 0.0
+    for _, weight in scorers:
+        total_weight += weight
+    prio, sheddable, tenant, model_bad, budget = _request_metadata(table, cfg, model)
+    rt = R.new_router_state(
+        n_inst, n,
+        routing=ROUTING_CODES[cfg.routing_policy],
+        admission=ADMISSION_CODES[cfg.admission_policy],
+        scorer_codes=np.array([R.SCORER_CODES[name] for name, _ in scorers], np.int64),
+        scorer_weights=np.array([weight / total_weight for _, weight in scorers], np.float64),
+        rng_state=new_source(subsystem_seed(cfg.seed, "router")),
+        block_size=cfg.block_size,
+        refresh_interval=cfg.snapshot_refresh_interval,
+        cache_delay=cfg.cache_signal_delay,
+        trace=cfg.trace_decisions,
+        counterfactual_k=cfg.counterfactual_k,
+        token_bucket=(cfg.token_bucket_capacity, cfg.token_bucket_refill_rate),
+        tier_shed=(cfg.tier_shed_threshold, cfg.tier_shed_min_priority),
+        gaie=(cfg.gaie_qd_threshold, cfg.gaie_kv_threshold),
+        req_priority=prio, req_sheddable=sheddable, req_tenant=tenant, req_model_bad=model_bad,
+        tenant_budget=budget,
+        max_chunks=int(np.max(np.diff(table.chunk_offsets))) if n else 1,
+        table_size=kv.ht.shape[1],
+    )
     status, lg = K.simulate(
         ic, np.ascontiguousarray(cfg.latency_params, dtype=np.float64),
         np.ascontiguousarray(cfg.alpha, dtype=np.float64),
         np.ascontiguousarray(table.arrival_us, dtype=np.int64), input_len, output_len,
-        np.ascontiguousarray(table.deadline_us, dtype=np.int64), id_rank_of(n), rs, ins, kv, lg)
+        np.ascontiguousarray(table.deadline_us, dtype=np.int64), id_rank_of(n), rs, ins, kv, lg,
+        rt, instance_rank_of(n_inst))
     if status != K.STATUS_OK:
         raise BlisRuntimeError(f"simulation kernel failed with status {status}")
 
@@ -175,6 +272,7 @@ def run_engine(table, cfg: EngineConfig) -> SimulationResult:
         thrashing_rate=thrash,
         still_queued=ins.wq[:, 2].copy(),
         still_running=ins.batch_len.copy(),
+        decisions=_decision_trace(rt) if cfg.trace_decisions else None,
         rejected_admission=int(ins.rejected[0]),
         rejected_routing=int(ins.rejected[1]),
         step_time=lg.time[:steps].copy(),
@@ -184,4 +282,21 @@ def run_engine(table, cfg: EngineConfig) -> SimulationResult:
         step_running=lg.running[:steps].copy(),
         step_kv_used=lg.kv_used[:steps].copy(),
         step_itl_count=lg.itl_count[:steps].copy(),
+    )
+
+
+def _decision_trace(rt) -> DecisionTrace:
+    """Slice the kernel's trace buffers to the records actually written."""
+    na = int(rt.st[R.ST_N_ADM])
+    nr = int(rt.st[R.ST_N_ROUTE])
+    weighted = rt.rcfg[R.RC_ROUTING] == R.ROUTE_WEIGHTED
+    return DecisionTrace(
+        admission_request=rt.adm_req[:na].copy(), admission_clock=rt.adm_clock[:na].copy(),
+        admitted=rt.adm_ok[:na].astype(bool), admission_reason=rt.adm_reason[:na].copy(),
+        routing_request=rt.rt_req[:nr].copy(), routing_clock=rt.rt_clock[:nr].copy(),
+        routing_target=rt.rt_target[:nr].copy(), routing_regret=rt.rt_regret[:nr].copy(),
+        routing_best=rt.rt_best[:nr].copy(),
+        routing_scores=rt.rt_scores[:nr].copy() if weighted else None,
+        candidate_instance=rt.cf_inst[:nr].copy(), candidate_score=rt.cf_score[:nr].copy(),
+        candidate_counts=rt.cf_int[:nr].copy(), candidate_kv_utilization=rt.cf_kv[:nr].copy(),
     )

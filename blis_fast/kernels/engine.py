@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels import routing as rtk
 from blis_fast.kernels.heap import heap_pop, heap_push, make_tie, tie_instance, tie_is_instance
 from blis_fast.kernels.latency import queueing_time, step_time
 
@@ -33,9 +34,7 @@ EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_REQUEST_LEFT, EV_TIMEOUT = 10, 11, 12, 14, 15
 P_ARRIVAL, P_QUEUED, P_STEP, P_LEFT, P_TIMEOUT = 0, 1, 2, 4, 5
 P_C_ARRIVAL, P_C_ADMISSION, P_C_ROUTING = 2, 3, 4
 
-# policy codes
-ADM_ALWAYS, ADM_REJECT_ALL = 0, 1
-ROUTE_ROUND_ROBIN = 0
+# policy codes (admission and routing codes live in blis_fast.kernels.routing)
 PRIO_CONSTANT, PRIO_SLO_BASED, PRIO_INVERTED_SLO = 0, 1, 2
 SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY = 0, 1, 2, 3
 
@@ -536,8 +535,8 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
 
 @njit(cache=True, _nrt=False)
 def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
-                rs, ins, kv, lg, times, ties, kinds, payloads, hs, buf_a, buf_b, cached_buf,
-                scratch, gather):
+                rs, ins, kv, lg, rt, inst_rank, times, ties, kinds, payloads, hs, buf_a, buf_b,
+                cached_buf, scratch, gather):
     """Process events until the heap drains, the horizon is passed, or a buffer must grow.
 
     Compiled without reference counting (the hot path touches only preallocated arrays);
@@ -579,7 +578,16 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                                  make_tie(False, 0, P_C_ADMISSION, seq), EV_ADMISSION, r)
                 seq += 1
             elif kind == EV_ADMISSION:
-                if ic[IC_ADMISSION] == ADM_REJECT_ALL:
+                # buildRouterState: cache-signal refresh, then snapshots of matching instances
+                rtk.refresh_cache_signal(rt, kv.ht, t)
+                n_cand = n_inst
+                if rt.req_model_bad[r] == 1:
+                    n_cand = 0
+                else:
+                    rtk.take_snapshots(rt, ins.wq, ins.batch_len, kv.meta, kv.cpu_meta, ins.cnt,
+                                       K_PREEMPTIONS, K_INFLIGHT, total_blocks, t)
+                ok, _reason = rtk.admit(rt, r, input_len[r], n_cand, t)
+                if not ok:
                     ins.rejected[0] += 1
                     rs.registered[r] = REG_REJECTED_ADMISSION
                 else:
@@ -587,10 +595,18 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                                      t + ic[IC_ROUTE_LATENCY],
                                      make_tie(False, 0, P_C_ROUTING, seq), EV_ROUTING, r)
                     seq += 1
-            else:  # routing decision: round-robin
-                target = ins.rr[0] % n_inst
-                ins.rr[0] += 1
+            else:  # routing decision
+                rtk.refresh_cache_signal(rt, kv.ht, t)
+                if rt.req_model_bad[r] == 1:
+                    ins.rejected[1] += 1
+                    rs.registered[r] = REG_REJECTED_ROUTING
+                    continue
+                rtk.take_snapshots(rt, ins.wq, ins.batch_len, kv.meta, kv.cpu_meta, ins.cnt,
+                                   K_PREEMPTIONS, K_INFLIGHT, total_blocks, t)
+                target = rtk.route(rt, kv.ht, kv.chunk_off, kv.chunk_dig, r, input_len[r], t,
+                                   inst_rank)
                 ins.cnt[target, K_INFLIGHT] += 1
+                rtk.on_routed(rt, r)
                 rs.inst[r] = target
                 rs.registered[r] = REG_ROUTED
                 size = heap_push(times, ties, kinds, payloads, size, t,
@@ -625,11 +641,13 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                 rs.state[r] = ST_DROPPED
                 rs.registered[r] = REG_NONE
                 _count_done(ins, i, K_DROPPED)
+                rtk.on_done(rt, r)
             else:
                 ins.cnt[i, K_IN_TOKENS] += input_len[r]
                 if deadline[r] > 0 and deadline[r] <= t:
                     rs.state[r] = ST_TIMED_OUT
                     _count_done(ins, i, K_TIMED_OUT)
+                    rtk.on_done(rt, r)
                 else:
                     rs.state[r] = ST_QUEUED
                     _wq_push_back(ins, rs, i, r)
@@ -673,6 +691,7 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                                      make_tie(True, i, P_LEFT, seq), EV_REQUEST_LEFT, r)
                     seq += 1
                     _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode)
+                    rtk.on_done(rt, r)
                 else:
                     ins.batch[i, keep] = r
                     keep += 1
@@ -693,6 +712,7 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
             was_queued = rs.state[r] == ST_QUEUED
             rs.state[r] = ST_TIMED_OUT
             _count_done(ins, i, K_TIMED_OUT)
+            rtk.on_done(rt, r)
             kvc.release(kv, i, r)
             rs.computed[r] = 0
             if was_running:
@@ -732,7 +752,7 @@ def _grow_heap(times, ties, kinds, payloads, size):
 
 @njit(cache=True)
 def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
-             rs, ins, kv, lg):
+             rs, ins, kv, lg, rt, inst_rank):
     """Run the whole simulation. Returns (status, step log) — all other results are written
     into ``rs``, ``ins`` and ``kv`` in place."""
     n_req = arrival.shape[0]
@@ -766,8 +786,8 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
     while True:
         lg.sizes[2] += 1
         status = _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
-                             id_rank, rs, ins, kv, lg, times, ties, kinds, payloads, hs, buf_a,
-                             buf_b, cached_buf, scratch, gather)
+                             id_rank, rs, ins, kv, lg, rt, inst_rank, times, ties, kinds,
+                             payloads, hs, buf_a, buf_b, cached_buf, scratch, gather)
         if status == STATUS_GROW_HEAP:
             times, ties, kinds, payloads = _grow_heap(times, ties, kinds, payloads, hs[HS_SIZE])
         elif status == STATUS_GROW_LOG:

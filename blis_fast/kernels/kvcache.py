@@ -55,7 +55,7 @@ KVState = namedtuple(
 
 M_HEAD, M_TAIL, M_FREE, M_HITS, M_MISSES = 0, 1, 2, 3, 4
 C_HEAD, C_TAIL, C_USED, C_FREETOP, C_EVICT, C_MIRROR, C_HIT, C_MISS, C_PENDING = range(9)
-CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS = range(5)
+CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS, CFG_HASH_DECODE = range(6)
 
 
 def new_kv_state(
@@ -68,8 +68,16 @@ def new_kv_state(
     output_len: np.ndarray,
     cpu_blocks: int = 0,
     reload_ticks: int = 0,
+    hash_decode_blocks: bool = False,
 ) -> KVState:
-    """Allocate an empty cache for every instance, sized from the workload."""
+    """Allocate an empty cache for every instance, sized from the workload.
+
+    Blocks completed by output tokens join the hash chain in the reference (ENG-5.4). Their
+    hashes can only ever be looked up when a later request's input contains an earlier
+    request's output (closed-loop sessions) or when the CPU tier mirrors them, so they are
+    registered only then (``hash_decode_blocks``, or tiered mode); otherwise skipping them
+    changes no output and halves the hash-table traffic.
+    """
     n_req = len(input_len)
     total_chunks = int(chunk_offsets[-1]) if len(chunk_offsets) else 0
     table_entries = max(1, min(total_blocks, total_chunks + 1))
@@ -104,8 +112,8 @@ def new_kv_state(
     cpu_meta[:, C_FREETOP] = cpu_cap
     cpu_free = np.empty((n_instances, cpu_cap), dtype=np.int32)
     cpu_free[:] = np.arange(cpu_cap - 1, -1, -1, dtype=np.int32)
-    cfg = np.array([block_size, total_blocks, 1 if tiered else 0, cpu_cap, reload_ticks],
-                   dtype=np.int64)
+    cfg = np.array([block_size, total_blocks, 1 if tiered else 0, cpu_cap, reload_ticks,
+                    1 if (tiered or hash_decode_blocks) else 0], dtype=np.int64)
     return KVState(
         ref=np.zeros(shape, dtype=np.int32),
         tok=np.zeros(shape, dtype=np.int32),
@@ -340,7 +348,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
             take = min(bs - kv.tok[i, latest], remaining)
             kv.tok[i, latest] += take
             remaining -= take
-            if kv.tok[i, latest] == bs:
+            if kv.tok[i, latest] == bs and (in_prefill or kv.cfg[CFG_HASH_DECODE] == 1):
                 prev = np.uint64(0)
                 if cnt >= 2:
                     prev = kv.hsh[i, kv.pool[off + cnt - 2]]
@@ -373,8 +381,8 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
 
 @njit(cache=True, _nrt=False, inline="always")
 def append_decode_token_fast(kv, i, r):
-    """Decode allocation when the request's last block has room for the token without filling
-    up: only the block's token count changes, exactly as the general path would do it.
+    """Decode allocation when the request's last block has room for the token (and filling it
+    needs no hash): only the block's token count changes, exactly as the general path would.
 
     Returns False when the general :func:`allocate` is needed (new block or block hashing).
     Inlined so the hot decode path does not copy the cache state into a call.
@@ -383,9 +391,11 @@ def append_decode_token_fast(kv, i, r):
     if cnt == 0:
         return False
     last = kv.pool[kv.req_off[r] + cnt - 1]
-    if kv.tok[i, last] >= kv.cfg[CFG_BS] - 1:
+    tok = kv.tok[i, last]
+    bs = kv.cfg[CFG_BS]
+    if tok >= bs or (tok == bs - 1 and kv.cfg[CFG_HASH_DECODE] == 1):
         return False
-    kv.tok[i, last] += 1
+    kv.tok[i, last] = tok + 1
     return True
 
 

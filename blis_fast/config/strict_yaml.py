@@ -1,0 +1,136 @@
+"""Strict YAML decoding: unknown keys, duplicate keys and wrong types are errors naming the
+file and the 1-based line (the reference parses its YAML files with yaml.v3 KnownFields).
+
+Decoders take a :class:`YamlContext`, a PyYAML node and a dotted description of where the
+node is (used in messages); ``decode_struct`` maps a fixed key set to per-key decoders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import yaml
+
+from blis_fast.errors import BlisInputError
+
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_NULL_TAG = "tag:yaml.org,2002:null"
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
+class YamlContext:
+    """Decoding context: the file name and a loader able to construct scalar values."""
+
+    def __init__(self, path: str, loader: yaml.SafeLoader) -> None:
+        self.path = path
+        self.loader = loader
+
+    def fail(self, node: yaml.Node, msg: str) -> BlisInputError:
+        """Build the error for ``node`` (file and 1-based line)."""
+        return BlisInputError(f"{self.path}:{node.start_mark.line + 1}: {msg}")
+
+
+def is_null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG
+
+
+def scalar(ctx: YamlContext, node: yaml.Node, what: str) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        raise ctx.fail(node, f"{what}: expected a scalar value")
+    return ctx.loader.construct_object(node, deep=True)
+
+
+def as_str(ctx: YamlContext, node: yaml.Node, what: str) -> str:
+    if is_null(node):
+        return ""
+    if not isinstance(node, yaml.ScalarNode):
+        raise ctx.fail(node, f"{what}: expected a string")
+    return str(node.value)
+
+
+def as_int(ctx: YamlContext, node: yaml.Node, what: str) -> int:
+    if is_null(node):
+        return 0
+    v = scalar(ctx, node, what)
+    if isinstance(v, bool) or node.tag not in (_INT_TAG, _FLOAT_TAG):
+        raise ctx.fail(node, f"{what}: expected an integer, got {node.value!r}")
+    if isinstance(v, float):
+        if not v.is_integer():
+            raise ctx.fail(node, f"{what}: expected an integer, got {node.value!r}")
+        v = int(v)
+    return int(v)
+
+
+def as_float(ctx: YamlContext, node: yaml.Node, what: str) -> float:
+    if is_null(node):
+        return 0.0
+    v = scalar(ctx, node, what)
+    if isinstance(v, bool) or node.tag not in (_INT_TAG, _FLOAT_TAG):
+        raise ctx.fail(node, f"{what}: expected a number, got {node.value!r}")
+    return float(v)
+
+
+def as_float_list(ctx: YamlContext, node: yaml.Node, what: str) -> tuple[float, ...] | None:
+    if is_null(node):
+        return None
+    if not isinstance(node, yaml.SequenceNode):
+        raise ctx.fail(node, f"{what}: expected a list of numbers")
+    return tuple(as_float(ctx, item, f"{what}[{i}]") for i, item in enumerate(node.value))
+
+
+def mapping_items(ctx: YamlContext, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+    """Return ``(key, key_node, value_node)`` of a mapping, rejecting duplicate keys."""
+    if not isinstance(node, yaml.MappingNode):
+        raise ctx.fail(node, f"{what}: expected a mapping")
+    seen: dict[str, int] = {}
+    out = []
+    for knode, vnode in node.value:
+        if not isinstance(knode, yaml.ScalarNode):
+            raise ctx.fail(knode, f"{what}: keys must be scalars")
+        key = str(knode.value)
+        if key in seen:
+            raise ctx.fail(knode, f"{what}: key {key!r} already defined at line {seen[key]}")
+        seen[key] = knode.start_mark.line + 1
+        out.append((key, knode, vnode))
+    return out
+
+
+def decode_struct(
+    ctx: YamlContext, node: yaml.Node, what: str, fields: dict[str, Callable[[YamlContext, yaml.Node, str], Any]]
+) -> dict[str, Any]:
+    """Decode a mapping with a fixed key set; an unknown key is an error naming it."""
+    if is_null(node):
+        return {}
+    values: dict[str, Any] = {}
+    for key, knode, vnode in mapping_items(ctx, node, what):
+        conv = fields.get(key)
+        if conv is None:
+            raise ctx.fail(
+                knode, f"unknown key {key!r} in {what} (known keys: {', '.join(fields)})"
+            )
+        values[key] = conv(ctx, vnode, f"{what}.{key}")
+    return values
+
+
+
+
+@contextlib.contextmanager
+def parse_root(text: str, path: str, what: str) -> Iterator[tuple[YamlContext, yaml.Node]]:
+    """Compose the first YAML document of ``text``; YAML syntax errors become BlisInputError."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            root = loader.get_node() if loader.check_node() else None
+        except yaml.YAMLError as exc:
+            raise BlisInputError(f"cannot parse {what} {path}: {exc}") from exc
+        if root is None:
+            raise BlisInputError(f"cannot parse {what} {path}: the file is empty")
+        try:
+            yield YamlContext(path, loader), root
+        except yaml.YAMLError as exc:
+            raise BlisInputError(f"cannot parse {what} {path}: {exc}") from exc
+    finally:
+        loader.dispose()

@@ -1,0 +1,682 @@
+"""Cluster control plane kernels: routing snapshots, admission, routing policies and scorers.
+
+Implements CLU-2, CLU-3 and CLU-6 with DELTA-30..40: the snapshot provider with periodic
+refresh, in-flight accounting (read from the engine's instance counters), admission policies
+(always-admit, reject-all, token-bucket, tier-shed, gaie-legacy, tenant budgets), routing
+policies (round-robin, least-loaded, always-busiest, weighted) with every scorer, the
+router-side prefix-affinity LRU index, the precise cache query with its signal delay, the
+no-hit LRU, the router's Go-rand stream for tie-breaking, and decision-trace records.
+
+All state is in :data:`RouterState`; every function is compiled without reference counting.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from blis_fast.kernels.gorand import intn
+from blis_fast.kernels.hashing import chain_hash
+from blis_fast.kernels.kvcache import C_MISS, M_FREE, M_HITS, M_MISSES
+
+# policy codes
+ADM_ALWAYS, ADM_REJECT_ALL, ADM_TOKEN_BUCKET, ADM_TIER_SHED, ADM_GAIE_LEGACY = 0, 1, 2, 3, 4
+ROUTE_ROUND_ROBIN, ROUTE_LEAST_LOADED, ROUTE_WEIGHTED, ROUTE_ALWAYS_BUSIEST = 0, 1, 2, 3
+(SC_PREFIX_AFFINITY, SC_PRECISE_PREFIX, SC_NO_HIT_LRU, SC_QUEUE_DEPTH, SC_KV_UTILIZATION,
+ SC_LOAD_BALANCE, SC_ACTIVE_REQUESTS, SC_RUNNING_REQUESTS, SC_LOAD_AWARE, SC_VLLM_DP) = range(10)
+SCORER_CODES = {
+    "prefix-affinity": SC_PREFIX_AFFINITY, "precise-prefix-cache": SC_PRECISE_PREFIX,
+    "no-hit-lru": SC_NO_HIT_LRU, "queue-depth": SC_QUEUE_DEPTH,
+    "kv-utilization": SC_KV_UTILIZATION, "load-balance": SC_LOAD_BALANCE,
+    "active-requests": SC_ACTIVE_REQUESTS, "running-requests": SC_RUNNING_REQUESTS,
+    "load-aware": SC_LOAD_AWARE, "vllm-dp": SC_VLLM_DP,
+}
+LOAD_AWARE_QUEUE_THRESHOLD = 128  # sim/routing_scorers.go loadAwareQueueThreshold
+PREFIX_LRU_CAPACITY = 10000  # sim/routing_prefix_scorer.go defaultLRUCapacity
+
+# admission reasons recorded in the decision trace
+(REASON_NONE, REASON_REJECT_ALL, REASON_NO_TOKENS, REASON_TIER_SHED, REASON_GAIE,
+ REASON_TENANT_BUDGET) = range(6)
+
+# rcfg slots
+(RC_ROUTING, RC_ADMISSION, RC_REFRESH, RC_CACHE_DELAY, RC_N_SCORERS, RC_TRACE, RC_CF_K,
+ RC_TIER_THRESHOLD, RC_TIER_MIN_PRIORITY, RC_HAS_TENANT_BUDGETS, RC_USES_CACHE_QUERY,
+ RC_BLOCK_SIZE, RC_SIZE) = range(13)
+# rfl slots
+RF_TB_CAPACITY, RF_TB_REFILL, RF_GAIE_QD, RF_GAIE_KV, RF_SIZE = range(5)
+# st slots
+(ST_RR, ST_TB_LAST, ST_CACHE_LAST, ST_NH_LEN, ST_NH_LAST_REQ, ST_NH_LAST_WARM, ST_N_ADM,
+ ST_N_ROUTE, ST_SIZE) = range(9)
+# snapshot integer fields
+SN_QUEUE, SN_BATCH, SN_FREE, SN_PREEMPT, SN_SIZE = range(5)
+# snapshot refresh groups
+G_QUEUE, G_BATCH, G_KV, G_PREEMPT = range(4)
+
+RouterState = namedtuple("RouterState", [
+    "rcfg", "rfl", "st", "tb_tokens", "scorer_codes", "scorer_weights", "rng",
+    "snap_i", "snap_f", "snap_last", "inflight_view",
+    "scores", "dim", "tied", "raw", "hashes", "order",
+    # prefix-affinity router index, per instance: LRU nodes and a hash -> node table
+    "pa_hash", "pa_prev", "pa_next", "pa_table", "pa_meta",
+    # frozen copy of every instance's hash table for the delayed cache signal
+    "cq_table",
+    # no-hit LRU: instance ids, most recent first, and membership
+    "nh_order", "nh_set",
+    # per-request inputs: slo priority (tier), sheddable flag, tenant code, model mismatch flag
+    "req_priority", "req_sheddable", "req_tenant", "req_model_bad",
+    # tenants: in-flight count and budget (negative = none)
+    "tenant_inflight", "tenant_budget",
+    # decision trace
+    "adm_req", "adm_clock", "adm_ok", "adm_reason",
+    "rt_req", "rt_clock", "rt_target", "rt_regret", "rt_best", "rt_scores",
+    "cf_inst", "cf_score", "cf_int", "cf_kv",
+])
+
+
+def new_router_state(
+    n_instances: int,
+    n_requests: int,
+    *,
+    routing: int,
+    admission: int,
+    scorer_codes: np.ndarray,
+    scorer_weights: np.ndarray,
+    rng_state: np.ndarray,
+    block_size: int,
+    refresh_interval: int = 0,
+    cache_delay: int = 0,
+    trace: bool = False,
+    counterfactual_k: int = 0,
+    token_bucket: tuple[float, float] = (0.0, 0.0),
+    tier_shed: tuple[int, int] = (0, 0),
+    gaie: tuple[float, float] = (5.0, 0.8),
+    req_priority: np.ndarray | None = None,
+    req_sheddable: np.ndarray | None = None,
+    req_tenant: np.ndarray | None = None,
+    req_model_bad: np.ndarray | None = None,
+    tenant_budget: np.ndarray | None = None,
+    max_chunks: int = 1,
+    table_size: int = 16,
+) -> RouterState:
+    """Allocate the router state (trace buffers only when tracing is on)."""
+    n = n_instances
+    rcfg = np.zeros(RC_SIZE, np.int64)
+    rcfg[RC_ROUTING] = routing
+    rcfg[RC_ADMISSION] = admission
+    rcfg[RC_REFRESH] = refresh_interval
+    rcfg[RC_CACHE_DELAY] = cache_delay
+    rcfg[RC_N_SCORERS] = len(scorer_codes)
+    rcfg[RC_TRACE] = 1 if trace else 0
+    rcfg[RC_CF_K] = counterfactual_k
+    rcfg[RC_TIER_THRESHOLD], rcfg[RC_TIER_MIN_PRIORITY] = tier_shed
+    rcfg[RC_HAS_TENANT_BUDGETS] = 1 if tenant_budget is not None and len(tenant_budget) else 0
+    uses_pa = routing == ROUTE_WEIGHTED and SC_PREFIX_AFFINITY in list(scorer_codes)
+    uses_cq = routing == ROUTE_WEIGHTED and (
+        SC_PRECISE_PREFIX in list(scorer_codes) or SC_NO_HIT_LRU in list(scorer_codes))
+    rcfg[RC_USES_CACHE_QUERY] = 1 if uses_cq else 0
+    rcfg[RC_BLOCK_SIZE] = block_size
+    rfl = np.zeros(RF_SIZE, np.float64)
+    rfl[RF_TB_CAPACITY], rfl[RF_TB_REFILL] = token_bucket
+    rfl[RF_GAIE_QD], rfl[RF_GAIE_KV] = gaie
+    st = np.zeros(ST_SIZE, np.int64)
+    st[ST_NH_LAST_REQ] = -1
+    pa_cap = PREFIX_LRU_CAPACITY if uses_pa else 1
+    pa_tbl = 16
+    while uses_pa and pa_tbl < 2 * pa_cap:
+        pa_tbl *= 2
+    pa_meta = np.zeros((n, 4), np.int64)
+    pa_meta[:, 0] = -1  # head (most recent)
+    pa_meta[:, 1] = -1  # tail (least recent)
+    cq_size = table_size if (uses_cq and cache_delay > 0) else 1
+    rec = n_requests if trace else 1
+    k = max(counterfactual_k, 1) if trace else 1
+    none_i8 = np.zeros(max(n_requests, 1), np.int8)
+    return RouterState(
+        rcfg=rcfg, rfl=rfl, st=st, tb_tokens=np.array([token_bucket[0]], np.float64),
+        scorer_codes=np.ascontiguousarray(scorer_codes, np.int64),
+        scorer_weights=np.ascontiguousarray(scorer_weights, np.float64),
+        rng=rng_state,
+        snap_i=np.zeros((n, SN_SIZE), np.int64), snap_f=np.zeros((n, 2), np.float64),
+        snap_last=np.zeros((n, 4), np.int64), inflight_view=np.zeros(n, np.int64),
+        scores=np.zeros(n, np.float64), dim=np.zeros(n, np.float64),
+        tied=np.zeros(n, np.int64), raw=np.zeros(n, np.int64),
+        hashes=np.zeros(max_chunks + 1, np.uint64), order=np.zeros(n, np.int64),
+        pa_hash=np.zeros((n, pa_cap), np.uint64), pa_prev=np.full((n, pa_cap), -1, np.int64),
+        pa_next=np.full((n, pa_cap), -1, np.int64),
+        pa_table=np.zeros((n, pa_tbl, 2), np.uint64), pa_meta=pa_meta,
+        cq_table=np.zeros((n, cq_size, 2), np.uint64),
+        nh_order=np.zeros(n, np.int64), nh_set=np.zeros(n, np.int8),
+        req_priority=(req_priority if req_priority is not None
+                      else np.full(max(n_requests, 1), 3, np.int64)),
+        req_sheddable=req_sheddable if req_sheddable is not None else none_i8,
+        req_tenant=(req_tenant if req_tenant is not None
+                    else np.full(max(n_requests, 1), -1, np.int64)),
+        req_model_bad=req_model_bad if req_model_bad is not None else none_i8.copy(),
+        tenant_inflight=np.zeros(max(len(tenant_budget) if tenant_budget is not None else 0, 1),
+                                 np.int64),
+        tenant_budget=(tenant_budget if tenant_budget is not None and len(tenant_budget)
+                       else np.full(1, -1.0)),
+        adm_req=np.zeros(rec, np.int64), adm_clock=np.zeros(rec, np.int64),
+        adm_ok=np.zeros(rec, np.int8), adm_reason=np.zeros(rec, np.int8),
+        rt_req=np.zeros(rec, np.int64), rt_clock=np.zeros(rec, np.int64),
+        rt_target=np.zeros(rec, np.int64), rt_regret=np.zeros(rec, np.float64),
+        rt_best=np.zeros(rec, np.float64),
+        rt_scores=np.zeros((rec if trace and routing == ROUTE_WEIGHTED else 1, n), np.float64),
+        cf_inst=np.full((rec, k), -1, np.int64), cf_score=np.zeros((rec, k), np.float64),
+        cf_int=np.zeros((rec, k, 4), np.int64), cf_kv=np.zeros((rec, k), np.float64),
+    )
+
+
+# ---------------------------------------------------------------- small hash tables
+
+
+@njit(cache=True, _nrt=False)
+def _tget(table, i, h):
+    mask = table.shape[1] - 1
+    j = np.int64(h & np.uint64(mask))
+    while True:
+        k = table[i, j, 0]
+        if k == h:
+            return np.int64(table[i, j, 1])
+        if k == 0:
+            return np.int64(-1)
+        j = (j + 1) & mask
+
+
+@njit(cache=True, _nrt=False)
+def _tput(table, i, h, v):
+    mask = table.shape[1] - 1
+    j = np.int64(h & np.uint64(mask))
+    while True:
+        k = table[i, j, 0]
+        if k == h or k == 0:
+            table[i, j, 0] = h
+            table[i, j, 1] = np.uint64(v)
+            return
+        j = (j + 1) & mask
+
+
+@njit(cache=True, _nrt=False)
+def _tdel(table, i, h):
+    mask = table.shape[1] - 1
+    j = np.int64(h & np.uint64(mask))
+    while True:
+        k = table[i, j, 0]
+        if k == 0:
+            return
+        if k == h:
+            break
+        j = (j + 1) & mask
+    hole = j
+    j = (j + 1) & mask
+    while table[i, j, 0] != 0:
+        home = np.int64(table[i, j, 0] & np.uint64(mask))
+        if (hole - home) & mask < (j - home) & mask:
+            table[i, hole, 0] = table[i, j, 0]
+            table[i, hole, 1] = table[i, j, 1]
+            hole = j
+        j = (j + 1) & mask
+    table[i, hole, 0] = 0
+
+
+# ---------------------------------------------------------------- request hashes
+
+
+@njit(cache=True, _nrt=False)
+def input_hashes(rt, chunk_off, chunk_dig, r, input_len):
+    """Chain hashes of request ``r``'s full input blocks into ``rt.hashes``; returns the count."""
+    bs = rt.rcfg[RC_BLOCK_SIZE]
+    n = input_len // bs
+    base = chunk_off[r]
+    prev = np.uint64(0)
+    for k in range(n):
+        prev = chain_hash(prev, chunk_dig[base + k])
+        rt.hashes[k] = prev
+    return n
+
+
+@njit(cache=True, _nrt=False)
+def _leading_hits(table, i, hashes, n):
+    count = 0
+    for k in range(n):
+        if _tget(table, i, hashes[k]) < 0:
+            break
+        count += 1
+    return count
+
+
+# ---------------------------------------------------------------- snapshots
+
+
+@njit(cache=True, _nrt=False)
+def refresh_cache_signal(rt, kv_ht, clock):
+    """Re-freeze every instance's cache hash map when the signal delay has elapsed (DELTA-33)."""
+    delay = rt.rcfg[RC_CACHE_DELAY]
+    if rt.rcfg[RC_USES_CACHE_QUERY] == 0 or delay <= 0:
+        return
+    if clock - rt.st[ST_CACHE_LAST] < delay:
+        return
+    for i in range(kv_ht.shape[0]):
+        for j in range(kv_ht.shape[1]):
+            rt.cq_table[i, j, 0] = kv_ht[i, j, 0]
+            rt.cq_table[i, j, 1] = kv_ht[i, j, 1]
+    rt.st[ST_CACHE_LAST] = clock
+
+
+@njit(cache=True, _nrt=False)
+def take_snapshots(rt, wq, batch_len, kv_meta, cpu_meta, cnt, k_preempt, k_inflight,
+                   total_blocks, clock):
+    """Refresh each instance's cached snapshot groups as the provider would (CLU-3.7/3.8,
+    DELTA-37); in-flight counts are always current."""
+    period = rt.rcfg[RC_REFRESH]
+    n = rt.snap_i.shape[0]
+    for i in range(n):
+        if period <= 0 or clock - rt.snap_last[i, G_PREEMPT] >= period:
+            rt.snap_i[i, SN_PREEMPT] = cnt[i, k_preempt]
+            rt.snap_last[i, G_PREEMPT] = clock
+        if period <= 0 or clock - rt.snap_last[i, G_QUEUE] >= period:
+            rt.snap_i[i, SN_QUEUE] = wq[i, 2]
+            rt.snap_last[i, G_QUEUE] = clock
+        if period <= 0 or clock - rt.snap_last[i, G_BATCH] >= period:
+            rt.snap_i[i, SN_BATCH] = batch_len[i]
+            rt.snap_last[i, G_BATCH] = clock
+        if period <= 0 or clock - rt.snap_last[i, G_KV] >= period:
+            free = kv_meta[i, M_FREE]
+            used = total_blocks - free
+            rt.snap_f[i, 0] = np.float64(used) / np.float64(total_blocks)
+            rt.snap_i[i, SN_FREE] = free
+            hits = kv_meta[i, M_HITS]
+            total = hits + kv_meta[i, M_MISSES] + cpu_meta[i, C_MISS]
+            rt.snap_f[i, 1] = np.float64(hits) / np.float64(total) if total > 0 else 0.0
+            rt.snap_last[i, G_KV] = clock
+        rt.inflight_view[i] = cnt[i, k_inflight]
+
+
+@njit(cache=True, _nrt=False)
+def on_routed(rt, r):
+    """Tenant in-flight accounting when a request is dispatched (DELTA-40)."""
+    t = rt.req_tenant[r]
+    if rt.rcfg[RC_HAS_TENANT_BUDGETS] == 1 and t >= 0:
+        rt.tenant_inflight[t] += 1
+
+
+@njit(cache=True, _nrt=False)
+def on_done(rt, r):
+    """Tenant in-flight accounting when an instance finishes with a request (DELTA-40)."""
+    t = rt.req_tenant[r]
+    if rt.rcfg[RC_HAS_TENANT_BUDGETS] == 1 and t >= 0 and rt.tenant_inflight[t] > 0:
+        rt.tenant_inflight[t] -= 1
+
+
+@njit(cache=True, _nrt=False)
+def _load(rt, i):
+    return rt.snap_i[i, SN_QUEUE] + rt.snap_i[i, SN_BATCH] + rt.inflight_view[i]
+
+
+# ---------------------------------------------------------------- admission
+
+
+@njit(cache=True, _nrt=False)
+def admit(rt, r, input_len, n, clock):
+    """Admission decision for request ``r`` over ``n`` candidate snapshots (CLU-2,
+    DELTA-38..40). Returns (admitted, reason)."""
+    code = rt.rcfg[RC_ADMISSION]
+    ok = True
+    reason = REASON_NONE
+    if code == ADM_REJECT_ALL:
+        ok = False
+        reason = REASON_REJECT_ALL
+    elif code == ADM_TOKEN_BUCKET:
+        elapsed = clock - rt.st[ST_TB_LAST]
+        if elapsed > 0:
+            refill = np.float64(elapsed) * rt.rfl[RF_TB_REFILL] / 1e6
+            rt.tb_tokens[0] = min(rt.rfl[RF_TB_CAPACITY], rt.tb_tokens[0] + refill)
+            rt.st[ST_TB_LAST] = clock
+        cost = np.float64(input_len)
+        if rt.tb_tokens[0] >= cost:
+            rt.tb_tokens[0] -= cost
+        else:
+            ok = False
+            reason = REASON_NO_TOKENS
+    elif code == ADM_TIER_SHED:
+        max_load = 0
+        for i in range(n):
+            load = _load(rt, i)
+            if load > max_load:
+                max_load = load
+        if max_load > rt.rcfg[RC_TIER_THRESHOLD]:
+            if rt.req_priority[r] < rt.rcfg[RC_TIER_MIN_PRIORITY]:
+                ok = False
+                reason = REASON_TIER_SHED
+    elif code == ADM_GAIE_LEGACY:
+        if rt.req_sheddable[r] == 1:
+            total = 0.0
+            for i in range(n):
+                q_ratio = np.float64(rt.snap_i[i, SN_QUEUE]) / rt.rfl[RF_GAIE_QD]
+                kv_ratio = rt.snap_f[i, 0] / rt.rfl[RF_GAIE_KV]
+                total += max(q_ratio, kv_ratio)
+            sat = total / np.float64(n) if n > 0 else 1.0
+            if sat >= 1.0:
+                ok = False
+                reason = REASON_GAIE
+    if ok and rt.rcfg[RC_HAS_TENANT_BUDGETS] == 1:
+        # tenant_budget holds budget * max(1, instances * max running requests) (DELTA-40)
+        t = rt.req_tenant[r]
+        if t >= 0 and rt.tenant_budget[t] >= 0 and rt.req_sheddable[r] == 1:
+            if np.float64(rt.tenant_inflight[t]) > rt.tenant_budget[t]:
+                ok = False
+                reason = REASON_TENANT_BUDGET
+    if rt.rcfg[RC_TRACE] == 1:
+        k = rt.st[ST_N_ADM]
+        rt.adm_req[k] = r
+        rt.adm_clock[k] = clock
+        rt.adm_ok[k] = 1 if ok else 0
+        rt.adm_reason[k] = reason
+        rt.st[ST_N_ADM] = k + 1
+    return ok, reason
+
+
+# ---------------------------------------------------------------- scorers
+
+
+@njit(cache=True, _nrt=False)
+def _minmax_score(rt, n, invert):
+    """Min-max normalise rt.raw into rt.dim: (max-x)/(max-min) or (x-min)/(max-min); 1 if equal."""
+    lo = rt.raw[0]
+    hi = rt.raw[0]
+    for i in range(1, n):
+        if rt.raw[i] < lo:
+            lo = rt.raw[i]
+        if rt.raw[i] > hi:
+            hi = rt.raw[i]
+    for i in range(n):
+        if hi == lo:
+            rt.dim[i] = 1.0
+        elif invert:
+            rt.dim[i] = np.float64(hi - rt.raw[i]) / np.float64(hi - lo)
+        else:
+            rt.dim[i] = np.float64(rt.raw[i] - lo) / np.float64(hi - lo)
+
+
+@njit(cache=True, _nrt=False)
+def _pa_match(rt, i, n_hashes):
+    if rt.pa_meta[i, 2] == 0:
+        return 0
+    return _leading_hits(rt.pa_table, i, rt.hashes, n_hashes)
+
+
+@njit(cache=True, _nrt=False)
+def _pa_record(rt, i, n_hashes):
+    """Record the request's block hashes as most recently used on instance ``i``."""
+    cap = rt.pa_hash.shape[1]
+    meta = rt.pa_meta
+    for k in range(n_hashes):
+        h = rt.hashes[k]
+        node = _tget(rt.pa_table, i, h)
+        if node >= 0:
+            # unlink, then push at head
+            p = rt.pa_prev[i, node]
+            q = rt.pa_next[i, node]
+            if p >= 0:
+                rt.pa_next[i, p] = q
+            else:
+                meta[i, 0] = q
+            if q >= 0:
+                rt.pa_prev[i, q] = p
+            else:
+                meta[i, 1] = p
+        else:
+            if meta[i, 2] >= cap:
+                victim = meta[i, 1]
+                _tdel(rt.pa_table, i, rt.pa_hash[i, victim])
+                p = rt.pa_prev[i, victim]
+                if p >= 0:
+                    rt.pa_next[i, p] = -1
+                else:
+                    meta[i, 0] = -1
+                meta[i, 1] = p
+                meta[i, 2] -= 1
+                node = victim
+            else:
+                node = meta[i, 3]
+                meta[i, 3] += 1
+            rt.pa_hash[i, node] = h
+            _tput(rt.pa_table, i, h, node)
+            meta[i, 2] += 1
+        rt.pa_prev[i, node] = -1
+        head = meta[i, 0]
+        rt.pa_next[i, node] = head
+        if head >= 0:
+            rt.pa_prev[i, head] = node
+        meta[i, 0] = node
+        if meta[i, 1] < 0:
+            meta[i, 1] = node
+
+
+@njit(cache=True, _nrt=False)
+def _cache_query(rt, kv_ht, i, n_hashes):
+    if rt.rcfg[RC_CACHE_DELAY] > 0:
+        return _leading_hits(rt.cq_table, i, rt.hashes, n_hashes)
+    return _leading_hits(kv_ht, i, rt.hashes, n_hashes)
+
+
+@njit(cache=True, _nrt=False)
+def _score_dimension(rt, code, kv_ht, r, n, n_hashes):
+    """One scorer's raw values for every candidate into rt.dim (CLU-3.19..3.22, DELTA-30..36)."""
+    if code == SC_QUEUE_DEPTH:
+        for i in range(n):
+            rt.raw[i] = rt.snap_i[i, SN_QUEUE]
+        _minmax_score(rt, n, True)
+    elif code == SC_KV_UTILIZATION:
+        for i in range(n):
+            rt.dim[i] = 1.0 - rt.snap_f[i, 0]
+    elif code == SC_LOAD_BALANCE:
+        for i in range(n):
+            rt.dim[i] = 1.0 / (1.0 + np.float64(_load(rt, i)))
+    elif code == SC_ACTIVE_REQUESTS:
+        max_count = 0
+        for i in range(n):
+            if rt.inflight_view[i] > max_count:
+                max_count = rt.inflight_view[i]
+        for i in range(n):
+            f = rt.inflight_view[i]
+            if f == 0 or max_count == 0:
+                rt.dim[i] = 1.0
+            else:
+                rt.dim[i] = np.float64(max_count - f) / np.float64(max_count)
+    elif code == SC_RUNNING_REQUESTS:
+        for i in range(n):
+            rt.raw[i] = rt.snap_i[i, SN_BATCH]
+        _minmax_score(rt, n, True)
+    elif code == SC_LOAD_AWARE:
+        for i in range(n):
+            q = rt.snap_i[i, SN_QUEUE]
+            if q == 0:
+                rt.dim[i] = 0.5
+            else:
+                clamped = min(q, LOAD_AWARE_QUEUE_THRESHOLD)
+                rt.dim[i] = 0.5 * (1.0 - np.float64(clamped) / np.float64(
+                    LOAD_AWARE_QUEUE_THRESHOLD))
+    elif code == SC_VLLM_DP:
+        for i in range(n):
+            rt.raw[i] = rt.snap_i[i, SN_QUEUE] * 4 + rt.snap_i[i, SN_BATCH]
+        _minmax_score(rt, n, True)
+    elif code == SC_PREFIX_AFFINITY:
+        for i in range(n):
+            if n_hashes == 0:
+                rt.dim[i] = 0.0
+            else:
+                rt.dim[i] = np.float64(_pa_match(rt, i, n_hashes)) / np.float64(n_hashes)
+    elif code == SC_PRECISE_PREFIX:
+        for i in range(n):
+            rt.raw[i] = _cache_query(rt, kv_ht, i, n_hashes)
+        _minmax_score(rt, n, False)
+    elif code == SC_NO_HIT_LRU:
+        warm = False
+        for i in range(n):
+            if _cache_query(rt, kv_ht, i, n_hashes) > 0:
+                warm = True
+                break
+        rt.st[ST_NH_LAST_REQ] = r
+        rt.st[ST_NH_LAST_WARM] = 1 if warm else 0
+        if warm:
+            for i in range(n):
+                rt.dim[i] = 0.5
+        elif n <= 1:
+            for i in range(n):
+                rt.dim[i] = 1.0
+        else:
+            rank = 0
+            for i in range(n):
+                if rt.nh_set[i] == 0:
+                    rt.dim[i] = 1.0 - np.float64(rank) / np.float64(n - 1)
+                    rank += 1
+            for k in range(rt.st[ST_NH_LEN] - 1, -1, -1):
+                i = rt.nh_order[k]
+                rt.dim[i] = 1.0 - np.float64(rank) / np.float64(n - 1)
+                rank += 1
+
+
+@njit(cache=True, _nrt=False)
+def _nh_observe(rt, r, target):
+    if rt.st[ST_NH_LAST_WARM] == 1 or rt.st[ST_NH_LAST_REQ] != r:
+        return
+    length = rt.st[ST_NH_LEN]
+    if rt.nh_set[target] == 1:
+        pos = 0
+        while rt.nh_order[pos] != target:
+            pos += 1
+        for k in range(pos, length - 1):
+            rt.nh_order[k] = rt.nh_order[k + 1]
+        length -= 1
+    for k in range(length, 0, -1):
+        rt.nh_order[k] = rt.nh_order[k - 1]
+    rt.nh_order[0] = target
+    rt.nh_set[target] = 1
+    rt.st[ST_NH_LEN] = length + 1
+
+
+# ---------------------------------------------------------------- routing
+
+
+@njit(cache=True, _nrt=False)
+def route(rt, kv_ht, chunk_off, chunk_dig, r, input_len, clock, inst_rank):
+    """Choose the target instance for request ``r`` (CLU-3.11..3.16); records the trace."""
+    code = rt.rcfg[RC_ROUTING]
+    n = rt.snap_i.shape[0]
+    target = 0
+    best = 0.0
+    if code == ROUTE_ROUND_ROBIN:
+        target = rt.st[ST_RR] % n
+        best = np.float64(rt.st[ST_RR])
+        rt.st[ST_RR] += 1
+    elif code == ROUTE_LEAST_LOADED or code == ROUTE_ALWAYS_BUSIEST:
+        extreme = _load(rt, 0)
+        for i in range(1, n):
+            load = _load(rt, i)
+            if (code == ROUTE_LEAST_LOADED and load < extreme) or (
+                    code == ROUTE_ALWAYS_BUSIEST and load > extreme):
+                extreme = load
+        best = np.float64(extreme)
+        if code == ROUTE_ALWAYS_BUSIEST:
+            for i in range(n):
+                if _load(rt, i) == extreme:
+                    target = i
+                    break
+        else:
+            n_tied = 0
+            for i in range(n):
+                if _load(rt, i) == extreme:
+                    rt.tied[n_tied] = i
+                    n_tied += 1
+            target = rt.tied[0]
+            if n_tied > 1:
+                target = rt.tied[intn(rt.rng, n_tied)]
+    else:  # weighted
+        n_hashes = np.int64(0)
+        for s in range(rt.rcfg[RC_N_SCORERS]):
+            c = rt.scorer_codes[s]
+            if c == SC_PREFIX_AFFINITY or c == SC_PRECISE_PREFIX or c == SC_NO_HIT_LRU:
+                n_hashes = input_hashes(rt, chunk_off, chunk_dig, r, input_len)
+                break
+        for i in range(n):
+            rt.scores[i] = 0.0
+        for s in range(rt.rcfg[RC_N_SCORERS]):
+            _score_dimension(rt, rt.scorer_codes[s], kv_ht, r, n, n_hashes)
+            w = rt.scorer_weights[s]
+            for i in range(n):
+                v = rt.dim[i]
+                if v < 0:
+                    v = 0.0
+                if v > 1:
+                    v = 1.0
+                rt.scores[i] += v * w
+        best = -1.0
+        for i in range(n):
+            if rt.scores[i] > best:
+                best = rt.scores[i]
+        n_tied = 0
+        for i in range(n):
+            if rt.scores[i] == best:
+                rt.tied[n_tied] = i
+                n_tied += 1
+        target = rt.tied[0]
+        if n_tied > 1:
+            target = rt.tied[intn(rt.rng, n_tied)]
+        for s in range(rt.rcfg[RC_N_SCORERS]):
+            c = rt.scorer_codes[s]
+            if c == SC_PREFIX_AFFINITY:
+                _pa_record(rt, target, n_hashes)
+            elif c == SC_NO_HIT_LRU:
+                _nh_observe(rt, r, target)
+    if rt.rcfg[RC_TRACE] == 1:
+        _record_routing(rt, code, r, clock, target, best, inst_rank)
+    return target
+
+
+@njit(cache=True, _nrt=False)
+def _record_routing(rt, code, r, clock, target, best, inst_rank):
+    k = rt.st[ST_N_ROUTE]
+    rt.st[ST_N_ROUTE] = k + 1
+    rt.rt_req[k] = r
+    rt.rt_clock[k] = clock
+    rt.rt_target[k] = target
+    rt.rt_best[k] = best
+    n = rt.snap_i.shape[0]
+    weighted = code == ROUTE_WEIGHTED
+    if weighted:
+        for i in range(n):
+            rt.rt_scores[k, i] = rt.scores[i]
+    kk = rt.rcfg[RC_CF_K]
+    if kk <= 0:
+        return
+    # candidate score: the composite for weighted routing, else minus the effective load
+    for i in range(n):
+        rt.dim[i] = rt.scores[i] if weighted else -np.float64(_load(rt, i))
+        rt.order[i] = i
+    # insertion sort: score descending, then instance id ascending (string order)
+    for a in range(1, n):
+        x = rt.order[a]
+        b = a - 1
+        while b >= 0:
+            y = rt.order[b]
+            if rt.dim[y] > rt.dim[x] or (rt.dim[y] == rt.dim[x]
+                                         and inst_rank[y] < inst_rank[x]):
+                break
+            rt.order[b + 1] = y
+            b -= 1
+        rt.order[b + 1] = x
+    m = min(kk, n)
+    for j in range(m):
+        i = rt.order[j]
+        rt.cf_inst[k, j] = i
+        rt.cf_score[k, j] = rt.dim[i]
+        rt.cf_int[k, j, 0] = rt.snap_i[i, SN_QUEUE]
+        rt.cf_int[k, j, 1] = rt.snap_i[i, SN_BATCH]
+        rt.cf_int[k, j, 2] = rt.inflight_view[i]
+        rt.cf_int[k, j, 3] = rt.snap_i[i, SN_FREE]
+        rt.cf_kv[k, j] = rt.snap_f[i, 0]
+    regret = rt.dim[rt.order[0]] - rt.dim[target]
+    rt.rt_regret[k] = regret if regret > 0 else 0.0
