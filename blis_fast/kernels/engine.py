@@ -56,11 +56,15 @@ STATUS_OK, STATUS_BAD_ALIGNMENT, STATUS_GROW_HEAP, STATUS_GROW_LOG = 0, 1, 2, 3
 HS_SIZE, HS_SEQ = 0, 1
 
 ReqState = namedtuple("ReqState", [
-    "state", "inst", "pi", "nnt", "computed", "ttft_set", "first_token", "ttft", "has_ttft",
-    "itl_sum", "itl_cnt", "sched_delay", "has_sched", "sched_step", "fin_step", "capped",
-    "priority", "max_out", "e2e", "registered", "wq_prev", "wq_next", "run_head", "run_tail",
-    "last_dec",
+    # int64 [n, 8]: the fields every step touches, one cache line per request (H_* columns)
+    "hot",
+    "state", "inst", "first_token", "ttft", "has_ttft", "sched_delay", "has_sched",
+    "sched_step", "fin_step", "capped", "priority", "max_out", "e2e", "registered",
+    "wq_prev", "wq_next", "run_head",
 ])
+# columns of ReqState.hot: progress index, tokens granted this step, computed tokens (KV
+# present), ITL sum and count of the current attempt, last ITL run, last decode step, TTFT set
+H_PI, H_NNT, H_COMP, H_ITLSUM, H_ITLCNT, H_RUNTAIL, H_LASTDEC, H_TTFTSET = range(8)
 
 InstState = namedtuple("InstState", [
     "cnt",  # int64 [N, K_SIZE]
@@ -81,19 +85,19 @@ StepLog = namedtuple("StepLog", [
 
 def new_req_state(n: int, max_output_len: np.ndarray) -> ReqState:
     """Fresh per-request state arrays."""
+    hot = np.zeros((n, 8), np.int64)
+    hot[:, H_RUNTAIL] = -1
+    hot[:, H_LASTDEC] = -1
     return ReqState(
-        state=np.zeros(n, np.int8), inst=np.full(n, -1, np.int32), pi=np.zeros(n, np.int64),
-        nnt=np.zeros(n, np.int64), computed=np.zeros(n, np.int64), ttft_set=np.zeros(n, np.int8),
+        hot=hot, state=np.zeros(n, np.int8), inst=np.full(n, -1, np.int32),
         first_token=np.zeros(n, np.int64), ttft=np.zeros(n, np.int64),
-        has_ttft=np.zeros(n, np.int8), itl_sum=np.zeros(n, np.int64),
-        itl_cnt=np.zeros(n, np.int64), sched_delay=np.zeros(n, np.int64),
+        has_ttft=np.zeros(n, np.int8), sched_delay=np.zeros(n, np.int64),
         has_sched=np.zeros(n, np.int8), sched_step=np.zeros(n, np.int64),
         fin_step=np.zeros(n, np.int64), capped=np.zeros(n, np.int8),
         priority=np.zeros(n, np.float64), max_out=max_output_len.astype(np.int64).copy(),
         e2e=np.zeros(n, np.int64), registered=np.zeros(n, np.int8),
         wq_prev=np.full(n, -1, np.int32), wq_next=np.full(n, -1, np.int32),
-        run_head=np.full(n, -1, np.int64), run_tail=np.full(n, -1, np.int64),
-        last_dec=np.full(n, -1, np.int64),
+        run_head=np.full(n, -1, np.int64),
     )
 
 
@@ -299,13 +303,13 @@ def _count_done(ins, i, column):
 def _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode):
     """recordRequestCompletion with DELTA-6/7: output tokens counted at completion."""
     _count_done(ins, i, K_COMPLETED)
-    k = rs.pi[r] - input_len[r]
+    k = rs.hot[r, H_PI] - input_len[r]
     if k < output_len[r]:
         k += 1
     if k > 0:
         ins.cnt[i, K_OUT_TOKENS] += k
     post = post_decode if output_len[r] > 0 else 0
-    rs.e2e[r] = rs.first_token[r] + rs.itl_sum[r] + post
+    rs.e2e[r] = rs.first_token[r] + rs.hot[r, H_ITLSUM] + post
     # the request's ITL samples (its final attempt) join AllITLs
     run = rs.run_head[r]
     while run >= 0:
@@ -319,8 +323,8 @@ def _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode):
 @njit(cache=True, _nrt=False)
 def _reset_runs(rs, r):
     rs.run_head[r] = -1
-    rs.run_tail[r] = -1
-    rs.last_dec[r] = -1
+    rs.hot[r, H_RUNTAIL] = -1
+    rs.hot[r, H_LASTDEC] = -1
 
 
 # ------------------------------------------------------------------ batch formation
@@ -331,8 +335,8 @@ def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, cached_buf, scr
     """preemptForTokens (ENG-4.4 + DELTA-5). Returns (ok, budget, preempted_any)."""
     preempted = False
     while True:
-        in_prefill = rs.pi[r] < input_len[r]
-        if kvc.allocate(kv, i, r, rs.pi[r], rs.pi[r] + n, in_prefill, input_len[r],
+        in_prefill = rs.hot[r, H_PI] < input_len[r]
+        if kvc.allocate(kv, i, r, rs.hot[r, H_PI], rs.hot[r, H_PI] + n, in_prefill, input_len[r],
                         cached_buf, 0, scratch):
             return True, budget, preempted
         blen = ins.batch_len[i]
@@ -342,17 +346,17 @@ def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, cached_buf, scr
         victim = ins.batch[i, blen - 1]
         ins.batch_len[i] = blen - 1
         ins.cnt[i, K_PREEMPTIONS] += 1
-        if rs.nnt[victim] > 0:
-            budget += rs.nnt[victim]
-            rs.nnt[victim] = 0
+        if rs.hot[victim, H_NNT] > 0:
+            budget += rs.hot[victim, H_NNT]
+            rs.hot[victim, H_NNT] = 0
         rs.state[victim] = ST_QUEUED
-        rs.pi[victim] = 0
-        rs.itl_sum[victim] = 0
-        rs.itl_cnt[victim] = 0
+        rs.hot[victim, H_PI] = 0
+        rs.hot[victim, H_ITLSUM] = 0
+        rs.hot[victim, H_ITLCNT] = 0
         _reset_runs(rs, victim)
-        rs.ttft_set[victim] = 0
+        rs.hot[victim, H_TTFTSET] = 0
         kvc.release(kv, i, victim)
-        rs.computed[victim] = 0
+        rs.hot[victim, H_COMP] = 0
         _wq_push_front(ins, rs, i, victim)
         if victim == r:
             return False, budget, preempted
@@ -365,30 +369,30 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
     threshold = ic[IC_LONG_PREFILL]
     max_len = ic[IC_MAX_MODEL_LEN]
     for q in range(ins.batch_len[i]):
-        rs.nnt[ins.batch[i, q]] = 0
+        rs.hot[ins.batch[i, q], H_NNT] = 0
     preemption = False
     q = 0
     while q < ins.batch_len[i]:
         if budget <= 0:
             break
         r = ins.batch[i, q]
-        n = input_len[r] - rs.pi[r]
+        n = input_len[r] - rs.hot[r, H_PI]
         if n > 0:
             if 0 < threshold and threshold < n:
                 n = threshold
             n = min(n, budget)
             if max_len > 0:
-                n = min(n, max(max_len - 1 - rs.pi[r], 0))
+                n = min(n, max(max_len - 1 - rs.hot[r, H_PI], 0))
             ok, budget, pre = _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget,
                                                   cached_buf, scratch)
             preemption = preemption or pre
             if not ok:
                 break
             budget -= n
-            rs.nnt[r] = n
-            rs.computed[r] += n
-        if rs.pi[r] >= input_len[r] and output_len[r] > 0:
-            if not (max_len > 0 and rs.pi[r] + 1 > max_len - 1):
+            rs.hot[r, H_NNT] = n
+            rs.hot[r, H_COMP] += n
+        if rs.hot[r, H_PI] >= input_len[r] and output_len[r] > 0:
+            if not (max_len > 0 and rs.hot[r, H_PI] + 1 > max_len - 1):
                 if not kvc.append_decode_token_fast(kv, i, r):
                     ok, budget, pre = _preempt_for_tokens(ins, rs, kv, i, r, 1, input_len,
                                                           budget, cached_buf, scratch)
@@ -396,8 +400,8 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
                     if not ok:
                         break
                 budget -= 1
-                rs.nnt[r] = 1
-                rs.computed[r] += 1
+                rs.hot[r, H_NNT] = 1
+                rs.hot[r, H_COMP] += 1
         q += 1
     n_admitted = 0
     if preemption:
@@ -424,8 +428,8 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
         n_admitted += 1
         budget -= n
         rs.state[nxt] = ST_RUNNING
-        rs.nnt[nxt] = n
-        rs.computed[nxt] = n + start
+        rs.hot[nxt, H_NNT] = n
+        rs.hot[nxt, H_COMP] = n + start
     return n_admitted
 
 
@@ -480,9 +484,9 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
     g = 0
     for q in range(blen):
         r = ins.batch[i, q]
-        if rs.nnt[r] > 0:
-            gather[0, g] = rs.pi[r]
-            gather[1, g] = rs.nnt[r]
+        if rs.hot[r, H_NNT] > 0:
+            gather[0, g] = rs.hot[r, H_PI]
+            gather[1, g] = rs.hot[r, H_NNT]
             gather[2, g] = input_len[r]
             gather[3, g] = output_len[r]
             g += 1
@@ -494,14 +498,14 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
     otp = ic[IC_OUTPUT_TOKEN_TIME]
     for q in range(blen):
         r = ins.batch[i, q]
-        if rs.pi[r] < input_len[r]:
-            rs.pi[r] = rs.computed[r]
-        elif rs.nnt[r] > 0:
-            rs.pi[r] += 1
-            rs.itl_sum[r] += d + otp
-            rs.itl_cnt[r] += 1
-            tail = rs.run_tail[r]
-            if tail >= 0 and rs.last_dec[r] == prev_step:
+        if rs.hot[r, H_PI] < input_len[r]:
+            rs.hot[r, H_PI] = rs.hot[r, H_COMP]
+        elif rs.hot[r, H_NNT] > 0:
+            rs.hot[r, H_PI] += 1
+            rs.hot[r, H_ITLSUM] += d + otp
+            rs.hot[r, H_ITLCNT] += 1
+            tail = rs.hot[r, H_RUNTAIL]
+            if tail >= 0 and rs.hot[r, H_LASTDEC] == prev_step:
                 lg.run_len[tail] += 1
             else:
                 run = lg.sizes[1]
@@ -513,10 +517,10 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
                     lg.run_next[tail] = run
                 else:
                     rs.run_head[r] = run
-                rs.run_tail[r] = run
-            rs.last_dec[r] = s
-        if rs.pi[r] == input_len[r] and rs.ttft_set[r] == 0:
-            rs.ttft_set[r] = 1
+                rs.hot[r, H_RUNTAIL] = run
+            rs.hot[r, H_LASTDEC] = s
+        if rs.hot[r, H_PI] == input_len[r] and rs.hot[r, H_TTFTSET] == 0:
+            rs.hot[r, H_TTFTSET] = 1
             rs.first_token[r] = now + d + otp - arrival[r]
             rs.ttft[r] = rs.first_token[r]
             rs.has_ttft[r] = 1
@@ -671,15 +675,15 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
             for q in range(blen):
                 r = ins.batch[i, q]
                 done = False
-                if rs.pi[r] >= input_len[r] + max(output_len[r], 1) - 1:
+                if rs.hot[r, H_PI] >= input_len[r] + max(output_len[r], 1) - 1:
                     rs.state[r] = ST_COMPLETED
-                    if output_len[r] > 0 and rs.pi[r] < input_len[r] + output_len[r]:
+                    if output_len[r] > 0 and rs.hot[r, H_PI] < input_len[r] + output_len[r]:
                         if not kvc.append_decode_token_fast(kv, i, r) and not kvc.allocate(
-                                kv, i, r, rs.pi[r], rs.pi[r] + 1, False, input_len[r],
+                                kv, i, r, rs.hot[r, H_PI], rs.hot[r, H_PI] + 1, False, input_len[r],
                                 cached_buf, 0, scratch):
                             ins.cnt[i, K_KV_FAIL] += 1
                     done = True
-                elif max_len > 0 and rs.pi[r] >= max_len - 1:
+                elif max_len > 0 and rs.hot[r, H_PI] >= max_len - 1:
                     ins.cnt[i, K_LENGTH_CAPPED] += 1
                     rs.capped[r] = 1
                     rs.state[r] = ST_COMPLETED
@@ -714,7 +718,7 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
             _count_done(ins, i, K_TIMED_OUT)
             rtk.on_done(rt, r)
             kvc.release(kv, i, r)
-            rs.computed[r] = 0
+            rs.hot[r, H_COMP] = 0
             if was_running:
                 keep = 0
                 for q in range(ins.batch_len[i]):

@@ -19,13 +19,11 @@ from blis_fast.kernels.hashing import chain_hash
 KVState = namedtuple(
     "KVState",
     [
-        # per block, [n_instances, n_blocks]
-        "ref",  # int32 reference count
-        "tok",  # int32 tokens held (0..block_size)
-        "hsh",  # uint64 block hash (0 = none)
-        "prv",  # int32 free-list links (-1 = none)
-        "nxt",
-        "onfree",  # int8 1 when on the free list (the reference's !InUse)
+        # per block, int32 [n_instances, n_blocks, 8]: one 32-byte record per block (a block is
+        # touched as a whole, so its fields share a cache line): B_REF reference count,
+        # B_TOK tokens held, B_PRV/B_NXT free-list links (-1 = none), B_FREE 1 when on the
+        # free list (the reference's !InUse), B_HLO/B_HHI the 64-bit block hash (0 = none)
+        "blk",
         # per instance, [n_instances, 8] int64: head, tail, free count, hits, misses
         "meta",
         # prefix hash table per instance (open addressing, linear probing; key 0 = empty)
@@ -55,6 +53,7 @@ KVState = namedtuple(
 
 M_HEAD, M_TAIL, M_FREE, M_HITS, M_MISSES = 0, 1, 2, 3, 4
 C_HEAD, C_TAIL, C_USED, C_FREETOP, C_EVICT, C_MIRROR, C_HIT, C_MISS, C_PENDING = range(9)
+B_REF, B_TOK, B_PRV, B_NXT, B_FREE, B_HLO, B_HHI = range(7)
 CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS, CFG_HASH_DECODE = range(6)
 
 
@@ -89,13 +88,12 @@ def new_kv_state(
     if n_req:
         req_off[1:] = np.cumsum(per_req)[:-1]
     pool = np.zeros(int(per_req.sum()) + 1, dtype=np.int32)
-    shape = (n_instances, total_blocks)
-    prv = np.empty(shape, dtype=np.int32)
-    nxt = np.empty(shape, dtype=np.int32)
+    blk = np.zeros((n_instances, total_blocks, 8), dtype=np.int32)
     ids = np.arange(total_blocks, dtype=np.int32)
-    prv[:] = ids - 1
-    nxt[:] = ids + 1
-    nxt[:, -1] = -1
+    blk[:, :, B_PRV] = ids - 1
+    blk[:, :, B_NXT] = ids + 1
+    blk[:, -1, B_NXT] = -1
+    blk[:, :, B_FREE] = 1
     meta = np.zeros((n_instances, 8), dtype=np.int64)
     meta[:, M_HEAD] = 0
     meta[:, M_TAIL] = total_blocks - 1
@@ -115,12 +113,7 @@ def new_kv_state(
     cfg = np.array([block_size, total_blocks, 1 if tiered else 0, cpu_cap, reload_ticks,
                     1 if (tiered or hash_decode_blocks) else 0], dtype=np.int64)
     return KVState(
-        ref=np.zeros(shape, dtype=np.int32),
-        tok=np.zeros(shape, dtype=np.int32),
-        hsh=np.zeros(shape, dtype=np.uint64),
-        prv=prv,
-        nxt=nxt,
-        onfree=np.ones(shape, dtype=np.int8),
+        blk=blk,
         meta=meta,
         ht=np.zeros((n_instances, table_size, 2), dtype=np.uint64),
         req_off=req_off,
@@ -137,6 +130,23 @@ def new_kv_state(
         cpu_meta=cpu_meta,
         cfg=cfg,
     )
+
+
+# ---------------------------------------------------------------- block hashes
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _get_hash(kv, i, b):
+    lo = np.uint64(np.uint32(kv.blk[i, b, B_HLO]))
+    hi = np.uint64(np.uint32(kv.blk[i, b, B_HHI]))
+    return (hi << np.uint64(32)) | lo
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _set_hash(kv, i, b, h):
+    h = np.uint64(h)
+    kv.blk[i, b, B_HLO] = np.int32(np.uint32(h & np.uint64(0xFFFFFFFF)))
+    kv.blk[i, b, B_HHI] = np.int32(np.uint32(h >> np.uint64(32)))
 
 
 # ---------------------------------------------------------------- hash tables
@@ -199,36 +209,36 @@ def _table_del(table, i, h):
 def _free_append(kv, i, b):
     meta = kv.meta
     meta[i, M_FREE] += 1
-    kv.nxt[i, b] = -1
+    kv.blk[i, b, B_NXT] = -1
     tail = meta[i, M_TAIL]
     if tail >= 0:
-        kv.nxt[i, tail] = b
-        kv.prv[i, b] = tail
+        kv.blk[i, tail, B_NXT] = b
+        kv.blk[i, b, B_PRV] = tail
         meta[i, M_TAIL] = b
     else:
         meta[i, M_HEAD] = b
         meta[i, M_TAIL] = b
-        kv.prv[i, b] = -1
-    kv.onfree[i, b] = 1
+        kv.blk[i, b, B_PRV] = -1
+    kv.blk[i, b, B_FREE] = 1
 
 
 @njit(cache=True, _nrt=False)
 def _free_remove(kv, i, b):
     meta = kv.meta
     meta[i, M_FREE] -= 1
-    p = kv.prv[i, b]
-    n = kv.nxt[i, b]
+    p = kv.blk[i, b, B_PRV]
+    n = kv.blk[i, b, B_NXT]
     if p >= 0:
-        kv.nxt[i, p] = n
+        kv.blk[i, p, B_NXT] = n
     else:
         meta[i, M_HEAD] = n
     if n >= 0:
-        kv.prv[i, n] = p
+        kv.blk[i, n, B_PRV] = p
     else:
         meta[i, M_TAIL] = p
-    kv.prv[i, b] = -1
-    kv.nxt[i, b] = -1
-    kv.onfree[i, b] = 0
+    kv.blk[i, b, B_PRV] = -1
+    kv.blk[i, b, B_NXT] = -1
+    kv.blk[i, b, B_FREE] = 0
 
 
 @njit(cache=True, _nrt=False)
@@ -238,11 +248,11 @@ def _pop_free(kv, i):
     if b < 0:
         return np.int64(-1)
     _free_remove(kv, i, b)
-    kv.tok[i, b] = 0
-    h = kv.hsh[i, b]
+    kv.blk[i, b, B_TOK] = 0
+    h = _get_hash(kv, i, b)
     if h != 0:
         _table_del(kv.ht, i, h)
-        kv.hsh[i, b] = 0
+        _set_hash(kv, i, b, 0)
     return np.int64(b)
 
 
@@ -290,8 +300,8 @@ def _commit(kv, i, r, blocks, lo, hi):
         kv.req_first_chunk[r] = 0
     for k in range(lo, hi):
         b = blocks[k]
-        kv.ref[i, b] += 1
-        if kv.onfree[i, b] == 1:
+        kv.blk[i, b, B_REF] += 1
+        if kv.blk[i, b, B_FREE] == 1:
             _free_remove(kv, i, b)
         kv.meta[i, M_HITS] += 1
         kv.pool[off + kv.req_cnt[r]] = b
@@ -310,7 +320,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
         cnt = kv.req_cnt[r]
         if cnt > 0:
             last = kv.pool[off + cnt - 1]
-            spare = bs - kv.tok[i, last]
+            spare = bs - kv.blk[i, last, B_TOK]
             if spare > 0 and spare < bs:
                 eff -= min(spare, eff)
         need = np.int64(0)
@@ -318,7 +328,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
             need = (eff + bs - 1) // bs
         from_free = np.int64(0)
         for k in range(n_cached):
-            if kv.onfree[i, cached[k]] == 1:
+            if kv.blk[i, cached[k], B_FREE] == 1:
                 from_free += 1
         if need + from_free > free:
             return False
@@ -326,7 +336,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
         cnt = kv.req_cnt[r]
         if cnt > 0:
             last = kv.pool[off + cnt - 1]
-            if kv.tok[i, last] == bs and free == 0:
+            if kv.blk[i, last, B_TOK] == bs and free == 0:
                 return False
         elif free == 0:
             return False
@@ -344,33 +354,33 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 latest = kv.pool[off + cnt - 1]
             else:
                 kv.req_first_chunk[r] = start // bs
-        if latest >= 0 and kv.tok[i, latest] > 0 and kv.tok[i, latest] < bs:
-            take = min(bs - kv.tok[i, latest], remaining)
-            kv.tok[i, latest] += take
+        if latest >= 0 and kv.blk[i, latest, B_TOK] > 0 and kv.blk[i, latest, B_TOK] < bs:
+            take = min(bs - kv.blk[i, latest, B_TOK], remaining)
+            kv.blk[i, latest, B_TOK] += take
             remaining -= take
-            if kv.tok[i, latest] == bs and (in_prefill or kv.cfg[CFG_HASH_DECODE] == 1):
+            if kv.blk[i, latest, B_TOK] == bs and (in_prefill or kv.cfg[CFG_HASH_DECODE] == 1):
                 prev = np.uint64(0)
                 if cnt >= 2:
-                    prev = kv.hsh[i, kv.pool[off + cnt - 2]]
+                    prev = _get_hash(kv, i, kv.pool[off + cnt - 2])
                 chunk = kv.req_first_chunk[r] + cnt - 1
                 h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
-                kv.hsh[i, latest] = h
+                _set_hash(kv, i, latest, h)
                 _table_put(kv.ht, i, h, latest)
         else:
             n_new = (remaining + bs - 1) // bs
             prev = np.uint64(0)
             if kv.req_cnt[r] > 0:
-                prev = kv.hsh[i, kv.pool[off + kv.req_cnt[r] - 1]]
+                prev = _get_hash(kv, i, kv.pool[off + kv.req_cnt[r] - 1])
             for _ in range(n_new):
                 b = _pop_free(kv, i)
                 take = min(bs, remaining)
-                kv.tok[i, b] = take
-                kv.ref[i, b] = 1
+                kv.blk[i, b, B_TOK] = take
+                kv.blk[i, b, B_REF] = 1
                 kv.meta[i, M_MISSES] += 1
                 if take == bs and in_prefill:
                     chunk = kv.req_first_chunk[r] + kv.req_cnt[r]
                     h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
-                    kv.hsh[i, b] = h
+                    _set_hash(kv, i, b, h)
                     _table_put(kv.ht, i, h, b)
                     prev = h
                 kv.pool[off + kv.req_cnt[r]] = b
@@ -391,11 +401,11 @@ def append_decode_token_fast(kv, i, r):
     if cnt == 0:
         return False
     last = kv.pool[kv.req_off[r] + cnt - 1]
-    tok = kv.tok[i, last]
+    tok = kv.blk[i, last, B_TOK]
     bs = kv.cfg[CFG_BS]
     if tok >= bs or (tok == bs - 1 and kv.cfg[CFG_HASH_DECODE] == 1):
         return False
-    kv.tok[i, last] = tok + 1
+    kv.blk[i, last, B_TOK] = tok + 1
     return True
 
 
@@ -406,8 +416,8 @@ def release(kv, i, r):
     off = kv.req_off[r]
     for k in range(cnt - 1, -1, -1):
         b = kv.pool[off + k]
-        kv.ref[i, b] -= 1
-        if kv.ref[i, b] == 0:
+        kv.blk[i, b, B_REF] -= 1
+        if kv.blk[i, b, B_REF] == 0:
             _free_append(kv, i, b)
     kv.req_cnt[r] = 0
 
@@ -476,8 +486,8 @@ def mirror_to_cpu(kv, i, batch_reqs, n):
         off = kv.req_off[r]
         for k in range(kv.req_cnt[r]):
             b = kv.pool[off + k]
-            h = kv.hsh[i, b]
-            if h == 0 or kv.tok[i, b] < bs:
+            h = _get_hash(kv, i, b)
+            if h == 0 or kv.blk[i, b, B_TOK] < bs:
                 continue
             s = _table_get(kv.cpu_ht, i, h)
             if s >= 0:
@@ -510,9 +520,9 @@ def _reload_prefix(kv, i, r, input_len):
         b = _pop_free(kv, i)
         if b < 0:
             break
-        kv.tok[i, b] = bs
-        kv.hsh[i, b] = h
-        kv.ref[i, b] = 0
+        kv.blk[i, b, B_TOK] = bs
+        _set_hash(kv, i, b, h)
+        kv.blk[i, b, B_REF] = 0
         _table_put(kv.ht, i, h, b)
         _free_append(kv, i, b)
         kv.cpu_meta[i, C_PENDING] += kv.cfg[CFG_RELOAD_TICKS]

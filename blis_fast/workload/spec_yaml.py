@@ -1,0 +1,589 @@
+"""Strict loading of ``--workload-spec`` YAML files into :class:`WorkloadSpec` (WL-4.1, WL-4.2).
+
+The reference decodes the file with Go's yaml.v3 in strict mode (``KnownFields(true)``). This
+loader reproduces that decoder's behaviour on top of PyYAML's node composer:
+
+* scalars are resolved with YAML 1.2 core rules as yaml.v3 does (``1e3`` is a float,
+  ``0x10``/``0o17``/``017`` are ints, ``yes``/``on`` are strings except for bool fields,
+  ``~``/``null``/empty are null and leave a field at its zero value);
+* any scalar decodes into a string field (its text), ints and floats into float fields,
+  integral and fractional floats into int fields (truncated toward zero), and a quoted
+  scalar only into string fields;
+* an unknown key, a type mismatch or a duplicate key is an error naming the file, the
+  line, the Go message and the key's path (``clients[0].rate_fraction``);
+* merge keys (``<<``), anchors and aliases work; only the first document is read.
+
+After decoding, the v1 -> v2 upgrade runs (WL-4.2). Validation is not run here (the reference
+validates during generation): see :func:`blis_fast.workload.spec.validate_spec`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from blis_fast.errors import BlisInputError
+from blis_fast.workload import spec as S
+from blis_fast.workload.gofmt import go_parse_float, go_quote
+from blis_fast.workload.gomath import go_f2i
+
+# --- schema -----------------------------------------------------------------------------------
+# One entry per Go struct: (Go type name, dataclass, fields). A field is
+# (yaml key, attribute, kind, argument, omitempty), kind one of:
+#   str, int (argument: Go type name int/int64), float, bool,
+#   opt_int, opt_float, opt_bool (pointers), struct, opt_struct, list (argument: struct name),
+#   params (map[string]float64).
+
+
+@dataclass(frozen=True)
+class Field:
+    """One Go struct field as yaml.v3 sees it."""
+
+    key: str
+    attr: str
+    kind: str
+    arg: str = ""
+    omitempty: bool = False
+
+
+def _f(key, kind, arg="", omitempty=False, attr=None):
+    return Field(key, attr or key, kind, arg, omitempty)
+
+
+_DIST_FIELDS = (
+    _f("type", "str"),
+    _f("params", "params", omitempty=True),
+    _f("file", "str", omitempty=True),
+)
+
+SCHEMA: dict[str, tuple[str, type, tuple[Field, ...]]] = {
+    "WorkloadSpec": ("workload.WorkloadSpec", S.WorkloadSpec, (
+        _f("version", "str"),
+        _f("seed", "int", "int64"),
+        _f("category", "str"),
+        _f("clients", "list", "ClientSpec"),
+        _f("cohorts", "list", "CohortSpec", True),
+        _f("aggregate_rate", "float"),
+        _f("horizon", "int", "int64", True),
+        _f("num_requests", "int", "int64", True),
+        _f("servegen_data", "opt_struct", "ServeGenDataSpec", True),
+        _f("inference_perf", "opt_struct", "InferencePerfSpec", True),
+    )),
+    "ClientSpec": ("workload.ClientSpec", S.ClientSpec, (
+        _f("id", "str"),
+        _f("tenant_id", "str"),
+        _f("slo_class", "str"),
+        _f("model", "str", omitempty=True),
+        _f("rate_fraction", "float"),
+        _f("concurrency", "int", "int", True),
+        _f("think_time_us", "int", "int64", True),
+        _f("arrival", "struct", "ArrivalSpec"),
+        _f("input_distribution", "struct", "DistSpec", attr="input_dist"),
+        _f("output_distribution", "struct", "DistSpec", attr="output_dist"),
+        _f("prefix_group", "str", omitempty=True),
+        _f("prefix_length", "int", "int", True),
+        _f("streaming", "bool"),
+        _f("network", "opt_struct", "NetworkSpec", True),
+        _f("lifecycle", "opt_struct", "LifecycleSpec", True),
+        _f("multimodal", "opt_struct", "MultimodalSpec", True),
+        _f("reasoning", "opt_struct", "ReasoningSpec", True),
+        _f("timeout", "opt_int", "int64", True),
+        _f("closed_loop", "opt_bool", "bool", True),
+    )),
+    "CohortSpec": ("workload.CohortSpec", S.CohortSpec, (
+        _f("id", "str"),
+        _f("population", "int", "int"),
+        _f("tenant_id", "str", omitempty=True),
+        _f("slo_class", "str", omitempty=True),
+        _f("model", "str", omitempty=True),
+        _f("arrival", "struct", "ArrivalSpec"),
+        _f("input_distribution", "struct", "DistSpec", attr="input_dist"),
+        _f("output_distribution", "struct", "DistSpec", attr="output_dist"),
+        _f("prefix_group", "str", omitempty=True),
+        _f("streaming", "bool", omitempty=True),
+        _f("rate_fraction", "float"),
+        _f("diurnal", "opt_struct", "DiurnalSpec", True),
+        _f("spike", "opt_struct", "SpikeSpec", True),
+        _f("drain", "opt_struct", "DrainSpec", True),
+        _f("prefix_length", "int", "int", True),
+        _f("reasoning", "opt_struct", "ReasoningSpec", True),
+        _f("closed_loop", "opt_bool", "bool", True),
+        _f("timeout", "opt_int", "int64", True),
+        _f("network", "opt_struct", "NetworkSpec", True),
+        _f("multimodal", "opt_struct", "MultimodalSpec", True),
+    )),
+    "ArrivalSpec": ("workload.ArrivalSpec", S.ArrivalSpec, (
+        _f("process", "str"),
+        _f("cv", "opt_float", "float64", True),
+    )),
+    "DistSpec": ("workload.DistSpec", S.DistSpec, _DIST_FIELDS),
+    "NetworkSpec": ("workload.NetworkSpec", S.NetworkSpec, (
+        _f("rtt_ms", "float"),
+        _f("bandwidth_mbps", "float", omitempty=True),
+    )),
+    "LifecycleSpec": ("workload.LifecycleSpec", S.LifecycleSpec, (
+        _f("windows", "list", "ActiveWindow"),
+    )),
+    "ActiveWindow": ("workload.ActiveWindow", S.ActiveWindow, (
+        _f("start_us", "int", "int64"),
+        _f("end_us", "int", "int64"),
+    )),
+    "MultimodalSpec": ("workload.MultimodalSpec", S.MultimodalSpec, (
+        _f("text_distribution", "struct", "DistSpec", attr="text_dist"),
+        _f("image_distribution", "struct", "DistSpec", attr="image_dist"),
+        _f("image_count_distribution", "struct", "DistSpec", attr="image_count_dist"),
+        _f("audio_distribution", "struct", "DistSpec", attr="audio_dist"),
+        _f("audio_count_distribution", "struct", "DistSpec", attr="audio_count_dist"),
+        _f("video_distribution", "struct", "DistSpec", attr="video_dist"),
+        _f("video_count_distribution", "struct", "DistSpec", attr="video_count_dist"),
+    )),
+    "ReasoningSpec": ("workload.ReasoningSpec", S.ReasoningSpec, (
+        _f("reason_ratio_distribution", "struct", "DistSpec", attr="reason_ratio_dist"),
+        _f("multi_turn", "opt_struct", "MultiTurnSpec", True),
+    )),
+    "MultiTurnSpec": ("workload.MultiTurnSpec", S.MultiTurnSpec, (
+        _f("max_rounds", "int", "int"),
+        _f("think_time_us", "int", "int64"),
+        _f("context_growth", "str"),
+        _f("single_session", "bool", omitempty=True),
+    )),
+    "DiurnalSpec": ("workload.DiurnalSpec", S.DiurnalSpec, (
+        _f("peak_hour", "int", "int"),
+        _f("peak_to_trough_ratio", "float"),
+    )),
+    "SpikeSpec": ("workload.SpikeSpec", S.SpikeSpec, (
+        _f("start_time_us", "int", "int64"),
+        _f("duration_us", "int", "int64"),
+    )),
+    "DrainSpec": ("workload.DrainSpec", S.DrainSpec, (
+        _f("start_time_us", "int", "int64"),
+        _f("ramp_duration_us", "int", "int64"),
+    )),
+    "ServeGenDataSpec": ("workload.ServeGenDataSpec", S.ServeGenDataSpec, (
+        _f("path", "str"),
+        _f("span_start", "int", "int64", True),
+        _f("span_end", "int", "int64", True),
+    )),
+    "InferencePerfSpec": ("workload.InferencePerfSpec", S.InferencePerfSpec, (
+        _f("stages", "list", "StageSpec"),
+        _f("shared_prefix", "opt_struct", "SharedPrefixSpec"),
+    )),
+    "StageSpec": ("workload.StageSpec", S.StageSpec, (
+        _f("rate", "float"),
+        _f("duration", "int", "int64"),
+    )),
+    "SharedPrefixSpec": ("workload.SharedPrefixSpec", S.SharedPrefixSpec, (
+        _f("num_unique_system_prompts", "int", "int"),
+        _f("num_users_per_system_prompt", "int", "int"),
+        _f("system_prompt_len", "int", "int"),
+        _f("question_len", "int", "int"),
+        _f("output_len", "int", "int"),
+        _f("enable_multi_turn_chat", "bool"),
+    )),
+}  # fmt: skip
+"""The reference's workload structs in declaration order (also drives YAML output)."""
+
+# --- scalar resolution (yaml.v3 resolve.go, YAML 1.2 core schema) -----------------------------
+STR, INT, FLOAT, BOOL, NULL, TIMESTAMP, MERGE = (
+    "!!str", "!!int", "!!float", "!!bool", "!!null", "!!timestamp", "!!merge",
+)  # fmt: skip
+_LONG = "tag:yaml.org,2002:"
+_PLAIN = "?plain"  # our marker for an untagged plain scalar
+
+_RESOLVE_MAP: dict[str, tuple[str, Any]] = {}
+for _vals, _tag, _v in (
+    (("true", "True", "TRUE"), BOOL, True),
+    (("false", "False", "FALSE"), BOOL, False),
+    (("", "~", "null", "Null", "NULL"), NULL, None),
+    ((".nan", ".NaN", ".NAN"), FLOAT, math.nan),
+    ((".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF"), FLOAT, math.inf),
+    (("-.inf", "-.Inf", "-.INF"), FLOAT, -math.inf),
+    (("<<",), MERGE, "<<"),
+):
+    for _s in _vals:
+        _RESOLVE_MAP[_s] = (_tag, _v)
+
+_YAML_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_OLD_BOOLS = {
+    "y": True, "Y": True, "yes": True, "Yes": True, "YES": True, "on": True, "On": True,
+    "ON": True, "n": False, "N": False, "no": False, "No": False, "NO": False, "off": False,
+    "Off": False, "OFF": False,
+}  # fmt: skip
+_TS_DATE = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})")
+_TS_FULL = re.compile(
+    r"(\d{4})-(\d{1,2})-(\d{1,2})(?:[Tt]|[ ])(\d{1,2}):(\d{1,2}):(\d{1,2})(\.\d{1,9})?"
+    r"(Z|[+-]\d{2}:\d{2})?"
+)
+
+
+def _go_parse_int(s: str, unsigned: bool = False) -> int | None:
+    """Go ``strconv.ParseInt/ParseUint(s, 0, 64)`` (base prefixes, leading-0 octal)."""
+    neg = False
+    body = s
+    if body[:1] in "+-":
+        if unsigned:
+            return None
+        neg = body[0] == "-"
+        body = body[1:]
+    if not body:
+        return None
+    base = 10
+    low = body.lower()
+    if low.startswith("0x"):
+        base, body = 16, body[2:]
+    elif low.startswith("0o"):
+        base, body = 8, body[2:]
+    elif low.startswith("0b"):
+        base, body = 2, body[2:]
+    elif len(body) > 1 and body[0] == "0":
+        base, body = 8, body[1:]
+    if not body:
+        return None
+    digits = "0123456789abcdef"[:base]
+    if any(ch not in digits for ch in body.lower()):
+        return None
+    v = int(body, base)
+    v = -v if neg else v
+    if unsigned:
+        return v if v < (1 << 64) else None
+    return v if -(1 << 63) <= v < (1 << 63) else None
+
+
+def _is_timestamp(s: str) -> bool:
+    """yaml.v3 parseTimestamp: a date, or a date-time in the formats yaml.v3 accepts."""
+    if len(s) < 5 or not s[:4].isdigit() or s[4] != "-":
+        return False
+    m = _TS_DATE.fullmatch(s) or _TS_FULL.fullmatch(s)
+    if not m:
+        return False
+    y, mo, d = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    if not 1 <= mo <= 12:
+        return False
+    days = [31, 29 if (y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)) else 28, 31, 30, 31,
+            30, 31, 31, 30, 31, 30, 31][mo - 1]  # fmt: skip
+    return 1 <= d <= days
+
+
+def resolve_plain(s: str) -> tuple[str, Any]:
+    """Tag and value yaml.v3 gives an untagged plain scalar ``s``."""
+    if s in _RESOLVE_MAP:
+        return _RESOLVE_MAP[s]
+    c = s[0]
+    if c == ".":
+        v = go_parse_float(s)
+        if v is not None:
+            return FLOAT, v
+    elif c in "+-0123456789":
+        if _is_timestamp(s):
+            return TIMESTAMP, s
+        plain = s.replace("_", "")
+        v = _go_parse_int(plain)
+        if v is not None:
+            return INT, v
+        u = _go_parse_int(plain, unsigned=True)
+        if u is not None:
+            return INT, u
+        if _YAML_FLOAT.fullmatch(plain):
+            f = go_parse_float(plain)
+            if f is not None:
+                return FLOAT, f
+    return STR, s
+
+
+def _short_tag(tag: str) -> str:
+    return "!!" + tag[len(_LONG):] if tag.startswith(_LONG) else tag
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML composer whose resolver only marks plain scalars (we resolve them ourselves)."""
+
+    def resolve(self, kind, value, implicit):  # noqa: D102 - PyYAML hook
+        if kind is yaml.ScalarNode:
+            return _PLAIN if implicit[0] else _LONG + "str"
+        if kind is yaml.SequenceNode:
+            return _LONG + "seq"
+        return _LONG + "map"
+
+
+# --- decoding ---------------------------------------------------------------------------------
+class _DecodeError(Exception):
+    """First decode error: Go message, line, key path."""
+
+    def __init__(self, line: int, msg: str, path: str) -> None:
+        super().__init__(msg)
+        self.line = line
+        self.msg = msg
+        self.path = path
+
+
+def _line(node) -> int:
+    return node.start_mark.line + 1
+
+
+def _scalar_info(node) -> tuple[str, Any]:
+    """(short tag, resolved value) of a scalar node as yaml.v3's decoder sees it."""
+    tag = node.tag
+    if tag == _PLAIN:
+        return resolve_plain(node.value)
+    st = _short_tag(tag)
+    if st == STR:
+        return STR, node.value
+    if st in (INT, FLOAT, BOOL, NULL):
+        rtag, val = resolve_plain(node.value) if node.value else (NULL, None)
+        if st == FLOAT and rtag == INT:
+            return FLOAT, float(val)
+        if rtag != st:
+            raise _DecodeError(_line(node), f"cannot decode {rtag} `{node.value}` as a {st}", "")
+        return rtag, val
+    return st, node.value
+
+
+def _node_tag(node) -> str:
+    if isinstance(node, yaml.ScalarNode):
+        return _scalar_info(node)[0]
+    return "!!seq" if isinstance(node, yaml.SequenceNode) else "!!map"
+
+
+def _terror(node, go_type: str, path: str) -> _DecodeError:
+    """yaml.v3's ``cannot unmarshal`` error (value shortened to 7 chars past 10)."""
+    tag = _node_tag(node)
+    value = ""
+    if tag not in ("!!seq", "!!map"):
+        v = node.value
+        value = " `" + (v[:7] + "...`" if len(v) > 10 else v + "`")
+    return _DecodeError(_line(node), f"cannot unmarshal {tag}{value} into {go_type}", path)
+
+
+_MISSING = object()
+
+
+def _decode_scalar_kind(node, kind: str, go_type: str, path: str) -> Any:
+    """Decode ``node`` into a Go string/int/float/bool; ``_MISSING`` for null (zero value)."""
+    if not isinstance(node, yaml.ScalarNode):
+        raise _terror(node, go_type, path)
+    tag, val = _scalar_info(node)
+    if tag == NULL:
+        return _MISSING
+    if kind == "str":
+        return node.value
+    if kind == "int":
+        if tag == INT and -(1 << 63) <= val < (1 << 63):
+            return int(val)
+        if tag == FLOAT and val <= 9.223372036854775807e18:
+            return int(go_f2i(val))
+        raise _terror(node, go_type, path)
+    if kind == "float":
+        if tag in (INT, FLOAT):
+            return float(val)
+        raise _terror(node, go_type, path)
+    if kind == "bool":
+        if tag == BOOL:
+            return bool(val)
+        if tag == STR and val in _OLD_BOOLS:
+            return _OLD_BOOLS[val]
+        raise _terror(node, go_type, path)
+    raise AssertionError(kind)
+
+
+def _is_merge(node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.value == "<<" and (
+        node.tag == _PLAIN or _short_tag(node.tag) == MERGE
+    )
+
+
+def _check_duplicates(node, path: str) -> None:
+    """yaml.v3 uniqueKeys: the first duplicated key (same kind and text) in this mapping."""
+    keys = [k for k, _v in node.value if isinstance(k, yaml.ScalarNode)]
+    later: dict[str, list[int]] = {}
+    for k in keys:
+        later.setdefault(k.value, []).append(_line(k))
+    for idx, k in enumerate(keys):
+        lines = later[k.value]
+        if len(lines) > 1:
+            # yaml.v3 reports pairs (i, j) in order: the first key that repeats, at its
+            # next repetition.
+            nxt = next(_line(k2) for k2 in keys[idx + 1 :] if k2.value == k.value)
+            raise _DecodeError(
+                nxt, f"mapping key {go_quote(k.value)} already defined at line {_line(k)}", path
+            )
+
+
+class _Decoder:
+    """Walks the composed node tree, building dataclasses and recording key positions."""
+
+    def __init__(self) -> None:
+        self.positions: dict[str, int] = {}
+
+    def value(self, node, f: Field, path: str, current: Any) -> Any:
+        """Decode one field's node; returns the new value (``current`` when null)."""
+        kind = f.kind
+        if kind in ("str", "int", "float", "bool"):
+            go_type = {"str": "string", "float": "float64", "bool": "bool"}.get(kind, f.arg)
+            v = _decode_scalar_kind(node, kind, go_type, path)
+            return current if v is _MISSING else v
+        if kind in ("opt_int", "opt_float", "opt_bool"):
+            base = kind[4:]
+            go_type = {"float": "float64", "bool": "bool"}.get(base, f.arg)
+            v = _decode_scalar_kind(node, base, go_type, path)
+            return None if v is _MISSING else v
+        if kind == "params":
+            return self.params(node, path)
+        if kind in ("struct", "opt_struct"):
+            if isinstance(node, yaml.ScalarNode) and _scalar_info(node)[0] == NULL:
+                return None if kind == "opt_struct" else current
+            obj = current if (kind == "struct" and current is not None) else None
+            return self.struct(node, f.arg, path, obj)
+        if kind == "list":
+            go_name = SCHEMA[f.arg][0]
+            if isinstance(node, yaml.ScalarNode) and _scalar_info(node)[0] == NULL:
+                return []
+            if not isinstance(node, yaml.SequenceNode):
+                raise _terror(node, "[]" + go_name, path)
+            out = []
+            for j, item in enumerate(node.value):
+                ipath = f"{path}[{j}]"
+                self.positions[ipath] = _line(item)
+                if isinstance(item, yaml.ScalarNode) and _scalar_info(item)[0] == NULL:
+                    out.append(SCHEMA[f.arg][1]())
+                    continue
+                out.append(self.struct(item, f.arg, ipath, None))
+            return out
+        raise AssertionError(kind)
+
+    def params(self, node, path: str) -> dict[str, float]:
+        """map[string]float64: any scalar key becomes its text; null values become 0."""
+        if isinstance(node, yaml.ScalarNode) and _scalar_info(node)[0] == NULL:
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            raise _terror(node, "map[string]float64", path)
+        _check_duplicates(node, path)
+        out: dict[str, float] = {}
+        merge_node = None
+        for k, v in node.value:
+            if _is_merge(k):
+                merge_node = v
+                continue
+            key = self._key_text(k, path)
+            if key is None:
+                continue
+            kpath = f"{path}.{key}"
+            self.positions[kpath] = _line(k)
+            val = _decode_scalar_kind(v, "float", "float64", kpath)
+            out[key] = 0.0 if val is _MISSING else val
+        if merge_node is not None:
+            for m in self._merge_nodes(merge_node):
+                for key, val in self.params(m, path).items():
+                    out.setdefault(key, val)
+        return out
+
+    def _key_text(self, k, path: str) -> str | None:
+        """A mapping key decoded into a Go string (null keys are skipped silently)."""
+        if not isinstance(k, yaml.ScalarNode):
+            raise _terror(k, "string", path)
+        if _scalar_info(k)[0] == NULL:
+            return None
+        return k.value
+
+    def _merge_nodes(self, merge) -> list:
+        if isinstance(merge, yaml.MappingNode):
+            return [merge]
+        if isinstance(merge, yaml.SequenceNode) and all(
+            isinstance(m, yaml.MappingNode) for m in merge.value
+        ):
+            return list(merge.value)
+        raise _DecodeError(
+            _line(merge), "map merge requires map or sequence of maps as the value", ""
+        )
+
+    def struct(self, node, name: str, path: str, obj: Any, skip: set | None = None) -> Any:
+        """Decode a mapping node into the dataclass of Go struct ``name`` (strict keys)."""
+        go_name, cls, fields = SCHEMA[name]
+        if not isinstance(node, yaml.MappingNode):
+            raise _terror(node, go_name, path)
+        _check_duplicates(node, path)
+        if obj is None:
+            obj = cls()
+        by_key = {f.key: f for f in fields}
+        merge_node = None
+        seen: set[str] = set()
+        for k, v in node.value:
+            if _is_merge(k):
+                merge_node = v
+                continue
+            key = self._key_text(k, path)
+            if key is None:
+                continue
+            seen.add(key)
+            if skip is not None and key in skip:
+                continue
+            kpath = f"{path}.{key}" if path else key
+            f = by_key.get(key)
+            if f is None:
+                raise _DecodeError(
+                    _line(k), f"field {key} not found in type {go_name}", kpath
+                )
+            self.positions[kpath] = _line(k)
+            setattr(obj, f.attr, self.value(v, f, kpath, getattr(obj, f.attr)))
+        if merge_node is not None:
+            skip2 = set(seen) | (skip or set())
+            for m in self._merge_nodes(merge_node):
+                self.struct(m, name, path, obj, skip2)
+                for mk, _mv in m.value:
+                    if isinstance(mk, yaml.ScalarNode):
+                        skip2.add(mk.value)
+        return obj
+
+
+def parse_workload_spec(text: str, source: str = "") -> S.WorkloadSpec:
+    """Decode YAML ``text`` strictly into a WorkloadSpec, then upgrade v1 to v2 (WL-4.1/4.2)."""
+    where = f" {source}" if source else ""
+    loader = _Loader(text)
+    try:
+        if not loader.check_node():
+            raise BlisInputError(f"parsing workload spec{where}: EOF")
+        root = loader.get_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = exc.problem or exc.context or "syntax error"
+        raise BlisInputError(f"parsing workload spec{where}: yaml: {line}{problem}") from None
+    except yaml.YAMLError as exc:
+        raise BlisInputError(f"parsing workload spec{where}: yaml: {exc}") from None
+    finally:
+        loader.dispose()
+    dec = _Decoder()
+    try:
+        if isinstance(root, yaml.ScalarNode) and _scalar_info(root)[0] == NULL:
+            spec = S.WorkloadSpec(version="")
+        else:
+            spec = dec.struct(root, "WorkloadSpec", "", S.WorkloadSpec(version=""))
+    except _DecodeError as err:
+        at = f" (at {err.path})" if err.path else ""
+        raise BlisInputError(
+            f"parsing workload spec{where}: line {err.line}: {err.msg}{at}"
+        ) from None
+    spec.source = source
+    spec.positions = dec.positions
+    S.upgrade_v1_to_v2(spec)
+    return spec
+
+
+def load_workload_spec(path: str) -> S.WorkloadSpec:
+    """Read and strictly parse a workload-spec file (the reference's LoadWorkloadSpec)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise BlisInputError(
+            f"reading workload spec: open {path}: {reason.lower()}"
+        ) from None
+    except UnicodeDecodeError:
+        raise BlisInputError(
+            f"parsing workload spec {path}: yaml: invalid UTF-8 text"
+        ) from None
+    return parse_workload_spec(text, source=str(path))

@@ -1,0 +1,186 @@
+"""The Python API: ``blis_fast.run(**options)`` reproduces the README quick start.
+
+Reference: ``../shared/parity/cases/quickstart-llama31-8b`` (``blis run --model
+meta-llama/llama-3.1-8b-instruct`` with every other flag at its default). Floats are compared
+with the parity tolerance (relative 1e-9, ``../shared/parity/README.md``), integers exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+import blis_fast
+from blis_fast.errors import BlisConfigError
+from blis_fast.output.parquet import load_schema, schema_fields
+from blis_fast.runner import RunResult
+
+MODEL = "meta-llama/llama-3.1-8b-instruct"
+CASE = Path(__file__).resolve().parents[2] / "shared" / "parity" / "cases" / "quickstart-llama31-8b"
+REL_TOL = 1e-9
+
+POLARS_TYPES = {"string": pl.String, "int64": pl.Int64, "int32": pl.Int32,
+                "float64": pl.Float64, "bool": pl.Boolean}
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, (bool, str)) or isinstance(b, (bool, str)):
+        return a == b
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=0.0)
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    if not (CASE / "results.json").is_file():
+        pytest.skip(f"parity case not found at {CASE}")
+    return json.loads((CASE / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    cwd = tmp_path_factory.mktemp("api-cwd")
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = blis_fast.run(model=MODEL, log="error")
+    finally:
+        os.chdir(old)
+    assert list(cwd.iterdir()) == [], "the API wrote files although no output was asked for"
+    return result
+
+
+def test_run_returns_a_run_result(quickstart: RunResult) -> None:
+    assert isinstance(quickstart, RunResult)
+    assert quickstart.prepared.table.n == 100
+    assert quickstart.prepared.engine.num_instances == 1
+    assert len(quickstart.per_instance) == 1
+    assert quickstart.per_instance[0]["instance_id"] == "instance_0"
+    assert quickstart.stdout.startswith("=== Simulation Metrics ===\n")
+
+
+def test_summary_equals_reference_field_by_field(quickstart: RunResult, reference: dict) -> None:
+    expected = {k: v for k, v in reference.items() if k != "requests"}
+    assert list(quickstart.summary) == list(expected)
+    bad = {k: (quickstart.summary[k], v) for k, v in expected.items()
+           if not _close(quickstart.summary[k], v)}
+    assert not bad, bad
+    # one instance: the per-instance block carries the same numbers under its own id
+    inst = dict(quickstart.per_instance[0], instance_id="cluster")
+    assert all(_close(inst[k], v) for k, v in expected.items())
+
+
+def test_requests_frame_equals_reference_per_request(quickstart: RunResult,
+                                                     reference: dict) -> None:
+    frame = quickstart.requests_frame()
+    assert isinstance(frame, pl.DataFrame)
+    ref = reference["requests"]
+    assert frame.height == len(ref) == 100
+    assert frame["request_id"].n_unique() == frame.height
+    assert frame.schema == pl.Schema(
+        {f["name"]: POLARS_TYPES[f["type"]] for f in schema_fields("requests")})
+    rows = {row["request_id"]: row for row in frame.iter_rows(named=True)}
+    columns = {"ttft_ms": "ttft_ms", "itl_ms": "itl_ms", "e2e_ms": "e2e_ms",
+               "scheduling_delay_ms": "scheduling_delay_ms",
+               "num_prefill_tokens": "num_prefill_tokens", "num_decode_tokens": "num_decode_tokens",
+               "handled_by": "handled_by"}
+    bad = []
+    for want in ref:
+        got = rows[want["requestID"]]
+        if got["arrival_us"] != round(want["arrived_at"] * 1e6):
+            bad.append((want["requestID"], "arrival_us", got["arrival_us"], want["arrived_at"]))
+        for mine, theirs in columns.items():
+            if not _close(got[mine], want.get(theirs, "")):
+                bad.append((want["requestID"], mine, got[mine], want.get(theirs)))
+        assert got["completed"] is True and got["length_capped"] is False
+    assert not bad, bad[:10]
+    # the frame's order is the results file's: ids sorted as strings, then by arrival
+    assert frame["request_id"].to_list() == [r["requestID"] for r in ref]
+
+
+def test_requests_columns_are_consistent_with_the_frame(quickstart: RunResult) -> None:
+    cols = quickstart.requests
+    frame = quickstart.requests_frame()
+    assert len(cols) == frame.height
+    by_id = dict(zip(frame["request_id"].to_list(), frame["ttft_ms"].to_list(), strict=True))
+    for rid, ttft in zip(cols.request_id, cols.ttft_us, strict=True):
+        assert by_id[rid] == pytest.approx(ttft / 1e3, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def with_outputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunResult, Path]:
+    out = tmp_path_factory.mktemp("api-out") / "nested" / "dir"
+    result = blis_fast.run(model=MODEL, log="error", output_dir=str(out))
+    return result, out
+
+
+def test_output_dir_holds_exactly_the_two_parquet_files(with_outputs) -> None:
+    _, out = with_outputs
+    assert sorted(p.name for p in out.iterdir()) == ["requests.parquet", "summary.parquet"]
+
+
+@pytest.mark.parametrize("name", ["summary", "requests"])
+def test_parquet_schema_equals_schema_file(with_outputs, name: str) -> None:
+    _, out = with_outputs
+    path = out / f"{name}.parquet"
+    assert pq.read_schema(path).remove_metadata() == load_schema(name)
+    frame = pl.read_parquet(path)
+    assert frame.schema == pl.Schema(
+        {f["name"]: POLARS_TYPES[f["type"]] for f in schema_fields(name)})
+
+
+def test_summary_parquet_values_equal_run_result(with_outputs, reference: dict) -> None:
+    result, out = with_outputs
+    frame = pl.read_parquet(out / "summary.parquet")
+    assert frame.height == 1
+    row = frame.row(0, named=True)
+    expected = dict(result.summary)
+    expected.setdefault("kv_allocation_failures", 0)  # omitted from JSON when 0
+    assert set(row) == set(expected)
+    assert {k: v for k, v in row.items() if v != expected[k]} == {}
+    ref = {k: v for k, v in reference.items() if k != "requests"}
+    assert all(_close(row[k], v) for k, v in ref.items())
+
+
+def test_requests_parquet_values_equal_run_result(with_outputs) -> None:
+    result, out = with_outputs
+    frame = pl.read_parquet(out / "requests.parquet")
+    expected = result.requests_frame()
+    assert frame.equals(expected, null_equal=True)
+    assert frame.height == len(result.requests) == 100
+    cols = result.requests
+    order = {rid: i for i, rid in enumerate(cols.request_id)}
+    idx = np.array([order[r] for r in frame["request_id"].to_list()])
+    np.testing.assert_array_equal(frame["arrival_us"].to_numpy(), cols.arrival_us[idx])
+    np.testing.assert_allclose(frame["e2e_ms"].to_numpy(), cols.e2e_us[idx] / 1e3, rtol=1e-12)
+    np.testing.assert_allclose(frame["itl_ms"].to_numpy(), cols.itl_us[idx] / 1e3, rtol=1e-12)
+    assert frame["handled_by"].to_list() == [f"instance_{i}" for i in cols.handled_by[idx]]
+
+
+def test_api_and_cli_print_the_same(quickstart: RunResult, tmp_path: Path) -> None:
+    import contextlib
+    import io
+
+    from blis_fast.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        main(["run", "--model", MODEL, "--log", "error"])
+    assert out.getvalue() == quickstart.stdout
+
+
+def test_api_errors_are_typed_not_exits() -> None:
+    with pytest.raises(BlisConfigError, match="--rate"):
+        blis_fast.run(model=MODEL, rate=0, log="error")
+    with pytest.raises(BlisConfigError, match="no_such_option"):
+        blis_fast.run(model=MODEL, no_such_option=1)
+    with pytest.raises(BlisConfigError, match="--num-requests"):
+        blis_fast.run(model=MODEL, num_requests="many")

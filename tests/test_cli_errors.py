@@ -1,0 +1,398 @@
+"""Bad input never reaches a kernel: ``blis run`` refuses it with one stderr line and exit 2.
+
+Every case runs ``blis run --model meta-llama/llama-3.1-8b-instruct <bad flags>`` in-process
+(``blis_fast.cli.main``) with ``--metrics-path``, ``--trace-output`` and ``--output-dir``
+pointing into ``tmp_path`` and asserts: exit code 2, nothing on stdout, stderr is exactly one
+line naming the flag (or the file / key), no traceback, and no output file or directory left
+behind (nor anything written into the working directory).
+
+Diagnostics (``level=WARNING ...`` lines) are silenced with ``--log error`` so the error line is
+the only stderr line; the rules are CLU-9.3..9.8, ENG-10.4, WL-2.4 and DELTA-26/28 of
+``../shared/spec``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shutil
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from blis_fast.cli import main
+from blis_fast.data import data_path
+
+MODEL = "meta-llama/llama-3.1-8b-instruct"
+BB = ("--alpha-coeffs", "100,1,100", "--beta-coeffs", "1000,10,5")  # blackbox, no model config
+INT64_MAX = (1 << 63) - 1
+
+
+@dataclass
+class CliRun:
+    code: int
+    stdout: str
+    stderr: str
+    outputs: Path
+    cwd: Path
+
+
+def run_cli(args: list[str], tmp_path: Path, *, log_error: bool = True) -> CliRun:
+    """``blis run --model MODEL [--log error] <outputs> <args>``; the case's args come last so a
+    repeated flag (``--model``, ``--log``) takes the case's value and a bare trailing flag has no
+    value."""
+    outputs = tmp_path / "outputs"
+    cwd = tmp_path / "cwd"
+    outputs.mkdir(parents=True, exist_ok=True)
+    cwd.mkdir(parents=True, exist_ok=True)
+    argv = ["run", "--model", MODEL]
+    if log_error:
+        argv += ["--log", "error"]
+    argv += [
+        "--metrics-path", str(outputs / "results.json"),
+        "--trace-output", str(outputs / "trace"),
+        "--output-dir", str(outputs / "parquet"),
+        *args,
+    ]
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:  # what the console script would print before exiting 1
+                err.write(traceback.format_exc())
+                code = 1
+    finally:
+        os.chdir(old)
+    return CliRun(code=code, stdout=out.getvalue(), stderr=err.getvalue(), outputs=outputs, cwd=cwd)
+
+
+def assert_refused(run: CliRun, names: tuple[str, ...]) -> None:
+    """Exit 2, empty stdout, exactly one stderr line naming one of ``names``, no leftovers."""
+    detail = f"exit={run.code}\nstderr={run.stderr!r}\nstdout={run.stdout[:300]!r}"
+    assert "Traceback" not in run.stderr, detail
+    assert run.code == 2, detail
+    assert run.stdout == "", detail
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and run.stderr.endswith("\n"), detail
+    assert any(name in lines[0] for name in names), f"error does not name any of {names}: {detail}"
+    left = sorted(p.name for p in run.outputs.iterdir()) + sorted(p.name for p in run.cwd.iterdir())
+    assert left == [], f"files left behind: {left}"
+
+
+def case(args, names, *, bug: str | None = None, id: str | None = None):
+    """One parametrized case: CLI args (a string split on spaces, or a tuple), accepted names."""
+    if isinstance(args, str):
+        args = tuple(args.split(" "))
+    if isinstance(names, str):
+        names = (names,)
+    marks = [pytest.mark.xfail(strict=True, reason=f"bug: {bug}")] if bug else []
+    return pytest.param(tuple(args), tuple(names), marks=marks, id=id or " ".join(args))
+
+
+# ------------------------------------------------------------------ value checks (CLU-9, WL-2.4)
+
+VALUE_CASES = [
+    # workload: rate (WL-2.4.1), counts, token bounds (WL-2.4.2..5), timeout (DELTA-28)
+    case("--rate 0", "--rate"),
+    case("--rate -1", "--rate"),
+    case("--rate -0", "--rate"),
+    case("--rate NaN", "--rate"),
+    case("--rate Inf", "--rate"),
+    case("--rate +Inf", "--rate"),
+    case("--rate 1e-400", "--rate"),  # underflows to 0
+    case("--rate 1e400", "--rate"),  # overflows to +Inf
+    case("--rate abc", "--rate"),
+    case(("--rate", ""), "--rate", id="--rate <empty>"),
+    case(("--rate", " "), "--rate", id="--rate <blank>"),
+    case("--rate 1,2", "--rate"),
+    case("--rate", "--rate", id="--rate <missing value>"),
+    case("--num-requests -5", "--num-requests"),
+    case("--num-requests 0", ("--num-requests", "num_requests", "--horizon")),  # unbounded
+    case("--num-requests abc", "--num-requests"),
+    case("--num-requests 1.5", "--num-requests"),
+    case(("--num-requests", ""), "--num-requests", id="--num-requests <empty>"),
+    case("--prefix-tokens -1", "--prefix-tokens"),
+    case("--prompt-tokens-min 0", "--prompt-tokens-min"),
+    case("--prompt-tokens-max 0", "--prompt-tokens-max"),
+    case("--output-tokens-min 0", "--output-tokens-min"),
+    case("--output-tokens-max 0", "--output-tokens-max"),
+    case("--prompt-tokens-stdev -1", "prompt-tokens-stdev"),
+    case("--output-tokens-stdev -1", "output-tokens-stdev"),
+    case("--prompt-tokens-stdev 1", "prompt-tokens-stdev"),  # below min 2
+    case("--prompt-tokens-stdev 8000", "prompt-tokens-stdev"),  # above max 7000
+    case("--output-tokens-stdev 9000", "output-tokens-stdev"),
+    case("--prompt-tokens 0", "prompt-tokens"),
+    case("--output-tokens 7001", "output-tokens"),
+    case("--prompt-tokens-min 10 --prompt-tokens-max 5", "--prompt-tokens-min"),
+    case("--output-tokens-min 10 --output-tokens-max 5", "--output-tokens-min"),
+    case("--concurrency -1", "--concurrency"),
+    case("--think-time-ms -1", "--think-time-ms"),
+    case("--timeout 0", "--timeout"),
+    case("--timeout NaN", "--timeout"),
+    case("--timeout 1.5", "--timeout"),
+    case("--workload nosuchpreset", ("--workload", "nosuchpreset")),
+    case(("--workload", ""), "--workload", id="--workload <empty>"),
+    # simulation control (CLU-9.3)
+    case("--horizon 0", "--horizon"),
+    case("--horizon -5", "--horizon"),
+    case("--horizon abc", "--horizon"),
+    case("--horizon 99999999999999999999999", "--horizon"),
+    case("--seed abc", "--seed"),
+    case("--seed 99999999999999999999", "--seed"),
+    case("--log loud", ("--log", "log level")),
+    case(("--log", ""), ("--log", "log level"), id="--log <empty>"),
+    # model, hardware, latency (CLU-9.4, ENG-10.4, DELTA-26)
+    case(("--model", ""), "--model", id="--model <empty>"),
+    case("--model unknown/model", ("--model", "unknown/model")),
+    case("--model unknown/model --hardware H100 --tp 1", ("--model", "unknown/model")),
+    case("--latency-model bogus", "--latency-model"),
+    case("--latency-model ROOFLINE", "--latency-model"),
+    case(("--latency-model", ""), "--latency-model", id="--latency-model <empty>",
+         bug="--latency-model '' is accepted as a backend name (BACKEND_CODES maps '' to "
+             "roofline) but skips the analytical resolution ('' is not in "
+             "ANALYTICAL_BACKENDS), so the run dies with 'invalid roofline config: "
+             "num_attention_heads must be > 0, got 0; ... hardware TFlopsPeak must be positive' "
+             "instead of naming --latency-model (CLU-9.4: anything but the listed names is fatal)"),
+    case("--hardware NoSuchGPU", "--hardware"),
+    case("--tp -1", "--tp"),
+    case("--tp abc", "--tp"),
+    case("--latency-model trained-physics --tp 7", "--tp"),
+    case("--alpha-coeffs NaN,1,1 --beta-coeffs 1,1,1", "--alpha-coeffs"),
+    case("--alpha-coeffs Inf,1,1 --beta-coeffs 1,1,1", "--alpha-coeffs"),
+    case("--alpha-coeffs -1,1,1 --beta-coeffs 1,1,1", "--alpha-coeffs"),
+    case("--alpha-coeffs 1,1,1 --beta-coeffs -1,1,1", "--beta-coeffs"),
+    case("--alpha-coeffs 1,1,1 --beta-coeffs 1,NaN,1", "--beta-coeffs"),
+    case("--alpha-coeffs 1,1,1", "--alpha-coeffs"),  # alone
+    case("--beta-coeffs 1,1,1", "--beta-coeffs"),  # alone
+    case("--alpha-coeffs 1,x,1 --beta-coeffs 1,1,1", "--alpha-coeffs"),
+    case("--alpha-coeffs 1,,1 --beta-coeffs 1,1,1", "--alpha-coeffs"),
+    case("--alpha-coeffs 1,1 --beta-coeffs 1,1,1", "--alpha-coeffs"),
+    case("--alpha-coeffs 0,0,0 --beta-coeffs 0,0,0", ("--alpha-coeffs", "--beta-coeffs")),
+    case(("--alpha-coeffs", "", "--beta-coeffs", ""), ("--alpha-coeffs", "--beta-coeffs"),
+         id="--alpha-coeffs <empty> --beta-coeffs <empty>"),
+    case("--alpha-coeffs 1,1,1 --beta-coeffs 1,1,1 --latency-model roofline", "--latency-model"),
+    case("--max-model-len -1", "--max-model-len"),
+    case("--max-model-len 1.5", "--max-model-len"),
+    case(("--max-model-len", "999999999", *BB), "--max-model-len"),  # > KV capacity (ENG-3.5)
+    case("--gpu-memory-utilization 0", "--gpu-memory-utilization"),
+    case("--gpu-memory-utilization 1.5", "--gpu-memory-utilization"),
+    case("--gpu-memory-utilization NaN", "--gpu-memory-utilization"),
+    case("--gpu-memory-utilization Inf", "--gpu-memory-utilization"),
+    case("--gpu-memory-utilization -Inf", "--gpu-memory-utilization"),
+    # KV cache and batching (CLU-9.5)
+    case("--total-kv-blocks 0", "--total-kv-blocks"),
+    case(("--total-kv-blocks", "0", *BB), "--total-kv-blocks", id="--total-kv-blocks 0 blackbox"),
+    case(("--total-kv-blocks", "-3", *BB), "--total-kv-blocks", id="--total-kv-blocks -3 blackbox"),
+    case("--total-kv-blocks -3", "--total-kv-blocks", id="--total-kv-blocks -3 roofline",
+         bug="roofline caps the derived max-model-len to total_kv_blocks*block_size = -48 "
+             "before --total-kv-blocks is checked, so the error blames the flag the user did "
+             "not give: '--max-model-len must be >= 0, got -48' (the reference's order does the "
+             "same, but stderr is not part of parity)"),
+    case("--total-kv-blocks 1e6", "--total-kv-blocks"),
+    case("--block-size-in-tokens 0", "--block-size-in-tokens"),
+    case("--block-size-in-tokens -4", "--block-size-in-tokens"),
+    case("--block-size-in-tokens NaN", "--block-size-in-tokens"),
+    case("--max-num-running-reqs 0", "--max-num-running-reqs"),
+    case("--max-num-running-reqs -1", "--max-num-running-reqs"),
+    case("--max-num-scheduled-tokens 0", "--max-num-scheduled-tokens"),
+    case("--max-num-scheduled-tokens -0", "--max-num-scheduled-tokens"),
+    case("--long-prefill-token-threshold -1", "--long-prefill-token-threshold"),
+    case("--kv-cpu-blocks -1", "--kv-cpu-blocks"),
+    case("--kv-offload-threshold 2", "--kv-offload-threshold"),
+    case("--kv-offload-threshold -0.5", "--kv-offload-threshold"),
+    case("--kv-offload-threshold NaN", "--kv-offload-threshold"),
+    case("--kv-transfer-bandwidth 0 --kv-cpu-blocks 10", "--kv-transfer-bandwidth"),
+    case("--kv-transfer-bandwidth -1 --kv-cpu-blocks 10", "--kv-transfer-bandwidth"),
+    case("--kv-transfer-bandwidth NaN --kv-cpu-blocks 10", "--kv-transfer-bandwidth"),
+    case("--kv-transfer-bandwidth Inf --kv-cpu-blocks 10", "--kv-transfer-bandwidth"),
+    case("--kv-transfer-base-latency -1", "--kv-transfer-base-latency"),
+    # cluster and policies (CLU-9.6)
+    case("--num-instances 0", "num-instances"),
+    case("--num-instances -1", "num-instances"),
+    case("--num-instances 1e3", "--num-instances"),
+    case("--admission-latency -1", "--admission-latency"),
+    case("--routing-latency -1", "--routing-latency"),
+    case("--snapshot-refresh-interval -1", "--snapshot-refresh-interval"),
+    case("--cache-signal-delay -1", "--cache-signal-delay"),
+    case("--counterfactual-k -1", "--counterfactual-k"),
+    case("--routing-policy fastest", ("routing policy", "--routing-policy")),
+    case("--scheduler nope", ("scheduler", "--scheduler")),
+    case("--scheduler FCFS", ("scheduler", "--scheduler")),
+    case("--priority-policy nope", ("priority policy", "--priority-policy")),
+    case("--admission-policy nope", ("admission policy", "--admission-policy")),
+    case("--trace-level verbose", ("trace level", "--trace-level")),
+    case("--admission-policy token-bucket --token-bucket-capacity 0", "--token-bucket-capacity"),
+    case("--admission-policy token-bucket --token-bucket-capacity Inf", "--token-bucket-capacity"),
+    case("--admission-policy token-bucket --token-bucket-refill-rate NaN",
+         "--token-bucket-refill-rate"),
+    case("--fitness-weights bogus:1", ("fitness", "bogus")),
+    # unknown flags (CLU-9.2)
+    case("--bogus 1", "--bogus"),
+    case("--results-pathx r.json", "--results-pathx"),
+    case("--Rate 1", "--Rate"),
+]
+
+
+@pytest.mark.parametrize(("args", "names"), VALUE_CASES)
+def test_bad_flag_is_refused(args: tuple[str, ...], names: tuple[str, ...], tmp_path: Path) -> None:
+    log_error = "--log" not in args
+    assert_refused(run_cli(list(args), tmp_path, log_error=log_error), names)
+
+
+# ------------------------------------------------------------------ values that crash or mislead
+
+# Flags whose values pass every check but then overflow int64 arithmetic, or ask for arrays
+# no machine holds. The reference has the same arithmetic; the port should refuse them
+# before the kernel (one line, exit 2) instead of a traceback, a hang or wrapped-around times.
+EXTREME_CASES = [
+    case(("--timeout", str(INT64_MAX), "--num-requests", "3"), "--timeout",
+         bug="deadline = arrival + timeout*1e6 overflows int64: OverflowError traceback from "
+             "workload/generator.py apply_timeout"),
+    case(("--admission-latency", str(INT64_MAX), "--num-requests", "3"), "--admission-latency",
+         bug="event time t + admission latency wraps around int64: the run 'succeeds' with "
+             "negative step times (clock runs backwards), completed requests without TTFT/E2E "
+             "and scheduling_delay_p99_ms = 9223372036854776"),
+    case(("--routing-latency", str(INT64_MAX - 1000), "--num-requests", "3"), "--routing-latency",
+         bug="event time t + routing latency wraps around int64 (same symptom as "
+             "--admission-latency)"),
+    case(("--kv-transfer-bandwidth", "1e-300", "--kv-cpu-blocks", "10", "--num-requests", "3",
+          *BB), "--kv-transfer-bandwidth",
+         bug="reload ticks ceil(block_size / bandwidth) = 1.6e301 do not fit int64: OverflowError "
+             "traceback from engine/simulate.py run_engine (new_kv_state)"),
+    case(("--total-kv-blocks", str(1 << 62), "--num-requests", "3", *BB), "--total-kv-blocks",
+         bug="the KV arrays are allocated eagerly per block: ValueError 'array is too big' "
+             "traceback from kernels/kvcache.py new_kv_state"),
+    case(("--kv-cpu-blocks", str(1 << 62), "--num-requests", "3", *BB), "--kv-cpu-blocks",
+         bug="CPU-tier arrays are allocated eagerly per block: ValueError 'array is too big' "
+             "traceback from kernels/kvcache.py new_kv_state"),
+    case(("--num-instances", str(10**12), "--total-kv-blocks", "100", "--num-requests", "3", *BB),
+         "--num-instances",
+         bug="per-instance KV arrays [N, blocks]: MemoryError traceback (364 TiB) from "
+             "kernels/kvcache.py new_kv_state"),
+    case(("--max-num-running-reqs", str(10**12), "--num-requests", "3", *BB),
+         "--max-num-running-reqs",
+         bug="the step-log growth check reserves ic[IC_MAX_RUNNING] ITL runs per step instead of "
+             "the real batch capacity min(R, n): MemoryError traceback from kernels/engine.py "
+             "_grow_log; with R = 2**62 the doubling loop in _grow_log overflows int64 and never "
+             "ends (the run hangs)"),
+]
+
+
+@pytest.mark.parametrize(("args", "names"), EXTREME_CASES)
+def test_extreme_value_is_refused_cleanly(args: tuple[str, ...], names: tuple[str, ...],
+                                          tmp_path: Path) -> None:
+    assert_refused(run_cli(list(args), tmp_path), names)
+
+
+# ------------------------------------------------------------------ input files
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _defaults_copy(tmp_path: Path, at: str, line: str, *, after: bool) -> tuple[Path, int]:
+    """A copy of the bundled defaults.yaml (with the hardware file and model configs beside it,
+    where the defaults file's folder is searched) with ``line`` inserted before or after the
+    first line equal to ``at``; returns the file and the 1-based number of the inserted line."""
+    src = data_path("defaults.yaml").read_text(encoding="utf-8").splitlines()
+    idx = src.index(at) + (1 if after else 0)
+    inputs = tmp_path / "inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(data_path("hardware_config.json"), inputs / "hardware_config.json")
+    shutil.copytree(data_path("model_configs"), inputs / "model_configs")
+    text = "\n".join(src[:idx] + [line] + src[idx:]) + "\n"
+    return _write(inputs / "defaults.yaml", text), idx + 1
+
+
+@pytest.mark.parametrize(("at", "line", "after", "key"), [
+    ("defaults:", "bogus_section: 1", False, "bogus_section"),
+    (f"  {MODEL}:", "    bogus_field: 7", True, "bogus_field"),
+], ids=["top-level", "nested"])
+def test_defaults_unknown_key_names_key_and_line(at: str, line: str, after: bool, key: str,
+                                                 tmp_path: Path) -> None:
+    path, lineno = _defaults_copy(tmp_path, at, line, after=after)
+    run = run_cli(["--defaults-filepath", str(path)], tmp_path)
+    assert_refused(run, (key,))
+    assert re.search(rf"(:{lineno}\b|line {lineno}\b)", run.stderr), (lineno, run.stderr)
+
+
+FILE_CASES = [
+    case("--defaults-filepath /nonexistent.yaml", ("--defaults-filepath", "/nonexistent.yaml"),
+         bug="a missing --defaults-filepath is silently skipped (as the reference does) and the "
+             "run then fails with '--latency-model roofline needs --hardware (GPU type) and --tp "
+             "(tensor parallelism); defaults.yaml has no defaults for model=...', which blames "
+             "the model instead of saying the given defaults file does not exist"),
+    case("--model-config-folder {empty}", ("--model-config-folder", "{empty}")),
+    case("--model-config-folder /nonexistent", ("--model-config-folder", "/nonexistent")),
+    case("--model-config-folder {badjson}", ("--model-config-folder", "{badjson}")),
+    case("--hardware-config /nonexistent.json", ("--hardware-config", "/nonexistent.json")),
+    case("--hardware-config {hwbad}", ("--hardware-config", "{hwbad}")),
+    case("--defaults-filepath {garbage}", ("--defaults-filepath", "{garbage}"),
+         bug="a defaults file that is not YAML gives a multi-line error: the PyYAML exception "
+             "text (with its source excerpt and caret lines) is copied into the message"),
+    case("--defaults-filepath {empty}", ("--defaults-filepath", "{empty}")),
+    case("--workload-spec /nonexistent.yaml", "--workload-spec"),
+]
+
+
+@pytest.mark.parametrize(("args", "names"), FILE_CASES)
+def test_bad_input_file_is_refused(args: tuple[str, ...], names: tuple[str, ...],
+                                   tmp_path: Path) -> None:
+    inputs = tmp_path / "inputs"
+    empty = inputs / "empty"
+    empty.mkdir(parents=True)
+    badjson = _write(inputs / "badjson" / "config.json", "{not json\n").parent
+    hwbad = _write(inputs / "hw.json", '{"H100": 1}\n')
+    garbage = _write(inputs / "garbage.yaml", ":::: [ not yaml\n")
+    subst = {"{empty}": str(empty), "{badjson}": str(badjson), "{hwbad}": str(hwbad),
+             "{garbage}": str(garbage)}
+
+    def fill(s: str) -> str:
+        for key, value in subst.items():
+            s = s.replace(key, value)
+        return s
+
+    run = run_cli([fill(a) for a in args], tmp_path)
+    assert_refused(run, tuple(fill(n) for n in names))
+
+
+# ------------------------------------------------------------------ diagnostics in-process
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: cli._install_log_handler builds logging.StreamHandler(sys.stderr) once per process, "
+    "so the handler keeps writing to the sys.stderr of the first call; later in-process calls "
+    "of blis_fast.cli.main (pytest capture, contextlib.redirect_stderr, notebooks) lose their "
+    "level=WARNING diagnostics"))
+def test_diagnostics_follow_the_current_stderr(tmp_path: Path) -> None:
+    first = run_cli(["--rate", "0"], tmp_path / "a", log_error=False)
+    second = run_cli(["--rate", "0"], tmp_path / "b", log_error=False)
+    for run in (first, second):
+        lines = run.stderr.splitlines()
+        assert run.code == 2
+        assert lines and lines[-1].startswith("blis: error: --rate"), run.stderr
+        assert any(line.startswith("level=WARNING") for line in lines[:-1]), run.stderr
+
+
+def test_error_after_diagnostics_is_the_last_line(tmp_path: Path) -> None:
+    """Without ``--log error`` the error is still one line, the last one; everything before it
+    is a ``level=`` diagnostic (whichever stream the handler writes to)."""
+    run = run_cli(["--num-requests", "-5"], tmp_path, log_error=False)
+    lines = run.stderr.splitlines()
+    assert run.code == 2 and run.stdout == ""
+    assert lines and lines[-1].startswith("blis: error: --num-requests"), run.stderr
+    assert all(line.startswith("level=") for line in lines[:-1]), run.stderr
+    assert "Traceback" not in run.stderr
