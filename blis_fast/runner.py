@@ -470,6 +470,9 @@ def execute_run(opts: RunOptions) -> RunResult:
         export_trace_v2(opts.trace_output, prepared.table, trace_outcome(res))
     instances = instance_metrics(res, prepared.table)
     requests = request_columns(res, prepared.table)
+    aggregate = aggregate_instances(instances)
+    per_instance = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(instances)]
+    summary = build_metrics_output("cluster", aggregate)
     report = ClusterReport(
         instances=instances,
         requests=requests,
@@ -479,10 +482,10 @@ def execute_run(opts: RunOptions) -> RunResult:
         priority_policy=prepared.policies.priority,
         fitness_weights=opts.fitness_weights,
         trace_summary=_trace_summary(res) if opts.summarize_trace else None,
+        aggregate=aggregate,
+        metrics_outputs=[*per_instance, summary],
     )
     stdout = render_report(report)
-    aggregate = aggregate_instances(instances)
-    summary = build_metrics_output("cluster", aggregate)
     metrics_path = opts.metrics_path or opts.results_path
     if metrics_path:
         write_results_file(metrics_path, summary, requests)
@@ -493,7 +496,6 @@ def execute_run(opts: RunOptions) -> RunResult:
         os.makedirs(out_dir, exist_ok=True)
         write_summary_parquet(out_dir / "summary.parquet", summary)
         write_requests_parquet(out_dir / "requests.parquet", requests)
-    per_instance = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(instances)]
     return RunResult(stdout=stdout, summary=summary, per_instance=per_instance,
                      requests=requests, simulation=res, prepared=prepared)
 

@@ -119,6 +119,8 @@ class ClusterReport:
     """Override for the inversion count (computed from ``requests`` when None)."""
     subcommand: str = "run"
     """``run`` or ``replay`` (section set and anomaly variant)."""
+    metrics_outputs: list[dict] | None = None
+    """Precomputed ``build_metrics_output`` dicts: one per instance, then the cluster's."""
 
 
 @dataclass
@@ -643,11 +645,14 @@ def render_report(report: ClusterReport) -> str:
     agg = (
         report.aggregate if report.aggregate is not None else aggregate_instances(report.instances)
     )
+    outputs = report.metrics_outputs
+    if outputs is None:
+        outputs = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(report.instances)]
+        outputs.append(build_metrics_output("cluster", agg))
     parts: list[str] = []
     if len(report.instances) > 1:
-        for i, m in enumerate(report.instances):
-            parts.append(metrics_block(build_metrics_output(f"instance_{i}", m)))
-    parts.append(metrics_block(build_metrics_output("cluster", agg)))
+        parts.extend(metrics_block(d) for d in outputs[:-1])
+    parts.append(metrics_block(outputs[-1]))
     raw = collect_raw_metrics(
         report if report.aggregate is not None else _with_aggregate(report, agg)
     )

@@ -39,8 +39,20 @@ _EXACT_LIMIT = 2**53
 _CHUNK = 1 << 20
 
 
+class SortedValues(np.ndarray):
+    """An int64/float64 array known to be sorted ascending (``sorted_values`` makes one), so
+    the statistics below do not sort it again."""
+
+
+def sorted_values(values: np.ndarray | list) -> SortedValues:
+    """Sort once for several statistics over the same values."""
+    return _as_sorted(values).view(SortedValues)
+
+
 def _as_sorted(values: np.ndarray | list) -> np.ndarray:
     """Return the values as a sorted int64 or float64 array."""
+    if isinstance(values, SortedValues):
+        return values
     a = np.asarray(values)
     if a.dtype.kind in "iub":
         a = a.astype(np.int64, copy=False)
@@ -120,6 +132,8 @@ def percentile_ms(values: np.ndarray | list, p: float) -> float:
 
 def _weighted_sorted(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Values sorted ascending with their counts, zero counts dropped."""
+    if isinstance(values, SortedValues):
+        return values, counts
     v = np.asarray(values, dtype=np.int64)
     c = np.asarray(counts, dtype=np.int64)
     if v.shape != c.shape:
@@ -130,6 +144,12 @@ def _weighted_sorted(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray
     v, c = v[keep], c[keep]
     order = np.argsort(v, kind="stable")
     return v[order], c[order]
+
+
+def sorted_weighted(values: np.ndarray, counts: np.ndarray) -> tuple[SortedValues, np.ndarray]:
+    """Sort (value, count) pairs once for several weighted statistics."""
+    v, c = _weighted_sorted(values, counts)
+    return v.view(SortedValues), c
 
 
 def weighted_mean_ms(values: np.ndarray, counts: np.ndarray) -> float:

@@ -23,7 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from blis_fast.output.gojson import format_go_float, marshal_indent, needs_escape, quote_go_string
-from blis_fast.output.stats import mean_ms, percentile_ms, weighted_mean_ms, weighted_percentile_ms
+from blis_fast.output.stats import (
+    mean_ms,
+    percentile_ms,
+    sorted_values,
+    sorted_weighted,
+    weighted_mean_ms,
+    weighted_percentile_ms,
+)
 
 __all__ = [
     "InstanceMetrics",
@@ -168,11 +175,11 @@ def build_metrics_output(instance_id: str, m: InstanceMetrics) -> dict:
         0.0,
     )
     if m.completed > 0:
-        ttft = np.asarray(m.ttft_us, dtype=np.float64)
-        e2e = np.asarray(m.e2e_us, dtype=np.float64)
-        sd = np.asarray(m.scheduling_delay_us, dtype=np.int64).astype(np.float64)
-        iv = np.asarray(m.itl_values_us, dtype=np.int64)
-        ic = np.asarray(m.itl_counts, dtype=np.int64)
+        ttft = sorted_values(np.asarray(m.ttft_us, dtype=np.float64))
+        e2e = sorted_values(np.asarray(m.e2e_us, dtype=np.float64))
+        sd = sorted_values(np.asarray(m.scheduling_delay_us, dtype=np.int64).astype(np.float64))
+        iv, ic = sorted_weighted(np.asarray(m.itl_values_us, dtype=np.int64),
+                                 np.asarray(m.itl_counts, dtype=np.int64))
         stats["ttft_mean_ms"] = mean_ms(ttft)
         stats["ttft_p90_ms"] = percentile_ms(ttft, 90)
         stats["ttft_p95_ms"] = percentile_ms(ttft, 95)
