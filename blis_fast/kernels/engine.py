@@ -46,7 +46,7 @@ SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY = 0, 1, 2, 3
 # per-instance counters (columns of ins.cnt)
 (K_COMPLETED, K_DROPPED, K_TIMED_OUT, K_LENGTH_CAPPED, K_IN_TOKENS, K_OUT_TOKENS,
  K_PREEMPTIONS, K_KV_FAIL, K_INFLIGHT, K_PEAK_KV, K_STEPS, K_CLOCK, K_LAST_STEP,
- K_STEP_PENDING, K_SIZE) = range(15)
+ K_STEP_PENDING, K_DONE_IN_STEP, K_SIZE) = range(16)
 
 # values of rs.registered: routed to an instance (and not dropped) = 1
 REG_NONE, REG_ROUTED, REG_REJECTED_ADMISSION, REG_REJECTED_ROUTING = 0, 1, 2, 3
@@ -368,8 +368,7 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
     budget = ic[IC_MAX_TOKENS]
     threshold = ic[IC_LONG_PREFILL]
     max_len = ic[IC_MAX_MODEL_LEN]
-    for q in range(ins.batch_len[i]):
-        rs.hot[ins.batch[i, q], H_NNT] = 0
+    # every running request's NumNewTokens is 0 here: the previous step's progress pass reset it
     preemption = False
     q = 0
     while q < ins.batch_len[i]:
@@ -496,6 +495,8 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
     d = max(np.int64(1), d)
     lg.dur[s] = d
     otp = ic[IC_OUTPUT_TOKEN_TIME]
+    max_len = ic[IC_MAX_MODEL_LEN]
+    n_done = 0
     for q in range(blen):
         r = ins.batch[i, q]
         if rs.hot[r, H_PI] < input_len[r]:
@@ -519,11 +520,18 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
                     rs.run_head[r] = run
                 rs.hot[r, H_RUNTAIL] = run
             rs.hot[r, H_LASTDEC] = s
-        if rs.hot[r, H_PI] == input_len[r] and rs.hot[r, H_TTFTSET] == 0:
+        pi = rs.hot[r, H_PI]
+        if pi == input_len[r] and rs.hot[r, H_TTFTSET] == 0:
             rs.hot[r, H_TTFTSET] = 1
             rs.first_token[r] = now + d + otp - arrival[r]
             rs.ttft[r] = rs.first_token[r]
             rs.has_ttft[r] = 1
+        # NumNewTokens is read again only by the next formation, which expects it reset
+        rs.hot[r, H_NNT] = 0
+        # count the requests processCompletions will finish, so steps without any skip it
+        if pi >= input_len[r] + max(output_len[r], 1) - 1 or (max_len > 0 and pi >= max_len - 1):
+            n_done += 1
+    ins.cnt[i, K_DONE_IN_STEP] = n_done
     used = kvc.used_blocks(kv, i)
     lg.kv_used[s] = used
     if used > ins.cnt[i, K_PEAK_KV]:
@@ -669,37 +677,40 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                       output_len, id_rank, buf_a, buf_b, cached_buf, scratch, gather)
             if d < 0:
                 continue
-            # ---- processCompletions (ENG-2.4, DELTA-8)
-            blen = ins.batch_len[i]
-            keep = 0
-            for q in range(blen):
-                r = ins.batch[i, q]
-                done = False
-                if rs.hot[r, H_PI] >= input_len[r] + max(output_len[r], 1) - 1:
-                    rs.state[r] = ST_COMPLETED
-                    if output_len[r] > 0 and rs.hot[r, H_PI] < input_len[r] + output_len[r]:
-                        if not kvc.append_decode_token_fast(kv, i, r) and not kvc.allocate(
-                                kv, i, r, rs.hot[r, H_PI], rs.hot[r, H_PI] + 1, False, input_len[r],
-                                cached_buf, 0, scratch):
-                            ins.cnt[i, K_KV_FAIL] += 1
-                    done = True
-                elif max_len > 0 and rs.hot[r, H_PI] >= max_len - 1:
-                    ins.cnt[i, K_LENGTH_CAPPED] += 1
-                    rs.capped[r] = 1
-                    rs.state[r] = ST_COMPLETED
-                    done = True
-                if done:
-                    kvc.release(kv, i, r)
-                    rs.fin_step[r] = ins.cnt[i, K_STEPS]
-                    size = heap_push(times, ties, kinds, payloads, size, t + d,
-                                     make_tie(True, i, P_LEFT, seq), EV_REQUEST_LEFT, r)
-                    seq += 1
-                    _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode)
-                    rtk.on_done(rt, r)
-                else:
-                    ins.batch[i, keep] = r
-                    keep += 1
-            ins.batch_len[i] = keep
+            # ---- processCompletions (ENG-2.4, DELTA-8); skipped when nothing finishes
+            if ins.cnt[i, K_DONE_IN_STEP] > 0:
+                blen = ins.batch_len[i]
+                keep = 0
+                for q in range(blen):
+                    r = ins.batch[i, q]
+                    done = False
+                    if rs.hot[r, H_PI] >= input_len[r] + max(output_len[r], 1) - 1:
+                        rs.state[r] = ST_COMPLETED
+                        if output_len[r] > 0 and rs.hot[r, H_PI] < input_len[r] + output_len[r]:
+                            if not kvc.append_decode_token_fast(kv, i, r) and not kvc.allocate(
+                                    kv, i, r, rs.hot[r, H_PI], rs.hot[r, H_PI] + 1, False, input_len[r],
+                                    cached_buf, 0, scratch):
+                                ins.cnt[i, K_KV_FAIL] += 1
+                        done = True
+                    elif max_len > 0 and rs.hot[r, H_PI] >= max_len - 1:
+                        ins.cnt[i, K_LENGTH_CAPPED] += 1
+                        rs.capped[r] = 1
+                        rs.state[r] = ST_COMPLETED
+                        done = True
+                    if done:
+                        kvc.release(kv, i, r)
+                        rs.fin_step[r] = ins.cnt[i, K_STEPS]
+                        size = heap_push(times, ties, kinds, payloads, size, t + d,
+                                         make_tie(True, i, P_LEFT, seq), EV_REQUEST_LEFT, r)
+                        seq += 1
+                        _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode)
+                        rtk.on_done(rt, r)
+                    else:
+                        ins.batch[i, keep] = r
+                        keep += 1
+                ins.batch_len[i] = keep
+
+            keep = ins.batch_len[i]
             # ---- scheduleNextStep
             if keep > 0 or ins.wq[i, 2] > 0:
                 size = heap_push(times, ties, kinds, payloads, size, t + d,

@@ -2,8 +2,8 @@
 
 All instances' caches live in 2-D arrays indexed ``[instance, block]``. A block's token
 contents are never stored: a request's block list always covers consecutive block-aligned
-chunks of its token sequence (input ++ output), starting at chunk ``req_first_chunk``, so the
-``j``-th block of a request holds chunk ``req_first_chunk + j`` and its hash is
+chunks of its token sequence (input ++ output), starting at chunk ``R_FIRST``, so the
+``j``-th block of a request holds chunk ``R_FIRST + j`` and its hash is
 ``chain_hash(prev block's hash, chunk digest)`` exactly where the reference hashes the tokens.
 """
 
@@ -28,10 +28,11 @@ KVState = namedtuple(
         "meta",
         # prefix hash table per instance (open addressing, linear probing; key 0 = empty)
         "ht",  # uint64 [n_instances, table_size, 2]: key, value side by side (one cache line)
-        # per request block lists
-        "req_off",  # int64 offset of the request's slice in pool
-        "req_cnt",  # int32 blocks currently held (0 = no RequestMap entry)
-        "req_first_chunk",  # int64 chunk index of the request's first block
+        # per request, int64 [n_requests, 4]: R_OFF offset of its block list in ``pool``,
+        # R_CNT blocks held (0 = no RequestMap entry), R_FIRST chunk index of its first block,
+        # R_LAST tokens in its last block. R_LAST is authoritative: the decode fast path bumps
+        # only it, and the last block's B_TOK is brought up to date before any other use.
+        "req",
         "pool",  # int32 block ids
         # request digests (from the RequestTable)
         "chunk_off",
@@ -54,6 +55,7 @@ KVState = namedtuple(
 M_HEAD, M_TAIL, M_FREE, M_HITS, M_MISSES = 0, 1, 2, 3, 4
 C_HEAD, C_TAIL, C_USED, C_FREETOP, C_EVICT, C_MIRROR, C_HIT, C_MISS, C_PENDING = range(9)
 B_REF, B_TOK, B_PRV, B_NXT, B_FREE, B_HLO, B_HHI = range(7)
+R_OFF, R_CNT, R_FIRST, R_LAST = range(4)
 CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS, CFG_HASH_DECODE = range(6)
 
 
@@ -84,9 +86,9 @@ def new_kv_state(
     while table_size < 2 * table_entries:
         table_size *= 2
     per_req = (input_len + output_len + block_size - 1) // block_size + 1
-    req_off = np.zeros(n_req, dtype=np.int64)
+    req = np.zeros((n_req, 4), dtype=np.int64)
     if n_req:
-        req_off[1:] = np.cumsum(per_req)[:-1]
+        req[1:, R_OFF] = np.cumsum(per_req)[:-1]
     pool = np.zeros(int(per_req.sum()) + 1, dtype=np.int32)
     blk = np.zeros((n_instances, total_blocks, 8), dtype=np.int32)
     ids = np.arange(total_blocks, dtype=np.int32)
@@ -116,9 +118,7 @@ def new_kv_state(
         blk=blk,
         meta=meta,
         ht=np.zeros((n_instances, table_size, 2), dtype=np.uint64),
-        req_off=req_off,
-        req_cnt=np.zeros(n_req, dtype=np.int32),
-        req_first_chunk=np.zeros(n_req, dtype=np.int64),
+        req=req,
         pool=pool,
         chunk_off=chunk_offsets,
         chunk_dig=chunk_digests,
@@ -295,29 +295,31 @@ def cached_blocks(kv, i, r, input_len, out):
 
 @njit(cache=True, _nrt=False)
 def _commit(kv, i, r, blocks, lo, hi):
-    off = kv.req_off[r]
-    if kv.req_cnt[r] == 0:
-        kv.req_first_chunk[r] = 0
+    off = kv.req[r, R_OFF]
+    if kv.req[r, R_CNT] == 0:
+        kv.req[r, R_FIRST] = 0
     for k in range(lo, hi):
         b = blocks[k]
         kv.blk[i, b, B_REF] += 1
         if kv.blk[i, b, B_FREE] == 1:
             _free_remove(kv, i, b)
         kv.meta[i, M_HITS] += 1
-        kv.pool[off + kv.req_cnt[r]] = b
-        kv.req_cnt[r] += 1
+        kv.pool[off + kv.req[r, R_CNT]] = b
+        kv.req[r, R_CNT] += 1
+        kv.req[r, R_LAST] = kv.blk[i, b, B_TOK]
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
     """GPU-tier AllocateKVBlocks with the check-then-act pre-check (DELTA-13)."""
     bs = kv.cfg[CFG_BS]
-    off = kv.req_off[r]
+    off = kv.req[r, R_OFF]
     ntok = end - start
     free = kv.meta[i, M_FREE]
+    _sync_last(kv, i, r)
     if in_prefill:
         eff = ntok
-        cnt = kv.req_cnt[r]
+        cnt = kv.req[r, R_CNT]
         if cnt > 0:
             last = kv.pool[off + cnt - 1]
             spare = bs - kv.blk[i, last, B_TOK]
@@ -333,7 +335,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
         if need + from_free > free:
             return False
     else:
-        cnt = kv.req_cnt[r]
+        cnt = kv.req[r, R_CNT]
         if cnt > 0:
             last = kv.pool[off + cnt - 1]
             if kv.blk[i, last, B_TOK] == bs and free == 0:
@@ -343,34 +345,35 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
 
     remaining = ntok
     while remaining > 0:
-        cnt = kv.req_cnt[r]
+        cnt = kv.req[r, R_CNT]
         latest = np.int64(-1)
         if cnt > 0:
             latest = kv.pool[off + cnt - 1]
         else:
             if n_cached > 0:
                 _commit(kv, i, r, cached, 0, n_cached)
-                cnt = kv.req_cnt[r]
+                cnt = kv.req[r, R_CNT]
                 latest = kv.pool[off + cnt - 1]
             else:
-                kv.req_first_chunk[r] = start // bs
+                kv.req[r, R_FIRST] = start // bs
         if latest >= 0 and kv.blk[i, latest, B_TOK] > 0 and kv.blk[i, latest, B_TOK] < bs:
             take = min(bs - kv.blk[i, latest, B_TOK], remaining)
             kv.blk[i, latest, B_TOK] += take
+            kv.req[r, R_LAST] = kv.blk[i, latest, B_TOK]
             remaining -= take
             if kv.blk[i, latest, B_TOK] == bs and (in_prefill or kv.cfg[CFG_HASH_DECODE] == 1):
                 prev = np.uint64(0)
                 if cnt >= 2:
                     prev = _get_hash(kv, i, kv.pool[off + cnt - 2])
-                chunk = kv.req_first_chunk[r] + cnt - 1
+                chunk = kv.req[r, R_FIRST] + cnt - 1
                 h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
                 _set_hash(kv, i, latest, h)
                 _table_put(kv.ht, i, h, latest)
         else:
             n_new = (remaining + bs - 1) // bs
             prev = np.uint64(0)
-            if kv.req_cnt[r] > 0:
-                prev = _get_hash(kv, i, kv.pool[off + kv.req_cnt[r] - 1])
+            if kv.req[r, R_CNT] > 0:
+                prev = _get_hash(kv, i, kv.pool[off + kv.req[r, R_CNT] - 1])
             for _ in range(n_new):
                 b = _pop_free(kv, i)
                 take = min(bs, remaining)
@@ -378,13 +381,14 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 kv.blk[i, b, B_REF] = 1
                 kv.meta[i, M_MISSES] += 1
                 if take == bs and in_prefill:
-                    chunk = kv.req_first_chunk[r] + kv.req_cnt[r]
+                    chunk = kv.req[r, R_FIRST] + kv.req[r, R_CNT]
                     h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
                     _set_hash(kv, i, b, h)
                     _table_put(kv.ht, i, h, b)
                     prev = h
-                kv.pool[off + kv.req_cnt[r]] = b
-                kv.req_cnt[r] += 1
+                kv.pool[off + kv.req[r, R_CNT]] = b
+                kv.req[r, R_CNT] += 1
+                kv.req[r, R_LAST] = take
                 remaining -= take
     return True
 
@@ -397,29 +401,36 @@ def append_decode_token_fast(kv, i, r):
     Returns False when the general :func:`allocate` is needed (new block or block hashing).
     Inlined so the hot decode path does not copy the cache state into a call.
     """
-    cnt = kv.req_cnt[r]
-    if cnt == 0:
+    if kv.req[r, R_CNT] == 0:
         return False
-    last = kv.pool[kv.req_off[r] + cnt - 1]
-    tok = kv.blk[i, last, B_TOK]
+    tok = kv.req[r, R_LAST]
     bs = kv.cfg[CFG_BS]
     if tok >= bs or (tok == bs - 1 and kv.cfg[CFG_HASH_DECODE] == 1):
         return False
-    kv.blk[i, last, B_TOK] = tok + 1
+    kv.req[r, R_LAST] = tok + 1
     return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _sync_last(kv, i, r):
+    """Bring the last block's B_TOK up to the request's authoritative R_LAST count."""
+    cnt = kv.req[r, R_CNT]
+    if cnt > 0:
+        kv.blk[i, kv.pool[kv.req[r, R_OFF] + cnt - 1], B_TOK] = kv.req[r, R_LAST]
 
 
 @njit(cache=True, _nrt=False)
 def release(kv, i, r):
     """Release every block of request ``r``, last to first, onto the free-list tail (ENG-5.5)."""
-    cnt = kv.req_cnt[r]
-    off = kv.req_off[r]
+    cnt = kv.req[r, R_CNT]
+    off = kv.req[r, R_OFF]
     for k in range(cnt - 1, -1, -1):
         b = kv.pool[off + k]
         kv.blk[i, b, B_REF] -= 1
         if kv.blk[i, b, B_REF] == 0:
             _free_append(kv, i, b)
-    kv.req_cnt[r] = 0
+    kv.req[r, R_CNT] = 0
+    kv.req[r, R_LAST] = 0
 
 
 # ---------------------------------------------------------------- CPU tier
@@ -483,8 +494,9 @@ def mirror_to_cpu(kv, i, batch_reqs, n):
     bs = kv.cfg[CFG_BS]
     for q in range(n):
         r = batch_reqs[q]
-        off = kv.req_off[r]
-        for k in range(kv.req_cnt[r]):
+        off = kv.req[r, R_OFF]
+        _sync_last(kv, i, r)
+        for k in range(kv.req[r, R_CNT]):
             b = kv.pool[off + k]
             h = _get_hash(kv, i, b)
             if h == 0 or kv.blk[i, b, B_TOK] < bs:
@@ -547,7 +559,7 @@ def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scra
         n_new = cached_blocks(kv, i, r, input_len, scratch)
         new_start = n_new * bs
         if new_start > start:
-            has_entry = kv.req_cnt[r] > 0
+            has_entry = kv.req[r, R_CNT] > 0
             if new_start >= end:
                 end_block = min((end + bs - 1) // bs, n_new)
                 if has_entry:
