@@ -4,16 +4,55 @@ from __future__ import annotations
 
 from typing import Any
 
+from blis_fast.engine.simulate import Hooks
+from blis_fast.errors import BlisConfigError
 from blis_fast.options import build_options
 from blis_fast.runner import RunResult, execute_run
 
 
-def run(**options: Any) -> RunResult:
+def _as_cfunc(fn: Any, sig: Any, what: str) -> Any:
+    """Accept a cfunc of ``sig``, an ``@numba.njit`` function or a plain Python function."""
+    if fn is None:
+        return None
+    import numba
+    from numba.core.ccallback import CFunc
+
+    if isinstance(fn, CFunc):
+        if fn._sig != sig:
+            raise BlisConfigError(f"{what}: cfunc signature {fn._sig} differs from {sig}")
+        return fn
+    py_func = getattr(fn, "py_func", fn)
+    if not callable(py_func):
+        raise BlisConfigError(f"{what}: expected a function, got {type(fn).__name__}")
+    try:
+        return numba.cfunc(sig)(py_func)
+    except Exception as exc:  # noqa: BLE001 - report the user's compile error in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BlisConfigError(f"{what}: cannot compile it with signature {sig}: {first}") from None
+
+
+def run(*, custom_scorer: Any = None, custom_admission: Any = None,
+        custom_scheduler_key: Any = None, **options: Any) -> RunResult:
     """Run one simulation, exactly as ``blis run`` with the same options would.
 
     Keyword names are the CLI flags with ``_`` for ``-`` (``num_requests=1000``,
     ``latency_model="blackbox"``); values are Python numbers, strings or sequences. Options not
     given take the CLI defaults. Files are written only when asked for (``metrics_path``,
     ``trace_output``, ``output_dir``). Raises ``BlisConfigError``/``BlisInputError`` on bad input.
+
+    User policies (see ``blis_fast.kernels.hooks`` for what they observe and return):
+    ``custom_scorer`` joins weighted routing as the scorer named ``custom``
+    (``routing_policy="weighted", routing_scorers="custom:1,queue-depth:1"``);
+    ``custom_admission`` is used with ``admission_policy="custom"``; ``custom_scheduler_key``
+    with ``scheduler="custom"``. Each may be an ``@numba.njit`` function, a plain function
+    Numba can compile, or a ``numba.cfunc`` of the documented signature.
     """
-    return execute_run(build_options(options))
+    from blis_fast.kernels import hooks as H
+
+    hooks = Hooks(
+        scorer=_as_cfunc(custom_scorer, H.SCORER_SIG, "custom_scorer"),
+        admission=_as_cfunc(custom_admission, H.ADMISSION_SIG, "custom_admission"),
+        scheduler_key=_as_cfunc(custom_scheduler_key, H.SCHEDULER_KEY_SIG,
+                                "custom_scheduler_key"),
+    )
+    return execute_run(build_options(options), hooks=hooks)

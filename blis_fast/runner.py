@@ -30,6 +30,7 @@ from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.simulate import (
     INT64_MAX,
     EngineConfig,
+    Hooks,
     SimulationResult,
     run_engine,
 )
@@ -215,7 +216,7 @@ class Policies:
     tenant_budgets: dict | None = None
 
 
-def _resolve_policies(opts: RunOptions) -> Policies:
+def _resolve_policies(opts: RunOptions, hooks: Hooks) -> Policies:
     """Bundle load/merge, then the policy and cluster flag checks (CLU-5, CLU-9.6, DELTA-26)."""
     pol = Policies(admission=opts.admission_policy, routing=opts.routing_policy,
                    priority=opts.priority_policy, scheduler=opts.scheduler, scorers=(),
@@ -254,10 +255,16 @@ def _resolve_policies(opts: RunOptions) -> Policies:
                             ("token-bucket-refill-rate", pol.token_bucket_refill_rate)):
             if not (value > 0) or math.isinf(value):
                 _fail(f"--{flag} must be a finite value > 0, got {value}")
-    for flag, name, valid in (("admission-policy", pol.admission, VALID_ADMISSION),
-                              ("routing-policy", pol.routing, VALID_ROUTING),
-                              ("priority-policy", pol.priority, VALID_PRIORITY),
-                              ("scheduler", pol.scheduler, VALID_SCHEDULER)):
+    for flag, name, valid, hook in (
+            ("admission-policy", pol.admission, VALID_ADMISSION, hooks.admission),
+            ("routing-policy", pol.routing, VALID_ROUTING, None),
+            ("priority-policy", pol.priority, VALID_PRIORITY, None),
+            ("scheduler", pol.scheduler, VALID_SCHEDULER, hooks.scheduler_key)):
+        if name == "custom":
+            if hook is None:
+                _fail(f"--{flag} custom needs a user function: pass it through the Python API "
+                      "(blis_fast.run(..., custom_admission=... / custom_scheduler_key=...))")
+            continue
         if name and name not in valid:
             _fail(f"--{flag}: unknown value {name!r}. Valid: "
                   + ", ".join(v for v in valid if v))
@@ -285,7 +292,7 @@ def _resolve_policies(opts: RunOptions) -> Policies:
         if value < 0:
             _fail(f"--{flag} must be >= 0, got {value}")
     if pol.routing == "weighted":
-        cli_scorers = parse_scorer_list(opts.routing_scorers)
+        cli_scorers = parse_scorer_list(opts.routing_scorers, allow_custom=hooks.scorer is not None)
         pol.scorers = tuple(cli_scorers or bundle_scorers)
     elif opts.routing_scorers:
         log.warning("--routing-scorers has no effect unless --routing-policy is weighted")
@@ -297,7 +304,7 @@ def _resolve_policies(opts: RunOptions) -> Policies:
     return pol
 
 
-def prepare(opts: RunOptions) -> Prepared:
+def prepare(opts: RunOptions, hooks: Hooks | None = None) -> Prepared:
     """Validate every option and build the run (no output is written here)."""
     _setup_logging(opts.log)
     if not opts.model:
@@ -325,7 +332,7 @@ def prepare(opts: RunOptions) -> Prepared:
               f"got {opts.long_prefill_token_threshold}")
     if opts.given("horizon") and horizon <= 0:
         _fail(f"--horizon must be > 0, got {horizon}")
-    pol = _resolve_policies(opts)
+    pol = _resolve_policies(opts, hooks or Hooks())
     bs = opts.block_size_in_tokens
     max_len = latency.max_model_len
     if max_len > 0 and -(-max_len // bs) > total_blocks:
@@ -367,6 +374,7 @@ def prepare(opts: RunOptions) -> Prepared:
         tenant_budgets=dict(pol.tenant_budgets or {}),
         trace_decisions=opts.trace_level == "decisions",
         counterfactual_k=opts.counterfactual_k,
+        hooks=hooks,
         latency_code=latency.code,
         latency_params=latency.params,
         alpha=alpha,
@@ -460,9 +468,9 @@ def trace_outcome(res: SimulationResult) -> TraceOutcome:
                         itl_sum_us=res.itl_sum_us.astype(np.int64))
 
 
-def execute_run(opts: RunOptions) -> RunResult:
+def execute_run(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
     """Validate, simulate and produce every requested output of one ``blis run``."""
-    prepared = prepare(opts)
+    prepared = prepare(opts, hooks)
     started = time.perf_counter()
     res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model)
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)

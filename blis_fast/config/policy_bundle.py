@@ -26,14 +26,13 @@ from blis_fast.config.strict_yaml import (
     parse_root,
 )
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.policies import SCORERS
 
 VALID_ADMISSION = ("always-admit", "gaie-legacy", "reject-all", "tier-shed", "token-bucket")
 VALID_ROUTING = ("always-busiest", "least-loaded", "round-robin", "weighted")
 VALID_PRIORITY = ("constant", "inverted-slo", "slo-based")
 VALID_SCHEDULER = ("fcfs", "priority-fcfs", "reverse-priority", "sjf")
-VALID_SCORERS = ("active-requests", "kv-utilization", "load-aware", "load-balance",
-                 "no-hit-lru", "precise-prefix-cache", "prefix-affinity", "queue-depth",
-                 "running-requests", "vllm-dp")
+VALID_SCORERS = tuple(sorted(SCORERS))
 
 
 @dataclass
@@ -186,8 +185,11 @@ def validate_bundle(b: PolicyBundle, path: str) -> None:
                 f"got {weight}")
 
 
-def parse_scorer_list(text: str) -> list[tuple[str, float]]:
-    """``--routing-scorers name:weight,...`` (CLU-3.18): errors name the flag and item."""
+def parse_scorer_list(text: str, allow_custom: bool = False) -> list[tuple[str, float]]:
+    """``--routing-scorers name:weight,...`` (CLU-3.18): errors name the flag and item.
+
+    ``custom`` (a user scorer given through the Python API) is accepted when ``allow_custom``.
+    """
     from blis_fast.options import parse_go_float
 
     if text == "":
@@ -201,7 +203,10 @@ def parse_scorer_list(text: str) -> list[tuple[str, float]]:
                                   "(expected name:weight)")
         name, _, raw = item.partition(":")
         name = name.strip()
-        if name not in VALID_SCORERS:
+        if name == "custom" and not allow_custom:
+            raise BlisConfigError("Invalid --routing-scorers: the custom scorer needs a user "
+                                  "function (blis_fast.run(..., custom_scorer=...))")
+        if name not in VALID_SCORERS and name != "custom":
             raise BlisConfigError(f"Invalid --routing-scorers: unknown scorer {name!r}; valid: "
                                   + ", ".join(VALID_SCORERS))
         if name in seen:

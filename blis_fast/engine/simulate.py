@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba.core.errors import NumbaExperimentalFeatureWarning
 
 from blis_fast.errors import BlisRuntimeError
 from blis_fast.kernels import engine as K
@@ -19,12 +21,14 @@ from blis_fast.kernels.kvcache import (
     M_MISSES,
     new_kv_state,
 )
+from blis_fast.policies import SCORERS_READING_CACHE, scorer_code, scorer_table
 
 INT64_MAX = (1 << 63) - 1
 
 ADMISSION_CODES = {"": R.ADM_ALWAYS, "always-admit": R.ADM_ALWAYS,
                    "reject-all": R.ADM_REJECT_ALL, "token-bucket": R.ADM_TOKEN_BUCKET,
-                   "tier-shed": R.ADM_TIER_SHED, "gaie-legacy": R.ADM_GAIE_LEGACY}
+                   "tier-shed": R.ADM_TIER_SHED, "gaie-legacy": R.ADM_GAIE_LEGACY,
+                   "custom": R.ADM_CUSTOM}
 ROUTING_CODES = {"": R.ROUTE_ROUND_ROBIN, "round-robin": R.ROUTE_ROUND_ROBIN,
                  "least-loaded": R.ROUTE_LEAST_LOADED, "weighted": R.ROUTE_WEIGHTED,
                  "always-busiest": R.ROUTE_ALWAYS_BUSIEST}
@@ -36,7 +40,7 @@ PRIORITY_CODES = {"": K.PRIO_CONSTANT, "constant": K.PRIO_CONSTANT,
                   "slo-based": K.PRIO_SLO_BASED, "inverted-slo": K.PRIO_INVERTED_SLO}
 SCHEDULER_CODES = {"": K.SCHED_FCFS, "fcfs": K.SCHED_FCFS,
                    "priority-fcfs": K.SCHED_PRIORITY_FCFS, "sjf": K.SCHED_SJF,
-                   "reverse-priority": K.SCHED_REVERSE_PRIORITY}
+                   "reverse-priority": K.SCHED_REVERSE_PRIORITY, "custom": K.SCHED_CUSTOM}
 
 
 @dataclass
@@ -80,6 +84,16 @@ class EngineConfig:
     tenant_budgets: dict[str, float] = field(default_factory=dict)
     trace_decisions: bool = False
     counterfactual_k: int = 0
+    hooks: Hooks | None = None  # user policies (custom scorer / admission / scheduler key)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """User policy hooks, each a Numba cfunc of the signature in blis_fast.kernels.hooks."""
+
+    scorer: object | None = None
+    admission: object | None = None
+    scheduler_key: object | None = None
 
 
 @dataclass
@@ -152,6 +166,15 @@ def id_rank_of(n: int, prefix: str = "request_") -> np.ndarray:
     return rank
 
 
+def _hook_args(hooks: Hooks | None) -> tuple:
+    """The kernel's scorer table and admission/scheduler hooks (user cfuncs or placeholders)."""
+    from blis_fast.kernels import hooks as H
+
+    hooks = hooks or Hooks()
+    return (scorer_table(hooks.scorer or H.no_scorer), hooks.admission or H.admit_all,
+            hooks.scheduler_key or H.zero_key)
+
+
 def instance_rank_of(n: int) -> np.ndarray:
     """Rank of ``instance_<i>`` ids in byte-wise string order (``instance_10`` < ``instance_2``)."""
     return id_rank_of(n, prefix="instance_")
@@ -221,7 +244,8 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
         n_inst, n,
         routing=ROUTING_CODES[cfg.routing_policy],
         admission=ADMISSION_CODES[cfg.admission_policy],
-        scorer_codes=np.array([R.SCORER_CODES[name] for name, _ in scorers], np.int64),
+        scorer_codes=np.array([scorer_code(name) for name, _ in scorers], np.int64),
+        uses_cache_query=any(name in SCORERS_READING_CACHE for name, _ in scorers),
         scorer_weights=np.array([weight / total_weight for _, weight in scorers], np.float64),
         rng_state=new_source(subsystem_seed(cfg.seed, "router")),
         block_size=cfg.block_size,
@@ -237,12 +261,16 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
         max_chunks=int(np.max(np.diff(table.chunk_offsets))) if n else 1,
         table_size=kv.ht.shape[1],
     )
-    status, lg = K.simulate(
-        ic, np.ascontiguousarray(cfg.latency_params, dtype=np.float64),
-        np.ascontiguousarray(cfg.alpha, dtype=np.float64),
-        np.ascontiguousarray(table.arrival_us, dtype=np.int64), input_len, output_len,
-        np.ascontiguousarray(table.deadline_us, dtype=np.int64), id_rank_of(n), rs, ins, kv, lg,
-        rt, instance_rank_of(n_inst))
+    id_rank = id_rank_of(n) if cfg.scheduler not in ("", "fcfs") else np.zeros(n, np.int64)
+    with warnings.catch_warnings():
+        # the scorer table and the hooks are first-class functions, labelled experimental
+        warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
+        status, lg = K.simulate(
+            ic, np.ascontiguousarray(cfg.latency_params, dtype=np.float64),
+            np.ascontiguousarray(cfg.alpha, dtype=np.float64),
+            np.ascontiguousarray(table.arrival_us, dtype=np.int64), input_len, output_len,
+            np.ascontiguousarray(table.deadline_us, dtype=np.int64), id_rank, rs, ins, kv, lg,
+            rt, instance_rank_of(n_inst), *_hook_args(cfg.hooks))
     if status != K.STATUS_OK:
         raise BlisRuntimeError(f"simulation kernel failed with status {status}")
 

@@ -19,6 +19,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from blis_fast.kernels import hooks as hk
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels import routing as rtk
 from blis_fast.kernels.heap import heap_pop, heap_push, make_tie, tie_instance, tie_is_instance
@@ -36,7 +37,7 @@ P_C_ARRIVAL, P_C_ADMISSION, P_C_ROUTING = 2, 3, 4
 
 # policy codes (admission and routing codes live in blis_fast.kernels.routing)
 PRIO_CONSTANT, PRIO_SLO_BASED, PRIO_INVERTED_SLO = 0, 1, 2
-SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY = 0, 1, 2, 3
+SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY, SCHED_CUSTOM = range(5)
 
 # integer config slots
 (IC_N_INST, IC_HORIZON, IC_MAX_RUNNING, IC_MAX_TOKENS, IC_LONG_PREFILL, IC_MAX_MODEL_LEN,
@@ -61,6 +62,7 @@ ReqState = namedtuple("ReqState", [
     "state", "inst", "first_token", "ttft", "has_ttft", "sched_delay", "has_sched",
     "sched_step", "fin_step", "capped", "priority", "max_out", "e2e", "registered",
     "wq_prev", "wq_next", "run_head",
+    "sort_key",  # float64: the custom scheduler's key, computed each step
 ])
 # columns of ReqState.hot: progress index, tokens granted this step, computed tokens (KV
 # present), ITL sum and count of the current attempt, last ITL run, last decode step, TTFT set
@@ -97,7 +99,7 @@ def new_req_state(n: int, max_output_len: np.ndarray) -> ReqState:
         priority=np.zeros(n, np.float64), max_out=max_output_len.astype(np.int64).copy(),
         e2e=np.zeros(n, np.int64), registered=np.zeros(n, np.int8),
         wq_prev=np.full(n, -1, np.int32), wq_next=np.full(n, -1, np.int32),
-        run_head=np.full(n, -1, np.int64),
+        run_head=np.full(n, -1, np.int64), sort_key=np.zeros(n, np.float64),
     )
 
 
@@ -218,6 +220,9 @@ def _sched_less(code, rs, arrival, input_len, id_rank, a, b):
     if code == SCHED_SJF:
         if input_len[a] != input_len[b]:
             return input_len[a] < input_len[b]
+    elif code == SCHED_CUSTOM:
+        if rs.sort_key[a] != rs.sort_key[b]:
+            return rs.sort_key[a] < rs.sort_key[b]
     elif code == SCHED_PRIORITY_FCFS:
         if rs.priority[a] != rs.priority[b]:
             return rs.priority[a] > rs.priority[b]
@@ -437,7 +442,7 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
 
 @njit(cache=True, _nrt=False)
 def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, output_len,
-          id_rank, buf_a, buf_b, cached_buf, scratch, gather):
+          id_rank, buf_a, buf_b, cached_buf, scratch, gather, key_fn, key_vec, slo_priority):
     """One engine iteration at ``now`` (ENG-2 with DELTA-2/3/4/5/6). Returns the duration, or
     -1 when the step was a no-op (idle instance)."""
     if ins.batch_len[i] == 0 and ins.wq[i, 2] == 0:
@@ -457,6 +462,17 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
             r = rs.wq_next[r]
     # constant policy: every priority stays 0.0, nothing to recompute
     scode = ic[IC_SCHEDULER]
+    if scode == SCHED_CUSTOM:
+        r = ins.wq[i, 0]
+        while r >= 0:
+            key_vec[hk.KEY_INPUT_LEN] = input_len[r]
+            key_vec[hk.KEY_ARRIVAL] = arrival[r]
+            key_vec[hk.KEY_WAIT] = now - arrival[r]
+            key_vec[hk.KEY_PRIORITY] = rs.priority[r]
+            key_vec[hk.KEY_SLO_PRIORITY] = slo_priority[r]
+            key_vec[hk.KEY_MAX_OUTPUT] = rs.max_out[r]
+            rs.sort_key[r] = key_fn(key_vec)
+            r = rs.wq_next[r]
     if scode != SCHED_FCFS:
         _reorder_queue(scode, ins, rs, i, arrival, input_len, id_rank, buf_a, buf_b)
     n_adm = _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scratch,
@@ -548,7 +564,7 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
 @njit(cache=True, _nrt=False)
 def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
                 rs, ins, kv, lg, rt, inst_rank, times, ties, kinds, payloads, hs, buf_a, buf_b,
-                cached_buf, scratch, gather):
+                cached_buf, scratch, gather, scorer_table, admit_fn, key_fn, key_vec):
     """Process events until the heap drains, the horizon is passed, or a buffer must grow.
 
     Compiled without reference counting (the hot path touches only preallocated arrays);
@@ -598,7 +614,8 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                 else:
                     rtk.take_snapshots(rt, ins.wq, ins.batch_len, kv.meta, kv.cpu_meta, ins.cnt,
                                        K_PREEMPTIONS, K_INFLIGHT, total_blocks, t)
-                ok, _reason = rtk.admit(rt, r, input_len[r], n_cand, t)
+                ok, _reason = rtk.admit(rt, r, input_len[r], n_cand, t, arrival[r], admit_fn,
+                                        kv.ht)
                 if not ok:
                     ins.rejected[0] += 1
                     rs.registered[r] = REG_REJECTED_ADMISSION
@@ -616,7 +633,7 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                 rtk.take_snapshots(rt, ins.wq, ins.batch_len, kv.meta, kv.cpu_meta, ins.cnt,
                                    K_PREEMPTIONS, K_INFLIGHT, total_blocks, t)
                 target = rtk.route(rt, kv.ht, kv.chunk_off, kv.chunk_dig, r, input_len[r], t,
-                                   inst_rank)
+                                   inst_rank, arrival[r], scorer_table)
                 ins.cnt[target, K_INFLIGHT] += 1
                 rtk.on_routed(rt, r)
                 rs.inst[r] = target
@@ -674,7 +691,8 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                 ins.cnt[i, K_STEP_PENDING] = 1
         elif kind == EV_STEP:
             d = _step(ic, lat_params, alpha, ins, rs, kv, lg, i, t, arrival, input_len,
-                      output_len, id_rank, buf_a, buf_b, cached_buf, scratch, gather)
+                      output_len, id_rank, buf_a, buf_b, cached_buf, scratch, gather, key_fn,
+                      key_vec, rt.req_priority)
             if d < 0:
                 continue
             # ---- processCompletions (ENG-2.4, DELTA-8); skipped when nothing finishes
@@ -767,7 +785,7 @@ def _grow_heap(times, ties, kinds, payloads, size):
 
 @njit(cache=True)
 def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
-             rs, ins, kv, lg, rt, inst_rank):
+             rs, ins, kv, lg, rt, inst_rank, scorer_table, admit_fn, key_fn):
     """Run the whole simulation. Returns (status, step log) — all other results are written
     into ``rs``, ``ins`` and ``kv`` in place."""
     n_req = arrival.shape[0]
@@ -795,6 +813,7 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
         size = heap_push(times, ties, kinds, payloads, size, arrival[r],
                          make_tie(False, 0, P_C_ARRIVAL, seq), EV_CLUSTER_ARRIVAL, r)
         seq += 1
+    key_vec = np.zeros(hk.KEY_COLS, np.float64)
     hs = np.zeros(2, np.int64)
     hs[HS_SIZE] = size
     hs[HS_SEQ] = seq
@@ -802,7 +821,8 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
         lg.sizes[2] += 1
         status = _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                              id_rank, rs, ins, kv, lg, rt, inst_rank, times, ties, kinds,
-                             payloads, hs, buf_a, buf_b, cached_buf, scratch, gather)
+                             payloads, hs, buf_a, buf_b, cached_buf, scratch, gather,
+                             scorer_table, admit_fn, key_fn, key_vec)
         if status == STATUS_GROW_HEAP:
             times, ties, kinds, payloads = _grow_heap(times, ties, kinds, payloads, hs[HS_SIZE])
         elif status == STATUS_GROW_LOG:

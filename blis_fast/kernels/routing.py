@@ -17,28 +17,24 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from blis_fast.kernels import hooks as hk
 from blis_fast.kernels.gorand import intn
 from blis_fast.kernels.hashing import chain_hash
 from blis_fast.kernels.kvcache import C_MISS, M_FREE, M_HITS, M_MISSES
 
 # policy codes
-ADM_ALWAYS, ADM_REJECT_ALL, ADM_TOKEN_BUCKET, ADM_TIER_SHED, ADM_GAIE_LEGACY = 0, 1, 2, 3, 4
+ADM_ALWAYS, ADM_REJECT_ALL, ADM_TOKEN_BUCKET, ADM_TIER_SHED, ADM_GAIE_LEGACY, ADM_CUSTOM = range(6)
 ROUTE_ROUND_ROBIN, ROUTE_LEAST_LOADED, ROUTE_WEIGHTED, ROUTE_ALWAYS_BUSIEST = 0, 1, 2, 3
-(SC_PREFIX_AFFINITY, SC_PRECISE_PREFIX, SC_NO_HIT_LRU, SC_QUEUE_DEPTH, SC_KV_UTILIZATION,
- SC_LOAD_BALANCE, SC_ACTIVE_REQUESTS, SC_RUNNING_REQUESTS, SC_LOAD_AWARE, SC_VLLM_DP) = range(10)
-SCORER_CODES = {
-    "prefix-affinity": SC_PREFIX_AFFINITY, "precise-prefix-cache": SC_PRECISE_PREFIX,
-    "no-hit-lru": SC_NO_HIT_LRU, "queue-depth": SC_QUEUE_DEPTH,
-    "kv-utilization": SC_KV_UTILIZATION, "load-balance": SC_LOAD_BALANCE,
-    "active-requests": SC_ACTIVE_REQUESTS, "running-requests": SC_RUNNING_REQUESTS,
-    "load-aware": SC_LOAD_AWARE, "vllm-dp": SC_VLLM_DP,
-}
-LOAD_AWARE_QUEUE_THRESHOLD = 128  # sim/routing_scorers.go loadAwareQueueThreshold
+# Scorers that keep router state are built into the kernel (codes below); every other scorer,
+# built-in or user-supplied, is a cfunc in the scorer table: code SC_TABLE + its table index
+# (see blis_fast.policies.SCORERS and blis_fast.kernels.scorers).
+SC_PREFIX_AFFINITY, SC_PRECISE_PREFIX, SC_NO_HIT_LRU = 0, 1, 2
+SC_TABLE = 16
 PREFIX_LRU_CAPACITY = 10000  # sim/routing_prefix_scorer.go defaultLRUCapacity
 
 # admission reasons recorded in the decision trace
 (REASON_NONE, REASON_REJECT_ALL, REASON_NO_TOKENS, REASON_TIER_SHED, REASON_GAIE,
- REASON_TENANT_BUDGET) = range(6)
+ REASON_TENANT_BUDGET, REASON_CUSTOM) = range(7)
 
 # rcfg slots
 (RC_ROUTING, RC_ADMISSION, RC_REFRESH, RC_CACHE_DELAY, RC_N_SCORERS, RC_TRACE, RC_CF_K,
@@ -72,6 +68,8 @@ RouterState = namedtuple("RouterState", [
     "adm_req", "adm_clock", "adm_ok", "adm_reason",
     "rt_req", "rt_clock", "rt_target", "rt_regret", "rt_best", "rt_scores",
     "cf_inst", "cf_score", "cf_int", "cf_kv",
+    # what user hooks observe (blis_fast.kernels.hooks): per-instance rows and the request
+    "hook_snap", "hook_req",
 ])
 
 
@@ -99,6 +97,7 @@ def new_router_state(
     tenant_budget: np.ndarray | None = None,
     max_chunks: int = 1,
     table_size: int = 16,
+    uses_cache_query: bool = False,
 ) -> RouterState:
     """Allocate the router state (trace buffers only when tracing is on)."""
     n = n_instances
@@ -112,9 +111,9 @@ def new_router_state(
     rcfg[RC_CF_K] = counterfactual_k
     rcfg[RC_TIER_THRESHOLD], rcfg[RC_TIER_MIN_PRIORITY] = tier_shed
     rcfg[RC_HAS_TENANT_BUDGETS] = 1 if tenant_budget is not None and len(tenant_budget) else 0
-    uses_pa = routing == ROUTE_WEIGHTED and SC_PREFIX_AFFINITY in list(scorer_codes)
-    uses_cq = routing == ROUTE_WEIGHTED and (
-        SC_PRECISE_PREFIX in list(scorer_codes) or SC_NO_HIT_LRU in list(scorer_codes))
+    codes = [int(c) for c in scorer_codes]
+    uses_pa = routing == ROUTE_WEIGHTED and SC_PREFIX_AFFINITY in codes
+    uses_cq = routing == ROUTE_WEIGHTED and uses_cache_query
     rcfg[RC_USES_CACHE_QUERY] = 1 if uses_cq else 0
     rcfg[RC_BLOCK_SIZE] = block_size
     rfl = np.zeros(RF_SIZE, np.float64)
@@ -166,6 +165,8 @@ def new_router_state(
         rt_scores=np.zeros((rec if trace and routing == ROUTE_WEIGHTED else 1, n), np.float64),
         cf_inst=np.full((rec, k), -1, np.int64), cf_score=np.zeros((rec, k), np.float64),
         cf_int=np.zeros((rec, k, 4), np.int64), cf_kv=np.zeros((rec, k), np.float64),
+        hook_snap=np.zeros((n, hk.SNAP_COLS), np.float64),
+        hook_req=np.zeros(hk.REQ_COLS, np.float64),
     )
 
 
@@ -315,13 +316,34 @@ def _load(rt, i):
     return rt.snap_i[i, SN_QUEUE] + rt.snap_i[i, SN_BATCH] + rt.inflight_view[i]
 
 
+@njit(cache=True, _nrt=False)
+def _fill_hook_view(rt, kv_ht, r, input_len, n_hashes, n, clock, with_cache):
+    """Fill rt.hook_snap / rt.hook_req with what a user hook observes."""
+    for i in range(n):
+        rt.hook_snap[i, hk.SNAP_QUEUE] = rt.snap_i[i, SN_QUEUE]
+        rt.hook_snap[i, hk.SNAP_BATCH] = rt.snap_i[i, SN_BATCH]
+        rt.hook_snap[i, hk.SNAP_IN_FLIGHT] = rt.inflight_view[i]
+        rt.hook_snap[i, hk.SNAP_KV_UTIL] = rt.snap_f[i, 0]
+        rt.hook_snap[i, hk.SNAP_FREE_BLOCKS] = rt.snap_i[i, SN_FREE]
+        rt.hook_snap[i, hk.SNAP_CACHED_BLOCKS] = (
+            _cache_query(rt, kv_ht, i, n_hashes) if with_cache else 0.0)
+        rt.hook_snap[i, hk.SNAP_PREEMPTIONS] = rt.snap_i[i, SN_PREEMPT]
+    rt.hook_req[hk.REQ_INPUT_LEN] = input_len
+    rt.hook_req[hk.REQ_CLOCK] = clock
+    rt.hook_req[hk.REQ_ARRIVAL] = 0.0
+    rt.hook_req[hk.REQ_SLO_PRIORITY] = rt.req_priority[r]
+    rt.hook_req[hk.REQ_INPUT_BLOCKS] = n_hashes
+    rt.hook_req[hk.REQ_INDEX] = r
+
+
 # ---------------------------------------------------------------- admission
 
 
 @njit(cache=True, _nrt=False)
-def admit(rt, r, input_len, n, clock):
+def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv_ht):
     """Admission decision for request ``r`` over ``n`` candidate snapshots (CLU-2,
-    DELTA-38..40). Returns (admitted, reason)."""
+    DELTA-38..40); ``admit_fn`` is the user rule of the ``custom`` policy.
+    Returns (admitted, reason)."""
     code = rt.rcfg[RC_ADMISSION]
     ok = True
     reason = REASON_NONE
@@ -350,6 +372,12 @@ def admit(rt, r, input_len, n, clock):
             if rt.req_priority[r] < rt.rcfg[RC_TIER_MIN_PRIORITY]:
                 ok = False
                 reason = REASON_TIER_SHED
+    elif code == ADM_CUSTOM:
+        _fill_hook_view(rt, kv_ht, r, input_len, 0, n, clock, False)
+        rt.hook_req[hk.REQ_ARRIVAL] = arrival
+        if not admit_fn(rt.hook_snap[:n], rt.hook_req):
+            ok = False
+            reason = REASON_CUSTOM
     elif code == ADM_GAIE_LEGACY:
         if rt.req_sheddable[r] == 1:
             total = 0.0
@@ -463,46 +491,11 @@ def _cache_query(rt, kv_ht, i, n_hashes):
 
 
 @njit(cache=True, _nrt=False)
-def _score_dimension(rt, code, kv_ht, r, n, n_hashes):
-    """One scorer's raw values for every candidate into rt.dim (CLU-3.19..3.22, DELTA-30..36)."""
-    if code == SC_QUEUE_DEPTH:
-        for i in range(n):
-            rt.raw[i] = rt.snap_i[i, SN_QUEUE]
-        _minmax_score(rt, n, True)
-    elif code == SC_KV_UTILIZATION:
-        for i in range(n):
-            rt.dim[i] = 1.0 - rt.snap_f[i, 0]
-    elif code == SC_LOAD_BALANCE:
-        for i in range(n):
-            rt.dim[i] = 1.0 / (1.0 + np.float64(_load(rt, i)))
-    elif code == SC_ACTIVE_REQUESTS:
-        max_count = 0
-        for i in range(n):
-            if rt.inflight_view[i] > max_count:
-                max_count = rt.inflight_view[i]
-        for i in range(n):
-            f = rt.inflight_view[i]
-            if f == 0 or max_count == 0:
-                rt.dim[i] = 1.0
-            else:
-                rt.dim[i] = np.float64(max_count - f) / np.float64(max_count)
-    elif code == SC_RUNNING_REQUESTS:
-        for i in range(n):
-            rt.raw[i] = rt.snap_i[i, SN_BATCH]
-        _minmax_score(rt, n, True)
-    elif code == SC_LOAD_AWARE:
-        for i in range(n):
-            q = rt.snap_i[i, SN_QUEUE]
-            if q == 0:
-                rt.dim[i] = 0.5
-            else:
-                clamped = min(q, LOAD_AWARE_QUEUE_THRESHOLD)
-                rt.dim[i] = 0.5 * (1.0 - np.float64(clamped) / np.float64(
-                    LOAD_AWARE_QUEUE_THRESHOLD))
-    elif code == SC_VLLM_DP:
-        for i in range(n):
-            rt.raw[i] = rt.snap_i[i, SN_QUEUE] * 4 + rt.snap_i[i, SN_BATCH]
-        _minmax_score(rt, n, True)
+def _score_dimension(rt, code, r, n, n_hashes, scorer_table):
+    """One scorer's values for every candidate into rt.dim (CLU-3.22, DELTA-32/34; the
+    stateless scorers are table cfuncs reading rt.hook_snap)."""
+    if code >= SC_TABLE:
+        scorer_table[code - SC_TABLE](rt.hook_snap[:n], rt.hook_req, rt.dim[:n])
     elif code == SC_PREFIX_AFFINITY:
         for i in range(n):
             if n_hashes == 0:
@@ -511,12 +504,12 @@ def _score_dimension(rt, code, kv_ht, r, n, n_hashes):
                 rt.dim[i] = np.float64(_pa_match(rt, i, n_hashes)) / np.float64(n_hashes)
     elif code == SC_PRECISE_PREFIX:
         for i in range(n):
-            rt.raw[i] = _cache_query(rt, kv_ht, i, n_hashes)
+            rt.raw[i] = np.int64(rt.hook_snap[i, hk.SNAP_CACHED_BLOCKS])
         _minmax_score(rt, n, False)
     elif code == SC_NO_HIT_LRU:
         warm = False
         for i in range(n):
-            if _cache_query(rt, kv_ht, i, n_hashes) > 0:
+            if rt.hook_snap[i, hk.SNAP_CACHED_BLOCKS] > 0:
                 warm = True
                 break
         rt.st[ST_NH_LAST_REQ] = r
@@ -562,7 +555,8 @@ def _nh_observe(rt, r, target):
 
 
 @njit(cache=True, _nrt=False)
-def route(rt, kv_ht, chunk_off, chunk_dig, r, input_len, clock, inst_rank):
+def route(rt, kv_ht, chunk_off, chunk_dig, r, input_len, clock, inst_rank, arrival,
+          scorer_table):
     """Choose the target instance for request ``r`` (CLU-3.11..3.16); records the trace."""
     code = rt.rcfg[RC_ROUTING]
     n = rt.snap_i.shape[0]
@@ -596,15 +590,15 @@ def route(rt, kv_ht, chunk_off, chunk_dig, r, input_len, clock, inst_rank):
                 target = rt.tied[intn(rt.rng, n_tied)]
     else:  # weighted
         n_hashes = np.int64(0)
-        for s in range(rt.rcfg[RC_N_SCORERS]):
-            c = rt.scorer_codes[s]
-            if c == SC_PREFIX_AFFINITY or c == SC_PRECISE_PREFIX or c == SC_NO_HIT_LRU:
-                n_hashes = input_hashes(rt, chunk_off, chunk_dig, r, input_len)
-                break
+        if rt.rcfg[RC_USES_CACHE_QUERY] == 1 or rt.pa_hash.shape[1] > 1:
+            n_hashes = input_hashes(rt, chunk_off, chunk_dig, r, input_len)
+        _fill_hook_view(rt, kv_ht, r, input_len, n_hashes, n, clock,
+                        rt.rcfg[RC_USES_CACHE_QUERY] == 1)
+        rt.hook_req[hk.REQ_ARRIVAL] = arrival
         for i in range(n):
             rt.scores[i] = 0.0
         for s in range(rt.rcfg[RC_N_SCORERS]):
-            _score_dimension(rt, rt.scorer_codes[s], kv_ht, r, n, n_hashes)
+            _score_dimension(rt, rt.scorer_codes[s], r, n, n_hashes, scorer_table)
             w = rt.scorer_weights[s]
             for i in range(n):
                 v = rt.dim[i]
