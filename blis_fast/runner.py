@@ -504,6 +504,12 @@ def execute_run(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
         os.makedirs(out_dir, exist_ok=True)
         write_summary_parquet(out_dir / "summary.parquet", summary)
         write_requests_parquet(out_dir / "requests.parquet", requests)
+        if res.decisions is not None:
+            from blis_fast.output.decisions import decision_columns
+            from blis_fast.output.parquet import write_decisions_parquet
+
+            write_decisions_parquet(out_dir / "decisions.parquet",
+                                    decision_columns(res.decisions, prepared.policies.routing))
     return RunResult(stdout=stdout, summary=summary, per_instance=per_instance,
                      requests=requests, simulation=res, prepared=prepared)
 

@@ -29,6 +29,8 @@ __all__ = [
     "write_requests_parquet",
     "requests_table",
     "summary_table",
+    "decisions_table",
+    "write_decisions_parquet",
 ]
 
 ARROW_TYPES: dict[str, pa.DataType] = {
@@ -37,6 +39,8 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "int32": pa.int32(),
     "float64": pa.float64(),
     "bool": pa.bool_(),
+    "list<float64>": pa.list_(pa.float64()),
+    "list<string>": pa.list_(pa.string()),
 }
 
 
@@ -141,3 +145,14 @@ def requests_table(columns: RequestColumns) -> pa.Table:
 def write_requests_parquet(path: str | os.PathLike, columns: RequestColumns) -> None:
     """Write ``requests.parquet`` atomically."""
     _atomic_write_table(path, requests_table(columns))
+
+
+def decisions_table(columns: dict) -> pa.Table:
+    """The decision trace as a table with the ``schemas/decisions.json`` schema."""
+    schema = load_schema("decisions")
+    return pa.Table.from_pydict({f.name: columns[f.name] for f in schema}, schema=schema)
+
+
+def write_decisions_parquet(path: str | os.PathLike, columns: dict) -> None:
+    """Write ``decisions.parquet`` (one row per admission or routing decision), atomically."""
+    _atomic_write_table(path, decisions_table(columns))
