@@ -175,6 +175,13 @@ def _hook_args(hooks: Hooks | None) -> tuple:
             hooks.scheduler_key or H.zero_key)
 
 
+def _delayed_cache_signal(cfg: EngineConfig) -> bool:
+    """True when the router reads frozen copies of the instance caches (DELTA-33)."""
+    scorers = cfg.routing_scorers or DEFAULT_SCORERS
+    return (cfg.routing_policy == "weighted" and cfg.cache_signal_delay > 0
+            and any(name in SCORERS_READING_CACHE for name, _ in scorers))
+
+
 def instance_rank_of(n: int) -> np.ndarray:
     """Rank of ``instance_<i>`` ids in byte-wise string order (``instance_10`` < ``instance_2``)."""
     return id_rank_of(n, prefix="instance_")
@@ -231,7 +238,7 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
                       np.ascontiguousarray(table.chunk_offsets, dtype=np.int64),
                       np.ascontiguousarray(table.chunk_digests, dtype=np.uint64),
                       input_len, output_len, cfg.kv_cpu_blocks, reload_ticks,
-                      cfg.hash_decode_blocks)
+                      cfg.hash_decode_blocks, log_changes=_delayed_cache_signal(cfg))
     rs = K.new_req_state(n, table.max_output_len)
     ins = K.new_inst_state(n_inst, max_batch)
     lg = K.new_step_log(max(1024, 4 * n), max(1024, 2 * n))

@@ -607,7 +607,7 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                 seq += 1
             elif kind == EV_ADMISSION:
                 # buildRouterState: cache-signal refresh, then snapshots of matching instances
-                rtk.refresh_cache_signal(rt, kv.ht, t)
+                rtk.refresh_cache_signal(rt, kv, t)
                 n_cand = n_inst
                 if rt.req_model_bad[r] == 1:
                     n_cand = 0
@@ -625,7 +625,7 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                                      make_tie(False, 0, P_C_ROUTING, seq), EV_ROUTING, r)
                     seq += 1
             else:  # routing decision
-                rtk.refresh_cache_signal(rt, kv.ht, t)
+                rtk.refresh_cache_signal(rt, kv, t)
                 if rt.req_model_bad[r] == 1:
                     ins.rejected[1] += 1
                     rs.registered[r] = REG_REJECTED_ROUTING

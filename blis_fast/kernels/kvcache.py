@@ -26,6 +26,9 @@ KVState = namedtuple(
         "blk",
         # per instance, [n_instances, 8] int64: head, tail, free count, hits, misses
         "meta",
+        # changes to each instance's prefix hash table since the router last froze a copy of it
+        # ([n_instances, log_size, 2]: key, block or LOG_DELETE); only with a cache-signal delay
+        "ht_log",
         # prefix hash table per instance (open addressing, linear probing; key 0 = empty)
         "ht",  # uint64 [n_instances, table_size, 2]: key, value side by side (one cache line)
         # per request, int64 [n_requests, 4]: R_OFF offset of its block list in ``pool``,
@@ -52,11 +55,12 @@ KVState = namedtuple(
     ],
 )
 
-M_HEAD, M_TAIL, M_FREE, M_HITS, M_MISSES = 0, 1, 2, 3, 4
+M_HEAD, M_TAIL, M_FREE, M_HITS, M_MISSES, M_LOG_LEN, M_LOG_OVERFLOW = range(7)
 C_HEAD, C_TAIL, C_USED, C_FREETOP, C_EVICT, C_MIRROR, C_HIT, C_MISS, C_PENDING = range(9)
 B_REF, B_TOK, B_PRV, B_NXT, B_FREE, B_HLO, B_HHI = range(7)
 R_OFF, R_CNT, R_FIRST, R_LAST = range(4)
-CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS, CFG_HASH_DECODE = range(6)
+CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS, CFG_HASH_DECODE, CFG_LOG = range(7)
+LOG_DELETE = np.uint64(0xFFFFFFFFFFFFFFFF)  # value recorded for a deleted key
 
 
 def new_kv_state(
@@ -70,6 +74,7 @@ def new_kv_state(
     cpu_blocks: int = 0,
     reload_ticks: int = 0,
     hash_decode_blocks: bool = False,
+    log_changes: bool = False,
 ) -> KVState:
     """Allocate an empty cache for every instance, sized from the workload.
 
@@ -113,11 +118,13 @@ def new_kv_state(
     cpu_free = np.empty((n_instances, cpu_cap), dtype=np.int32)
     cpu_free[:] = np.arange(cpu_cap - 1, -1, -1, dtype=np.int32)
     cfg = np.array([block_size, total_blocks, 1 if tiered else 0, cpu_cap, reload_ticks,
-                    1 if (tiered or hash_decode_blocks) else 0], dtype=np.int64)
+                    1 if (tiered or hash_decode_blocks) else 0, 1 if log_changes else 0],
+                   dtype=np.int64)
     return KVState(
         blk=blk,
         meta=meta,
         ht=np.zeros((n_instances, table_size, 2), dtype=np.uint64),
+        ht_log=np.zeros((n_instances, 4096 if log_changes else 1, 2), dtype=np.uint64),
         req=req,
         pool=pool,
         chunk_off=chunk_offsets,
@@ -202,6 +209,52 @@ def _table_del(table, i, h):
     table[i, hole, 0] = 0
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _log_change(kv, i, h, v):
+    """Record a change of the prefix table for the router's delayed copy (DELTA-33)."""
+    if kv.cfg[CFG_LOG] == 0 or kv.meta[i, M_LOG_OVERFLOW] == 1:
+        return
+    k = kv.meta[i, M_LOG_LEN]
+    if k >= kv.ht_log.shape[1]:
+        kv.meta[i, M_LOG_OVERFLOW] = 1
+        return
+    kv.ht_log[i, k, 0] = h
+    kv.ht_log[i, k, 1] = v
+    kv.meta[i, M_LOG_LEN] = k + 1
+
+
+@njit(cache=True, _nrt=False)
+def _ht_put(kv, i, h, b):
+    _table_put(kv.ht, i, h, b)
+    _log_change(kv, i, h, np.uint64(b))
+
+
+@njit(cache=True, _nrt=False)
+def _ht_del(kv, i, h):
+    _table_del(kv.ht, i, h)
+    _log_change(kv, i, h, LOG_DELETE)
+
+
+@njit(cache=True, _nrt=False)
+def sync_frozen_copy(kv, i, frozen):
+    """Bring ``frozen`` (a copy of instance ``i``'s prefix table) up to date: replay the logged
+    changes, or copy the whole table when the log overflowed; then clear the log."""
+    if kv.meta[i, M_LOG_OVERFLOW] == 1:
+        for j in range(kv.ht.shape[1]):
+            frozen[i, j, 0] = kv.ht[i, j, 0]
+            frozen[i, j, 1] = kv.ht[i, j, 1]
+    else:
+        for k in range(kv.meta[i, M_LOG_LEN]):
+            h = kv.ht_log[i, k, 0]
+            v = kv.ht_log[i, k, 1]
+            if v == LOG_DELETE:
+                _table_del(frozen, i, h)
+            else:
+                _table_put(frozen, i, h, v)
+    kv.meta[i, M_LOG_LEN] = 0
+    kv.meta[i, M_LOG_OVERFLOW] = 0
+
+
 # ---------------------------------------------------------------- GPU free list
 
 
@@ -251,7 +304,7 @@ def _pop_free(kv, i):
     kv.blk[i, b, B_TOK] = 0
     h = _get_hash(kv, i, b)
     if h != 0:
-        _table_del(kv.ht, i, h)
+        _ht_del(kv, i, h)
         _set_hash(kv, i, b, 0)
     return np.int64(b)
 
@@ -368,7 +421,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 chunk = kv.req[r, R_FIRST] + cnt - 1
                 h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
                 _set_hash(kv, i, latest, h)
-                _table_put(kv.ht, i, h, latest)
+                _ht_put(kv, i, h, latest)
         else:
             n_new = (remaining + bs - 1) // bs
             prev = np.uint64(0)
@@ -384,7 +437,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                     chunk = kv.req[r, R_FIRST] + kv.req[r, R_CNT]
                     h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
                     _set_hash(kv, i, b, h)
-                    _table_put(kv.ht, i, h, b)
+                    _ht_put(kv, i, h, b)
                     prev = h
                 kv.pool[off + kv.req[r, R_CNT]] = b
                 kv.req[r, R_CNT] += 1
@@ -535,7 +588,7 @@ def _reload_prefix(kv, i, r, input_len):
         kv.blk[i, b, B_TOK] = bs
         _set_hash(kv, i, b, h)
         kv.blk[i, b, B_REF] = 0
-        _table_put(kv.ht, i, h, b)
+        _ht_put(kv, i, h, b)
         _free_append(kv, i, b)
         kv.cpu_meta[i, C_PENDING] += kv.cfg[CFG_RELOAD_TICKS]
         _cpu_unlink(kv, i, s)

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from blis_fast.kernels import hooks as hk
+from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.gorand import intn
 from blis_fast.kernels.hashing import chain_hash
 from blis_fast.kernels.kvcache import C_MISS, M_FREE, M_HITS, M_MISSES
@@ -252,17 +253,18 @@ def _leading_hits(table, i, hashes, n):
 
 
 @njit(cache=True, _nrt=False)
-def refresh_cache_signal(rt, kv_ht, clock):
-    """Re-freeze every instance's cache hash map when the signal delay has elapsed (DELTA-33)."""
+def refresh_cache_signal(rt, kv, clock):
+    """Re-freeze every instance's cache hash map when the signal delay has elapsed (DELTA-33).
+
+    The frozen copies are kept current incrementally from the KV cache's change log.
+    """
     delay = rt.rcfg[RC_CACHE_DELAY]
     if rt.rcfg[RC_USES_CACHE_QUERY] == 0 or delay <= 0:
         return
     if clock - rt.st[ST_CACHE_LAST] < delay:
         return
-    for i in range(kv_ht.shape[0]):
-        for j in range(kv_ht.shape[1]):
-            rt.cq_table[i, j, 0] = kv_ht[i, j, 0]
-            rt.cq_table[i, j, 1] = kv_ht[i, j, 1]
+    for i in range(kv.ht.shape[0]):
+        kvc.sync_frozen_copy(kv, i, rt.cq_table)
     rt.st[ST_CACHE_LAST] = clock
 
 
