@@ -171,7 +171,7 @@ def _grow_log(lg, need_steps, need_runs):
 # ------------------------------------------------------------------ wait queue (linked list)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _wq_push_back(ins, rs, i, r):
     tail = ins.wq[i, 1]
     rs.wq_prev[r] = tail
@@ -184,7 +184,7 @@ def _wq_push_back(ins, rs, i, r):
     ins.wq[i, 2] += 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _wq_push_front(ins, rs, i, r):
     head = ins.wq[i, 0]
     rs.wq_next[r] = head
@@ -197,7 +197,7 @@ def _wq_push_front(ins, rs, i, r):
     ins.wq[i, 2] += 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _wq_remove(ins, rs, i, r):
     p = rs.wq_prev[r]
     n = rs.wq_next[r]
@@ -214,7 +214,7 @@ def _wq_remove(ins, rs, i, r):
     ins.wq[i, 2] -= 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _sched_less(code, rs, arrival, input_len, id_rank, a, b):
     """Strict ordering of two queued requests for the non-FCFS schedulers (CLU-4.4)."""
     if code == SCHED_SJF:
@@ -234,7 +234,7 @@ def _sched_less(code, rs, arrival, input_len, id_rank, a, b):
     return id_rank[a] < id_rank[b]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _reorder_queue(code, ins, rs, i, arrival, input_len, id_rank, buf, tmp):
     """Stable-sort instance ``i``'s wait queue in place with the scheduler's key."""
     n = ins.wq[i, 2]
@@ -295,7 +295,7 @@ def _reorder_queue(code, ins, rs, i, arrival, input_len, id_rank, buf, tmp):
 # ------------------------------------------------------------------ completion bookkeeping
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _count_done(ins, i, column):
     """Bump a terminal counter and the cluster's in-flight count for the instance (CLU-3.5)."""
     ins.cnt[i, column] += 1
@@ -304,7 +304,7 @@ def _count_done(ins, i, column):
         ins.cnt[i, K_INFLIGHT] = 0
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode):
     """recordRequestCompletion with DELTA-6/7: output tokens counted at completion."""
     _count_done(ins, i, K_COMPLETED)
@@ -325,7 +325,7 @@ def _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode):
         run = lg.run_next[run]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _reset_runs(rs, r):
     rs.run_head[r] = -1
     rs.hot[r, H_RUNTAIL] = -1
@@ -335,7 +335,7 @@ def _reset_runs(rs, r):
 # ------------------------------------------------------------------ batch formation
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, cached_buf, scratch):
     """preemptForTokens (ENG-4.4 + DELTA-5). Returns (ok, budget, preempted_any)."""
     preempted = False
@@ -367,7 +367,7 @@ def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, cached_buf, scr
             return False, budget, preempted
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scratch, admitted):
     """vLLM batch formation (ENG-4.2..4.5). Returns the number of newly admitted requests."""
     budget = ic[IC_MAX_TOKENS]
@@ -440,7 +440,7 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
 # ------------------------------------------------------------------ the step
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, output_len,
           id_rank, buf_a, buf_b, cached_buf, scratch, gather, key_fn, key_vec, slo_priority):
     """One engine iteration at ``now`` (ENG-2 with DELTA-2/3/4/5/6). Returns the duration, or
@@ -561,7 +561,7 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
 # ------------------------------------------------------------------ the simulation
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
                 rs, ins, kv, lg, rt, inst_rank, times, ties, kinds, payloads, hs, buf_a, buf_b,
                 cached_buf, scratch, gather, scorer_table, admit_fn, key_fn, key_vec):

@@ -26,7 +26,7 @@ _S33 = np.uint64(33)
 EMPTY_HASH = np.uint64(0)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def splitmix64(x: np.uint64) -> np.uint64:
     """Finalizer of SplitMix64: a bijective, well-mixing 64-bit function."""
     z = x + _GOLDEN
@@ -35,7 +35,7 @@ def splitmix64(x: np.uint64) -> np.uint64:
     return z ^ (z >> _S31)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def content_digest(tokens, start, length) -> np.uint64:
     """Digest of ``tokens[start:start+length]`` (one full block of token ids)."""
     h = np.uint64(length) * _M3
@@ -44,7 +44,7 @@ def content_digest(tokens, start, length) -> np.uint64:
     return h
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def chain_hash(prev, content) -> np.uint64:
     """Hash of a block given the previous block's hash (``EMPTY_HASH`` for the first block)."""
     h = splitmix64(np.uint64(prev) * _M1 ^ splitmix64(np.uint64(content) + _M2))

@@ -142,14 +142,14 @@ def new_kv_state(
 # ---------------------------------------------------------------- block hashes
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _get_hash(kv, i, b):
     lo = np.uint64(np.uint32(kv.blk[i, b, B_HLO]))
     hi = np.uint64(np.uint32(kv.blk[i, b, B_HHI]))
     return (hi << np.uint64(32)) | lo
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _set_hash(kv, i, b, h):
     h = np.uint64(h)
     kv.blk[i, b, B_HLO] = np.int32(np.uint32(h & np.uint64(0xFFFFFFFF)))
@@ -159,7 +159,7 @@ def _set_hash(kv, i, b, h):
 # ---------------------------------------------------------------- hash tables
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _table_get(table, i, h):
     mask = table.shape[1] - 1
     j = np.int64(h & np.uint64(mask))
@@ -172,7 +172,7 @@ def _table_get(table, i, h):
         j = (j + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _table_put(table, i, h, v):
     mask = table.shape[1] - 1
     j = np.int64(h & np.uint64(mask))
@@ -185,7 +185,7 @@ def _table_put(table, i, h, v):
         j = (j + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _table_del(table, i, h):
     mask = table.shape[1] - 1
     j = np.int64(h & np.uint64(mask))
@@ -209,7 +209,7 @@ def _table_del(table, i, h):
     table[i, hole, 0] = 0
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _log_change(kv, i, h, v):
     """Record a change of the prefix table for the router's delayed copy (DELTA-33)."""
     if kv.cfg[CFG_LOG] == 0 or kv.meta[i, M_LOG_OVERFLOW] == 1:
@@ -223,19 +223,19 @@ def _log_change(kv, i, h, v):
     kv.meta[i, M_LOG_LEN] = k + 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _ht_put(kv, i, h, b):
     _table_put(kv.ht, i, h, b)
     _log_change(kv, i, h, np.uint64(b))
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _ht_del(kv, i, h):
     _table_del(kv.ht, i, h)
     _log_change(kv, i, h, LOG_DELETE)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def sync_frozen_copy(kv, i, frozen):
     """Bring ``frozen`` (a copy of instance ``i``'s prefix table) up to date: replay the logged
     changes, or copy the whole table when the log overflowed; then clear the log."""
@@ -258,7 +258,7 @@ def sync_frozen_copy(kv, i, frozen):
 # ---------------------------------------------------------------- GPU free list
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _free_append(kv, i, b):
     meta = kv.meta
     meta[i, M_FREE] += 1
@@ -275,7 +275,7 @@ def _free_append(kv, i, b):
     kv.blk[i, b, B_FREE] = 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _free_remove(kv, i, b):
     meta = kv.meta
     meta[i, M_FREE] -= 1
@@ -294,7 +294,7 @@ def _free_remove(kv, i, b):
     kv.blk[i, b, B_FREE] = 0
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _pop_free(kv, i):
     """Take the LRU head of the free list and drop its hash mapping (ENG-5.4, DELTA-14)."""
     b = kv.meta[i, M_HEAD]
@@ -309,13 +309,13 @@ def _pop_free(kv, i):
     return np.int64(b)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def free_blocks(kv, i):
     """Number of blocks on instance ``i``'s free list."""
     return kv.meta[i, M_FREE]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def used_blocks(kv, i):
     """Blocks in use on instance ``i`` (total minus free)."""
     return kv.cfg[CFG_BLOCKS] - kv.meta[i, M_FREE]
@@ -324,7 +324,7 @@ def used_blocks(kv, i):
 # ---------------------------------------------------------------- queries
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def cached_blocks(kv, i, r, input_len, out):
     """Leading full input blocks of request ``r`` present in instance ``i``'s cache (ENG-5.3).
 
@@ -346,7 +346,7 @@ def cached_blocks(kv, i, r, input_len, out):
     return count
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _commit(kv, i, r, blocks, lo, hi):
     off = kv.req[r, R_OFF]
     if kv.req[r, R_CNT] == 0:
@@ -362,7 +362,7 @@ def _commit(kv, i, r, blocks, lo, hi):
         kv.req[r, R_LAST] = kv.blk[i, b, B_TOK]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
     """GPU-tier AllocateKVBlocks with the check-then-act pre-check (DELTA-13)."""
     bs = kv.cfg[CFG_BS]
@@ -446,7 +446,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
     return True
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def append_decode_token_fast(kv, i, r):
     """Decode allocation when the request's last block has room for the token (and filling it
     needs no hash): only the block's token count changes, exactly as the general path would.
@@ -464,7 +464,7 @@ def append_decode_token_fast(kv, i, r):
     return True
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _sync_last(kv, i, r):
     """Bring the last block's B_TOK up to the request's authoritative R_LAST count."""
     cnt = kv.req[r, R_CNT]
@@ -472,7 +472,7 @@ def _sync_last(kv, i, r):
         kv.blk[i, kv.pool[kv.req[r, R_OFF] + cnt - 1], B_TOK] = kv.req[r, R_LAST]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def release(kv, i, r):
     """Release every block of request ``r``, last to first, onto the free-list tail (ENG-5.5)."""
     cnt = kv.req[r, R_CNT]
@@ -489,7 +489,7 @@ def release(kv, i, r):
 # ---------------------------------------------------------------- CPU tier
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _cpu_unlink(kv, i, s):
     cm = kv.cpu_meta
     p = kv.cpu_prv[i, s]
@@ -506,7 +506,7 @@ def _cpu_unlink(kv, i, s):
     kv.cpu_nxt[i, s] = -1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _cpu_append(kv, i, s):
     cm = kv.cpu_meta
     tail = cm[i, C_TAIL]
@@ -519,7 +519,7 @@ def _cpu_append(kv, i, s):
     cm[i, C_TAIL] = s
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _cpu_store(kv, i, h):
     cm = kv.cpu_meta
     if cm[i, C_USED] >= kv.cfg[CFG_CPU_CAP]:
@@ -539,7 +539,7 @@ def _cpu_store(kv, i, h):
     cm[i, C_USED] += 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def mirror_to_cpu(kv, i, batch_reqs, n):
     """Copy every full, hashed block of the batch's requests to the CPU tier (ENG-5.9)."""
     if kv.cfg[CFG_TIERED] == 0:
@@ -563,7 +563,7 @@ def mirror_to_cpu(kv, i, batch_reqs, n):
                 kv.cpu_meta[i, C_MIRROR] += 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _reload_prefix(kv, i, r, input_len):
     bs = kv.cfg[CFG_BS]
     n = input_len // bs
@@ -600,7 +600,7 @@ def _reload_prefix(kv, i, r, input_len):
     return reloaded
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scratch):
     """AllocateKVBlocks for either store (single tier, or GPU+CPU with reload, ENG-5.10)."""
     if _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
@@ -635,7 +635,7 @@ def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scra
     return False
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def consume_pending_transfer(kv, i):
     """Pending CPU->GPU transfer latency to add to the next step, then cleared (ENG-5.10.5)."""
     lat = kv.cpu_meta[i, C_PENDING]
@@ -643,7 +643,7 @@ def consume_pending_transfer(kv, i):
     return lat
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def hit_rate(kv, i):
     """Cumulative hit rate (tiered: CPU misses count as misses too, ENG-5.11)."""
     hits = kv.meta[i, M_HITS]
@@ -653,7 +653,7 @@ def hit_rate(kv, i):
     return hits / total
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def thrashing_rate(kv, i):
     """CPU evictions per mirrored block (0 single-tier or without mirrors)."""
     mirrors = kv.cpu_meta[i, C_MIRROR]

@@ -99,7 +99,7 @@ _INT64_MIN = np.int64(-9223372036854775807 - 1)
 _TWO63 = 9.223372036854775808e18
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def clamp_to_int64(v: float) -> np.int64:
     """Go's clampToInt64: NaN or ≥ 2^63 → MaxInt64, else truncation toward zero."""
     if math.isnan(v) or v >= _TWO63:
@@ -109,7 +109,7 @@ def clamp_to_int64(v: float) -> np.int64:
     return np.int64(v)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _go_max(x: float, y: float) -> float:
     """Go's math.Max (Inf wins over NaN, NaN propagates, +0 beats −0)."""
     if (math.isinf(x) and x > 0) or (math.isinf(y) and y > 0):
@@ -125,7 +125,7 @@ def _go_max(x: float, y: float) -> float:
     return y
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _go_min(x: float, y: float) -> float:
     """Go's math.Min (−Inf wins over NaN, NaN propagates, −0 beats +0)."""
     if (math.isinf(x) and x < 0) or (math.isinf(y) and y < 0):
@@ -141,7 +141,7 @@ def _go_min(x: float, y: float) -> float:
     return y
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _is_odd_int(x: float) -> bool:
     if abs(x) >= 9007199254740992.0:
         return False
@@ -151,7 +151,7 @@ def _is_odd_int(x: float) -> bool:
     return (np.int64(xi) & 1) == 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _pow_zero_base(x: float, y: float) -> float:
     """Go's Pow for x = ±0 and y ≠ 0."""
     neg = math.copysign(1.0, x) < 0
@@ -164,7 +164,7 @@ def _pow_zero_base(x: float, y: float) -> float:
     return 0.0
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def go_pow(x: float, y: float) -> float:
     """Port of Go's math.Pow (pure-Go algorithm: mantissa squaring, exponent tracked apart).
 
@@ -237,7 +237,7 @@ def go_pow(x: float, y: float) -> float:
 # ----------------------------------------------------------------------------- blackbox
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _blackbox_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
     prefill = np.int64(0)
     decode = np.int64(0)
@@ -256,7 +256,7 @@ def _blackbox_step(params, n, progress, new_tokens, input_len, output_len) -> np
 # ----------------------------------------------------------------------------- roofline
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _rf_flops(p, seq_len, new_tokens) -> float:
     """Transformer FLOPs of one request (attention + MLP), as calculateTransformerFlops."""
     d = p[RF_D]
@@ -291,7 +291,7 @@ def _rf_flops(p, seq_len, new_tokens) -> float:
     return gemm + sram
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _rf_weights(p, new_tokens) -> float:
     """Weight bytes touched by a pass over ``new_tokens`` tokens (MoE: expected unique experts)."""
     d = p[RF_D]
@@ -316,7 +316,7 @@ def _rf_weights(p, new_tokens) -> float:
     return ((attn_per_layer * n_layers) + total_mlp) * p[RF_WBPP]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _rf_dynamic_bytes(p, seq_len, new_tokens) -> float:
     """(total − weights) bytes of one request: KV growth, KV reads and activations."""
     n_layers = p[RF_L]
@@ -332,7 +332,7 @@ def _rf_dynamic_bytes(p, seq_len, new_tokens) -> float:
     return total - weights
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
     p = params
     tp = p[RF_TP]
@@ -371,7 +371,7 @@ def _roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np
 # ----------------------------------------------------------------------------- crossmodel
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _crossmodel_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
     prefill = np.int64(0)
     decode = np.int64(0)
@@ -393,7 +393,7 @@ def _crossmodel_step(params, n, progress, new_tokens, input_len, output_len) -> 
 # ----------------------------------------------------------------------------- trained-roofline
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _trained_roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
     if n == 0:
         return np.int64(1)
@@ -464,7 +464,7 @@ def _trained_roofline_step(params, n, progress, new_tokens, input_len, output_le
 # ----------------------------------------------------------------------------- trained-physics
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _trained_physics_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
     if n == 0:
         return np.int64(1)
@@ -569,7 +569,7 @@ def _trained_physics_step(params, n, progress, new_tokens, input_len, output_len
 # ----------------------------------------------------------------------------- dispatch
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def step_time(
     code: int,
     params: np.ndarray,
@@ -591,7 +591,7 @@ def step_time(
     return _trained_physics_step(params, n, progress, new_tokens, input_len, output_len)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def queueing_time(code: int, alpha: np.ndarray, input_len: int) -> np.int64:
     """Arrival → queued delay: α0 + α1·input length, or α0 alone for the trained backends."""
     if code == TRAINED_ROOFLINE or code == TRAINED_PHYSICS:
@@ -602,13 +602,13 @@ def queueing_time(code: int, alpha: np.ndarray, input_len: int) -> np.int64:
     return clamp_to_int64(t)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def output_token_processing_time(code: int, alpha: np.ndarray) -> np.int64:
     """Per-output-token overhead α2 (added to TTFT once and to every ITL sample)."""
     return clamp_to_int64(alpha[2])
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def post_decode_fixed_overhead(code: int, alpha: np.ndarray) -> np.int64:
     """Fixed E2E overhead of requests with outputs: α1 for the trained backends, else 0."""
     if code == TRAINED_ROOFLINE or code == TRAINED_PHYSICS:

@@ -174,7 +174,7 @@ def new_router_state(
 # ---------------------------------------------------------------- small hash tables
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _tget(table, i, h):
     mask = table.shape[1] - 1
     j = np.int64(h & np.uint64(mask))
@@ -187,7 +187,7 @@ def _tget(table, i, h):
         j = (j + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _tput(table, i, h, v):
     mask = table.shape[1] - 1
     j = np.int64(h & np.uint64(mask))
@@ -200,7 +200,7 @@ def _tput(table, i, h, v):
         j = (j + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _tdel(table, i, h):
     mask = table.shape[1] - 1
     j = np.int64(h & np.uint64(mask))
@@ -226,7 +226,7 @@ def _tdel(table, i, h):
 # ---------------------------------------------------------------- request hashes
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def input_hashes(rt, chunk_off, chunk_dig, r, input_len):
     """Chain hashes of request ``r``'s full input blocks into ``rt.hashes``; returns the count."""
     bs = rt.rcfg[RC_BLOCK_SIZE]
@@ -239,7 +239,7 @@ def input_hashes(rt, chunk_off, chunk_dig, r, input_len):
     return n
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _leading_hits(table, i, hashes, n):
     count = 0
     for k in range(n):
@@ -252,7 +252,7 @@ def _leading_hits(table, i, hashes, n):
 # ---------------------------------------------------------------- snapshots
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def refresh_cache_signal(rt, kv, clock):
     """Re-freeze every instance's cache hash map when the signal delay has elapsed (DELTA-33).
 
@@ -268,7 +268,7 @@ def refresh_cache_signal(rt, kv, clock):
     rt.st[ST_CACHE_LAST] = clock
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def take_snapshots(rt, wq, batch_len, kv_meta, cpu_meta, cnt, k_preempt, k_inflight,
                    total_blocks, clock):
     """Refresh each instance's cached snapshot groups as the provider would (CLU-3.7/3.8,
@@ -297,7 +297,7 @@ def take_snapshots(rt, wq, batch_len, kv_meta, cpu_meta, cnt, k_preempt, k_infli
         rt.inflight_view[i] = cnt[i, k_inflight]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def on_routed(rt, r):
     """Tenant in-flight accounting when a request is dispatched (DELTA-40)."""
     t = rt.req_tenant[r]
@@ -305,7 +305,7 @@ def on_routed(rt, r):
         rt.tenant_inflight[t] += 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def on_done(rt, r):
     """Tenant in-flight accounting when an instance finishes with a request (DELTA-40)."""
     t = rt.req_tenant[r]
@@ -313,12 +313,12 @@ def on_done(rt, r):
         rt.tenant_inflight[t] -= 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _load(rt, i):
     return rt.snap_i[i, SN_QUEUE] + rt.snap_i[i, SN_BATCH] + rt.inflight_view[i]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _fill_hook_view(rt, kv_ht, r, input_len, n_hashes, n, clock, with_cache):
     """Fill rt.hook_snap / rt.hook_req with what a user hook observes."""
     for i in range(n):
@@ -341,7 +341,7 @@ def _fill_hook_view(rt, kv_ht, r, input_len, n_hashes, n, clock, with_cache):
 # ---------------------------------------------------------------- admission
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv_ht):
     """Admission decision for request ``r`` over ``n`` candidate snapshots (CLU-2,
     DELTA-38..40); ``admit_fn`` is the user rule of the ``custom`` policy.
@@ -411,7 +411,7 @@ def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv_ht):
 # ---------------------------------------------------------------- scorers
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _minmax_score(rt, n, invert):
     """Min-max normalise rt.raw into rt.dim: (max-x)/(max-min) or (x-min)/(max-min); 1 if equal."""
     lo = rt.raw[0]
@@ -430,14 +430,14 @@ def _minmax_score(rt, n, invert):
             rt.dim[i] = np.float64(rt.raw[i] - lo) / np.float64(hi - lo)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _pa_match(rt, i, n_hashes):
     if rt.pa_meta[i, 2] == 0:
         return 0
     return _leading_hits(rt.pa_table, i, rt.hashes, n_hashes)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _pa_record(rt, i, n_hashes):
     """Record the request's block hashes as most recently used on instance ``i``."""
     cap = rt.pa_hash.shape[1]
@@ -485,14 +485,14 @@ def _pa_record(rt, i, n_hashes):
             meta[i, 1] = node
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _cache_query(rt, kv_ht, i, n_hashes):
     if rt.rcfg[RC_CACHE_DELAY] > 0:
         return _leading_hits(rt.cq_table, i, rt.hashes, n_hashes)
     return _leading_hits(kv_ht, i, rt.hashes, n_hashes)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _score_dimension(rt, code, r, n, n_hashes, scorer_table):
     """One scorer's values for every candidate into rt.dim (CLU-3.22, DELTA-32/34; the
     stateless scorers are table cfuncs reading rt.hook_snap)."""
@@ -534,7 +534,7 @@ def _score_dimension(rt, code, r, n, n_hashes, scorer_table):
                 rank += 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _nh_observe(rt, r, target):
     if rt.st[ST_NH_LAST_WARM] == 1 or rt.st[ST_NH_LAST_REQ] != r:
         return
@@ -556,7 +556,7 @@ def _nh_observe(rt, r, target):
 # ---------------------------------------------------------------- routing
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def route(rt, kv_ht, chunk_off, chunk_dig, r, input_len, clock, inst_rank, arrival,
           scorer_table):
     """Choose the target instance for request ``r`` (CLU-3.11..3.16); records the trace."""
@@ -632,7 +632,7 @@ def route(rt, kv_ht, chunk_off, chunk_dig, r, input_len, clock, inst_rank, arriv
     return target
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _record_routing(rt, code, r, clock, target, best, inst_rank):
     k = rt.st[ST_N_ROUTE]
     rt.st[ST_N_ROUTE] = k + 1
