@@ -8,6 +8,7 @@ import sys
 import click
 from click.core import ParameterSource
 
+from blis_fast import workload_cli
 from blis_fast.errors import BlisError
 from blis_fast.options import RUN_OPTIONS, build_options
 
@@ -30,6 +31,9 @@ def _add_run_options(func):
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main_group() -> None:
     """blis: a fast, deterministic simulator of LLM inference serving clusters."""
+
+
+workload_cli.register(main_group)
 
 
 @main_group.command("run", context_settings={"ignore_unknown_options": False})

@@ -28,7 +28,6 @@ from blis_fast.config.policy_bundle import (
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.simulate import (
-    INT64_MAX,
     EngineConfig,
     Hooks,
     SimulationResult,
@@ -51,11 +50,21 @@ from blis_fast.output.summary import (
     build_metrics_output,
     write_results_file,
 )
-from blis_fast.workload.generator import apply_timeout, generate_requests
+from blis_fast.workload.generator import (
+    apply_timeout_to_workload,
+    check_generation_bounded,
+    generate_workload,
+    resolve_horizon,
+    resolve_max_requests,
+    resolve_workload_seed,
+)
 from blis_fast.workload.request_table import RequestTable
+from blis_fast.workload.spec import apply_timeout_to_spec
+from blis_fast.workload.spec_yaml import load_workload_spec
 from blis_fast.workload.synthesis import (
     DistributionParams,
     lookup_preset,
+    synthesize_concurrency,
     synthesize_from_distribution,
     synthesize_from_preset,
     validate_distribution_params,
@@ -149,8 +158,12 @@ def _resolve_latency(opts: RunOptions) -> LatencyConfig:
     return resolve_latency(lo)
 
 
-def _generate(opts: RunOptions, horizon: int) -> RequestTable:
-    """Workload source selection and generation (WL-1, WL-2, DELTA-28/29)."""
+def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int]:
+    """Workload source selection and generation (WL-1, WL-2, DELTA-28/29).
+
+    Returns the requests and the simulation horizon (a spec's horizon applies unless
+    ``--horizon`` was given).
+    """
     if opts.num_requests < 0:
         _fail(f"--num-requests must be >= 0, got {opts.num_requests}")
     if opts.prefix_tokens < 0:
@@ -161,11 +174,6 @@ def _generate(opts: RunOptions, horizon: int) -> RequestTable:
         _fail(f"--think-time-ms must be >= 0, got {opts.think_time_ms}")
     if opts.concurrency > 0 and opts.given("rate"):
         _fail("--concurrency and --rate are mutually exclusive; use one or the other")
-    if opts.workload_spec:
-        if opts.concurrency > 0:
-            _fail("--concurrency cannot be used with --workload-spec; define concurrency in the "
-                  "spec file using clients[].concurrency instead")
-        _fail(f"--workload-spec is not supported yet (it arrives with {WORKLOAD_ISSUE})")
     params = DistributionParams(
         rate=opts.rate, num_requests=opts.num_requests, prefix_tokens=opts.prefix_tokens,
         prompt_tokens_mean=opts.prompt_tokens, prompt_tokens_stdev=opts.prompt_tokens_stdev,
@@ -173,10 +181,21 @@ def _generate(opts: RunOptions, horizon: int) -> RequestTable:
         output_tokens_mean=opts.output_tokens, output_tokens_stdev=opts.output_tokens_stdev,
         output_tokens_min=opts.output_tokens_min, output_tokens_max=opts.output_tokens_max,
     )
-    if opts.concurrency > 0:
+    timeout_applies = True
+    if opts.workload_spec:
+        if opts.concurrency > 0:
+            _fail("--concurrency cannot be used with --workload-spec; define concurrency in the "
+                  "spec file using clients[].concurrency instead")
+        spec = load_workload_spec(opts.workload_spec)
+        spec.seed = resolve_workload_seed(spec.seed, opts.seed, opts.given("seed"))
+        horizon = resolve_horizon(spec.horizon, horizon, opts.given("horizon"))
+        timeout_applies = opts.given("timeout")
+    elif opts.concurrency > 0:
         validate_distribution_params(params)
-        _fail(f"--concurrency is not supported yet (it arrives with {WORKLOAD_ISSUE})")
-    if opts.workload == "distribution":
+        spec = synthesize_concurrency(
+            params, opts.concurrency, opts.think_time_ms,
+            num_requests=opts.num_requests if opts.given("num_requests") else 0, seed=opts.seed)
+    elif opts.workload == "distribution":
         validate_rate(opts.rate)
         validate_distribution_params(params)
         spec = synthesize_from_distribution(params, seed=opts.seed)
@@ -187,14 +206,20 @@ def _generate(opts: RunOptions, horizon: int) -> RequestTable:
         spec = synthesize_from_preset(preset, opts.rate, opts.num_requests, seed=opts.seed)
     if opts.timeout == 0:
         _fail("--timeout must be positive (seconds) or negative to disable; got 0")
-    max_requests = spec.num_requests
-    if opts.given("num_requests"):
-        max_requests = opts.num_requests
-    if max_requests <= 0 and horizon == INT64_MAX:
-        _fail("Workload requires either num_requests or --horizon to bound generation")
-    table = generate_requests(spec, horizon=horizon, max_requests=max_requests,
-                              block_size=opts.block_size_in_tokens)
-    return apply_timeout(table, opts.timeout)
+    if timeout_applies:
+        apply_timeout_to_spec(spec, opts.timeout)
+    max_requests = resolve_max_requests(spec.num_requests, opts.num_requests,
+                                        opts.given("num_requests"))
+    check_generation_bounded(max_requests, horizon)
+    wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
+                           block_size=opts.block_size_in_tokens)
+    if timeout_applies:
+        wl = apply_timeout_to_workload(wl, opts.timeout)
+    if wl.sessions:
+        _fail(f"this workload has {len(wl.sessions)} closed-loop sessions (multi-turn or "
+              f"concurrency clients), whose follow-up rounds are not simulated yet "
+              f"({WORKLOAD_ISSUE})")
+    return wl.table, horizon
 
 
 @dataclass
@@ -315,9 +340,8 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None) -> Prepared:
         log.warning(msg)
     for msg in latency.infos:
         log.info(msg)
-    horizon = opts.horizon
     notify_if_compiling()
-    table = _generate(opts, horizon)
+    table, horizon = _generate(opts, opts.horizon)
     if opts.num_instances < 1:
         _fail("num-instances must be >= 1")
     total_blocks = latency.total_kv_blocks

@@ -23,20 +23,11 @@ REL_TOL = 1e-9
 # Cases that wait for a later issue: case id -> the issue(s) that make them pass. The parity
 # test marks them as strict expected failures, so a case that starts passing must leave this list.
 PENDING: dict[str, str] = {
-    "c4-policy-config-weighted-routing-load-spikes": "#3 cluster control plane + #4 workloads",
-    "c4-round-robin-inverted-slo-reverse-priority": "#3 cluster control plane + #4 workloads",
-    "c4-scorer-no-hit-lru-regression-multiturn": "#3 cluster control plane + #4 workloads",
-    "c4-scorer-precise-prefix-inference-perf": "#3 cluster control plane + #4 workloads",
-    "c4-scorer-prefix-affinity-cache-warmup": "#3 cluster control plane + #4 workloads",
-    "c4-scorer-vllm-dp-servegen": "#3 cluster control plane + #4 workloads",
-    "c8-scorer-load-balance-slo-priority": "#3 cluster control plane + #4 workloads",
-    "c8-weighted-default-prefix-affinity-demo": "#3 cluster control plane + #4 workloads",
-    "concurrency-closed-loop-cli": "#4 workloads and traces",
-    "replay-c4-least-loaded": "#3 cluster control plane + #4 workloads",
-    "wl-cohorts-lifecycle": "#3 cluster control plane + #4 workloads",
-    "wl-mixed-arrivals-lengths": "#3 cluster control plane + #4 workloads",
-    "wl-multimodal-reasoning": "#3 cluster control plane + #4 workloads",
-    "wl-multiturn-chat-demo-closed-loop": "#4 workloads and traces",
+    "c4-scorer-no-hit-lru-regression-multiturn": "#4 workloads: closed-loop session follow-ups",
+    "concurrency-closed-loop-cli": "#4 workloads: closed-loop session follow-ups",
+    "wl-multimodal-reasoning": "#4 workloads: closed-loop session follow-ups",
+    "wl-multiturn-chat-demo-closed-loop": "#4 workloads: closed-loop session follow-ups",
+    "replay-c4-least-loaded": "#4 workloads: the blis replay command",
 }
 
 

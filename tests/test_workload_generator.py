@@ -387,15 +387,13 @@ def test_flag_validation_messages():
         lookup_preset({"chatbot": {}}, "traces")
 
 
-def test_spec_validation_and_unsupported_features():
-    """Invalid specs and not-yet-supported samplers raise BlisInputError."""
+def test_spec_validation_and_sampler_errors():
+    """Invalid specs and unbuildable samplers raise BlisInputError with the reference's text."""
     spec = _mixed_spec()
     spec.clients[0].rate_fraction = 0.0
-    with pytest.raises(BlisInputError, match=r"^client\[0\]\.rate_fraction must be positive"):
-        generate_requests(spec, max_requests=5)
-    spec = _mixed_spec()
-    spec.clients[1].arrival = ArrivalSpec("gamma", cv=2.0)
-    with pytest.raises(BlisInputError, match="not supported yet"):
+    with pytest.raises(
+        BlisInputError, match=r"^invalid workload spec: client\[0\]\.rate_fraction must be positive"
+    ):
         generate_requests(spec, max_requests=5)
     spec = _mixed_spec()
     spec.clients[1].input_dist = DistSpec("gaussian", {"mean": 3.0})
@@ -403,12 +401,17 @@ def test_spec_validation_and_unsupported_features():
         generate_requests(spec, max_requests=5)
     spec = _mixed_spec()
     spec.aggregate_rate = float("nan")
-    with pytest.raises(BlisInputError, match="^aggregate_rate must be a finite number, got NaN$"):
+    with pytest.raises(
+        BlisInputError, match="^invalid workload spec: aggregate_rate must be a finite number, got NaN$"
+    ):
         generate_requests(spec, max_requests=5)
     spec = _mixed_spec()
     spec.clients[1].input_dist = _gauss(5, 1, -3, -3)
     with pytest.raises(BlisInputError, match="negative token count"):
         generate_requests(spec, max_requests=5)
+    spec = _mixed_spec()
+    spec.clients[1].arrival = ArrivalSpec("gamma", cv=2.0)  # implemented now: generates
+    assert generate_requests(spec, max_requests=5).n == 5
 
 
 def test_v1_slo_names_are_upgraded():

@@ -1,6 +1,17 @@
-"""Workload side: spec model, synthesis (distribution, presets), generation, trace v2 export.
+"""Workload side: spec model and loading, synthesis, generation, trace v2 export, convert/compose.
 
-Modules: ``spec`` (dataclasses, validation), ``synthesis`` (CLI flags / presets -> spec),
-``generator`` (spec -> :class:`~blis_fast.workload.request_table.RequestTable`),
-``trace_v2`` (``--trace-output`` files).
+Modules:
+
+* ``spec`` - WorkloadSpec dataclasses and validation (WL-4.3-4.5, DELTA-55);
+* ``spec_yaml`` - strict YAML loading (``load_workload_spec``), yaml.v3 semantics (WL-4.1/4.2);
+* ``synthesis`` - CLI flags / presets / ``--concurrency`` -> spec (WL-2, DELTA-29);
+* ``expand`` - cohorts, inference-perf and ServeGen expansions (WL-7, WL-8, DELTA-53/57);
+* ``samplers`` - length and arrival samplers on the Go RNG port (WL-5.2/5.3, DELTA-59);
+* ``gomath`` / ``gofmt`` - Go ``math`` ports and Go text formatting/parsing;
+* ``gen_kernel`` - the Numba generation kernel (merge of lazily advanced client streams);
+* ``generator`` - ``generate_requests`` / ``generate_workload`` (-> RequestTable, session
+  blueprints, follow-up budget) and the WL-1.2-1.4 precedence helpers;
+* ``request_table`` - the RequestTable contract;
+* ``trace_v2`` - ``--trace-output`` files;
+* ``convert`` - ``blis convert`` / ``blis compose`` and the yaml.v3-style writer.
 """

@@ -1,43 +1,90 @@
-"""Request generation from a workload spec (spec WL-5, WL-13, WL-14) into a RequestTable.
+"""Request generation from a workload spec (WL-5, WL-6, WL-7, WL-13, WL-14, DELTA-46..59).
 
-Python prepares per-client parameter arrays (rates, sampler codes, prefix groups); one Numba
-kernel then replays the reference's random draws in its exact order and, while each request's
-token ids exist in a scratch buffer, computes the content digests of its full blocks. Token
-ids are never kept. Python finally sorts by arrival (stable), truncates and assigns deadlines.
+Python resolves the spec into per-client parameter arrays (rates, arrival processes, sampler
+codes, prefix groups, lifecycle windows, session shapes); one Numba kernel then replays the
+reference's random draws in its exact order and, while each request's token ids sit in a
+scratch buffer, computes the content digests of its full blocks. Token ids are never kept,
+except those the engine needs to continue closed-loop sessions (the blueprint prefix and, for
+context-accumulating sessions, the round-0 input and output).
+
+Public entry points:
+
+* :func:`generate_requests` - the reference's ``GenerateRequests`` (every round of every
+  pre-generated session, sorted, truncated);
+* :func:`generate_workload` - the reference's ``GenerateWorkload``: closed-loop sessions are
+  cut to round 0 and described by :class:`SessionBlueprint`\\ s, concurrency clients get their
+  seed requests and blueprints, and the follow-up budget is computed;
+* the seed / horizon / request-cap precedence helpers of WL-1.2 - WL-1.4.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass, field, replace
 
 import numpy as np
-from numba import njit
 
-from blis_fast.errors import BlisInputError
-from blis_fast.kernels.gorand import (
-    exp_float64,
-    int31n,
-    int63,
-    new_source,
-    norm_float64,
-    subsystem_seed,
+from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.kernels.gorand import subsystem_seed
+from blis_fast.workload import gen_kernel as K
+from blis_fast.workload.expand import expand_cohorts, expand_sources
+from blis_fast.workload.gen_kernel import (
+    CF_P1,
+    CF_P2,
+    CF_RATE,
+    CI_ACCUM,
+    CI_ACTIVE,
+    CI_ARR,
+    CI_CAP,
+    CI_CAPR0,
+    CI_DROP,
+    CI_FCAP,
+    CI_FCAP_OFF,
+    CI_GROUP,
+    CI_IAT,
+    CI_IN,
+    CI_MM,
+    CI_MM0,
+    CI_MT,
+    CI_NCOUNT,
+    CI_NDUR,
+    CI_OUT,
+    CI_ROUNDS,
+    CI_RR,
+    CI_SINGLE,
+    CI_THINK,
+    CI_WIN0,
+    CI_WIN1,
+    N_CF,
+    N_CI,
+    R_ARR,
+    R_AUDIO,
+    R_CLIENT,
+    R_DROP,
+    R_IMAGE,
+    R_IN,
+    R_OUT,
+    R_PRE,
+    R_ROUND,
+    R_SESS,
+    R_TEXT,
+    R_VIDEO,
+    STATUS_NEGATIVE_LENGTH,
+    STATUS_SAMPLER_ERROR,
 )
-from blis_fast.kernels.hashing import content_digest
+from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
+from blis_fast.workload.samplers import (
+    SAMPLER_ABSENT,
+    SamplerSpec,
+    arrival_params,
+    build_sampler,
+)
 from blis_fast.workload.spec import (
-    ARRIVAL_CODES,
-    ARRIVAL_CONSTANT,
+    ARRIVAL_FACTORY_POISSON,
+    ARRIVAL_NORMALIZED_EXP,
     DEFAULT_PREFIX_LENGTH,
     DEFAULT_TIMEOUT_US,
-    DIST_CODES,
-    DIST_CONSTANT,
-    DIST_EXPONENTIAL,
-    DIST_GAUSSIAN,
-    DIST_REQUIRED_PARAMS,
-    IMPLEMENTED_ARRIVALS,
-    IMPLEMENTED_DISTS,
     ClientSpec,
-    DistSpec,
     LifecycleSpec,
     WorkloadSpec,
     upgrade_v1_to_v2,
@@ -50,234 +97,67 @@ MAX_INT64 = (1 << 63) - 1
 MAX_TOKEN_ID = 128000
 """Vocabulary size of synthetic token ids (WL-13.1)."""
 
-STATUS_OK = 0
-STATUS_NEGATIVE_LENGTH = 1
-
-N_DIST_PARAMS = 4
+BLUEPRINT_SEED_OFFSET = 7919
+CONCURRENCY_SEED_OFFSET = 10007
 
 
-# --- numerics ----------------------------------------------------------------------------
-@njit(cache=True)
-def _go_round(x: float) -> float:
-    """Go ``math.Round``: nearest integer, halves away from zero."""
-    t = np.trunc(x)
-    if abs(x - t) >= 0.5:
-        t += math.copysign(1.0, x)
-    return t
+_MM_NAMES = ("text", "image", "image count", "audio", "audio count", "video", "video count")
+_MM_ATTRS = ("text_dist", "image_dist", "image_count_dist", "audio_dist", "audio_count_dist",
+             "video_dist", "video_count_dist")  # fmt: skip
+
+_generate_kernel = K.generate_kernel
+"""The generation kernel (exported for the cold-compile notice)."""
 
 
-@njit(cache=True)
-def _sample_length(s: np.ndarray, code: int, p: np.ndarray) -> int:
-    """One token-length sample (WL-5.3); parameters already decoded into ``p``."""
-    if code == DIST_GAUSSIAN:  # p = mean, std_dev, min (truncated), max (truncated)
-        lo = p[2]
-        hi = p[3]
-        if lo == hi:
-            return np.int64(lo)  # no draw and no floor
-        v = norm_float64(s) * p[1] + p[0]
-        c = min(hi, max(lo, v))
-        r = np.int64(_go_round(c))
-        return r if r >= 1 else 1
-    if code == DIST_EXPONENTIAL:  # p = mean
-        r = np.int64(_go_round(exp_float64(s) * p[0]))
-        return r if r >= 1 else 1
-    if code == DIST_CONSTANT:  # p = value (truncated)
-        r = np.int64(p[0])
-        return r if r >= 1 else 1
-    return -(1 << 62)  # unreachable: codes are checked in Python
+# --- public dataclasses -----------------------------------------------------------------------
+@dataclass
+class SessionBlueprint:
+    """A closed-loop session the engine continues after each completion (WL-6.4/6.5, DELTA-47/48).
+
+    ``seed`` seeds the session's own Go RNG (``NewSource(seed)``); follow-ups draw, in order,
+    input length, output length, input ids, output ids from it (after a think-time draw if the
+    engine adds a think-time sampler). ``prefix`` is prepended to every follow-up input.
+    For ``context_growth == "accumulate"``, ``round0_input``/``round0_output`` are the token
+    ids of the session's round-0 request (DELTA-46 builds the context from them).
+    """
+
+    session_id: str
+    client_id: str
+    client_idx: int  # index into the table's ``clients`` (the claiming client)
+    seed: int
+    max_rounds: int
+    unlimited_rounds: bool
+    context_growth: str
+    think_time_us: int
+    timeout: int | None  # µs; None = 300 s default for session requests, 0 = no deadline
+    horizon: int
+    input_sampler: SamplerSpec
+    output_sampler: SamplerSpec
+    prefix: np.ndarray  # int64 token ids (empty = none)
+    tenant_id: str
+    slo_class: str
+    model: str
+    round0_row: int  # row of the session's round-0 request in the table
+    round0_input: np.ndarray | None = None  # int32 token ids (accumulate sessions only; a view)
+    round0_output: np.ndarray | None = None  # int32 token ids (a view of a shared buffer)
 
 
-@njit(cache=True)
-def _sample_iat(s: np.ndarray, code: int, iat_const: int, rate_us: float) -> int:
-    """One inter-arrival time in µs, at least 1 (WL-5.2)."""
-    if code == ARRIVAL_CONSTANT:
-        return iat_const
-    # ARRIVAL_POISSON
-    iat = np.int64(exp_float64(s) / rate_us)
-    return iat if iat >= 1 else 1
+@dataclass
+class GeneratedWorkload:
+    """The reference's ``GeneratedWorkload``: requests, session blueprints, follow-up budget.
+
+    ``follow_up_budget`` is -1 for no cap, else the number of follow-ups the engine may
+    generate (DELTA-47.4). ``clients`` is the working client list (explicit clients, expanded
+    inference-perf / ServeGen clients, then cohort members), aligned with ``table.clients``.
+    """
+
+    table: RequestTable
+    sessions: list[SessionBlueprint] = field(default_factory=list)
+    follow_up_budget: int = -1
+    clients: list[ClientSpec] = field(default_factory=list)
 
 
-@njit(cache=True)
-def _grow_i64(a: np.ndarray, cap: int) -> np.ndarray:
-    """Copy of ``a`` with capacity ``cap``."""
-    b = np.empty(cap, dtype=a.dtype)
-    b[: a.shape[0]] = a
-    return b
-
-
-# --- generation kernel ---------------------------------------------------------------------
-@njit(cache=True)
-def _generate_kernel(
-    wg_seed,
-    group_len,
-    client_group,
-    client_active,
-    arr_code,
-    arr_iat,
-    arr_rate,
-    in_code,
-    in_param,
-    out_code,
-    out_param,
-    win_off,
-    win_start,
-    win_end,
-    horizon,
-    cap,
-    block_size,
-):
-    """Replay the reference's draws (WL-14.3) and emit unsorted requests plus block digests."""
-    wg = new_source(wg_seed)
-    n_groups = group_len.shape[0]
-
-    # 1. Group prefixes, first-appearance order, on the workload-gen stream.
-    g_off = np.zeros(n_groups + 1, dtype=np.int64)
-    for g in range(n_groups):
-        g_off[g + 1] = g_off[g] + group_len[g]
-    prefix_tok = np.empty(g_off[n_groups], dtype=np.int64)
-    for i in range(g_off[n_groups]):
-        prefix_tok[i] = int31n(wg, 128000)
-    # Digests of the blocks lying entirely inside each prefix are shared by the group.
-    g_full = np.zeros(n_groups, dtype=np.int64)
-    g_doff = np.zeros(n_groups + 1, dtype=np.int64)
-    for g in range(n_groups):
-        g_full[g] = group_len[g] // block_size
-        g_doff[g + 1] = g_doff[g] + g_full[g]
-    g_dig = np.empty(g_doff[n_groups], dtype=np.uint64)
-    for g in range(n_groups):
-        for c in range(g_full[g]):
-            g_dig[g_doff[g] + c] = content_digest(prefix_tok, g_off[g] + c * block_size, block_size)
-
-    n_clients = client_group.shape[0]
-    req_cap = 1024
-    if cap > 0:
-        req_cap = max(req_cap, min(cap * n_clients, 1 << 22))
-    arrival = np.empty(req_cap, dtype=np.int64)
-    in_len = np.empty(req_cap, dtype=np.int64)
-    out_len = np.empty(req_cap, dtype=np.int64)
-    pre_len = np.empty(req_cap, dtype=np.int64)
-    client = np.empty(req_cap, dtype=np.int32)
-    offsets = np.empty(req_cap + 1, dtype=np.int64)
-    offsets[0] = 0
-    dig_cap = req_cap * 16
-    digests = np.empty(dig_cap, dtype=np.uint64)
-    scratch = np.empty(8192, dtype=np.int64)
-    n = 0
-    nd = 0
-
-    for k in range(n_clients):
-        if not client_active[k]:
-            continue  # rate <= 0: skipped, and no client seed is drawn
-        cs = new_source(int63(wg))
-        g = client_group[k]
-        plen = group_len[g] if g >= 0 else 0
-        has_windows = win_off[k + 1] > win_off[k]
-        last_end = np.int64(0)
-        for w in range(win_off[k], win_off[k + 1]):
-            if win_end[w] > last_end:
-                last_end = win_end[w]
-        t = np.int64(0)
-        count = 0
-        while t < horizon:
-            if cap > 0 and count >= cap:
-                break
-            iat = _sample_iat(cs, arr_code[k], arr_iat[k], arr_rate[k])
-            if iat >= horizon - t:  # t + iat >= horizon, without overflow
-                break
-            t += iat
-            if has_windows:
-                active = False
-                for w in range(win_off[k], win_off[k + 1]):
-                    if win_start[w] <= t < win_end[w]:
-                        active = True
-                        break
-                if not active:
-                    if t >= last_end:
-                        break
-                    continue
-            ilen = _sample_length(cs, in_code[k], in_param[k])
-            olen = _sample_length(cs, out_code[k], out_param[k])
-            if ilen < 0 or olen < 0:
-                return (
-                    STATUS_NEGATIVE_LENGTH,
-                    arrival[:0],
-                    in_len[:0],
-                    out_len[:0],
-                    pre_len[:0],
-                    client[:0],
-                    offsets[:1],
-                    digests[:0],
-                )
-            total = plen + ilen + olen
-            if total > scratch.shape[0]:
-                scratch = np.empty(max(total, 2 * scratch.shape[0]), dtype=np.int64)
-            if plen > 0:
-                scratch[:plen] = prefix_tok[g_off[g] : g_off[g] + plen]
-            for i in range(plen, total):
-                scratch[i] = int31n(cs, 128000)
-
-            if n == req_cap:
-                req_cap *= 2
-                arrival = _grow_i64(arrival, req_cap)
-                in_len = _grow_i64(in_len, req_cap)
-                out_len = _grow_i64(out_len, req_cap)
-                pre_len = _grow_i64(pre_len, req_cap)
-                client = _grow_i64(client, req_cap)
-                offsets = _grow_i64(offsets, req_cap + 1)
-            nchunks = total // block_size
-            if nd + nchunks > dig_cap:
-                dig_cap = max(2 * dig_cap, nd + nchunks)
-                digests = _grow_i64(digests, dig_cap)
-            c0 = 0
-            if g >= 0:
-                c0 = g_full[g]
-                for c in range(c0):
-                    digests[nd + c] = g_dig[g_doff[g] + c]
-            for c in range(c0, nchunks):
-                digests[nd + c] = content_digest(scratch, c * block_size, block_size)
-            nd += nchunks
-
-            arrival[n] = t
-            in_len[n] = plen + ilen
-            out_len[n] = olen
-            pre_len[n] = plen
-            client[n] = k
-            offsets[n + 1] = nd
-            n += 1
-            count += 1
-    return (
-        STATUS_OK,
-        arrival[:n],
-        in_len[:n],
-        out_len[:n],
-        pre_len[:n],
-        client[:n],
-        offsets[: n + 1],
-        digests[:nd],
-    )
-
-
-@njit(cache=True)
-def _gather_csr(offsets, digests, order):
-    """Reorder CSR rows by ``order`` (a permutation of a prefix of the rows)."""
-    m = order.shape[0]
-    new_off = np.empty(m + 1, dtype=np.int64)
-    new_off[0] = 0
-    for i in range(m):
-        r = order[i]
-        new_off[i + 1] = new_off[i] + offsets[r + 1] - offsets[r]
-    out = np.empty(new_off[m], dtype=np.uint64)
-    for i in range(m):
-        r = order[i]
-        a = offsets[r]
-        b = offsets[r + 1]
-        base = new_off[i]
-        for j in range(b - a):
-            out[base + j] = digests[a + j]
-    return new_off, out
-
-
-# --- Python side ----------------------------------------------------------------------------
+# --- Python side ------------------------------------------------------------------------------
 def _windows_overlap(a: LifecycleSpec | None, b: LifecycleSpec | None) -> bool:
     """Whether two clients can be active together (no windows = always on)."""
     if a is None or not a.windows or b is None or not b.windows:
@@ -288,7 +168,7 @@ def _windows_overlap(a: LifecycleSpec | None, b: LifecycleSpec | None) -> bool:
 
 
 def normalize_rate_fractions(clients: list[ClientSpec], aggregate_rate: float) -> list[float]:
-    """Per-client rates in requests/µs (WL-5.1; per co-active phase when lifecycles exist)."""
+    """Per-client rates in requests/µs (WL-5.1; per co-active phase with lifecycles, DELTA-50)."""
     has_lifecycle = any(c.lifecycle is not None and c.lifecycle.windows for c in clients)
     if not has_lifecycle:
         total = 0.0
@@ -298,86 +178,344 @@ def normalize_rate_fractions(clients: list[ClientSpec], aggregate_rate: float) -
             return [0.0] * len(clients)
         return [aggregate_rate * (c.rate_fraction / total) / 1e6 for c in clients]
     rates = [0.0] * len(clients)
+    # Clients sharing one lifecycle object (cohort members, inference-perf stages) overlap
+    # the same set: compute each distinct lifecycle's co-active sum once.
+    positive = [c for c in clients if c.rate_fraction > 0]
+    cache: dict[int, float] = {}
     for i, ci in enumerate(clients):
         if ci.rate_fraction <= 0:
             continue
-        co_active = 0.0
-        for cj in clients:
-            if cj.rate_fraction > 0 and _windows_overlap(ci.lifecycle, cj.lifecycle):
-                co_active += cj.rate_fraction
-        if co_active == 0:
+        key = id(ci.lifecycle) if ci.lifecycle is not None and ci.lifecycle.windows else 0
+        co = cache.get(key)
+        if co is None:
+            co = 0.0
+            for cj in positive:
+                if _windows_overlap(ci.lifecycle, cj.lifecycle):
+                    co += cj.rate_fraction
+            cache[key] = co
+        if co == 0:
             continue
-        rates[i] = aggregate_rate * (ci.rate_fraction / co_active) / 1e6
+        rates[i] = aggregate_rate * (ci.rate_fraction / co) / 1e6
     return rates
 
 
-def _dist_params(client_id: str, which: str, d: DistSpec) -> tuple[int, np.ndarray]:
-    """Decode a DistSpec into (code, float64[4]) as the reference's sampler constructor does."""
-    if d.type not in IMPLEMENTED_DISTS:
-        raise BlisInputError(
-            f'client "{client_id}" {which} distribution: type "{d.type}" is not supported yet'
-        )
-    for key in DIST_REQUIRED_PARAMS[d.type]:
-        if key not in d.params:
-            raise BlisInputError(
-                f'client "{client_id}" {which} distribution: '
-                f'distribution requires parameter "{key}"'
-            )
-    p = np.zeros(N_DIST_PARAMS, dtype=np.float64)
-    if d.type == "gaussian":
-        p[0] = d.params["mean"]
-        p[1] = d.params["std_dev"]
-        p[2] = float(math.trunc(d.params["min"]))
-        p[3] = float(math.trunc(d.params["max"]))
-    elif d.type == "exponential":
-        p[0] = d.params["mean"]
-    elif d.type == "constant":
-        p[0] = float(math.trunc(d.params["value"]))
-    return DIST_CODES[d.type], p
+def _has_multi_turn(c: ClientSpec) -> bool:
+    return c.reasoning is not None and c.reasoning.multi_turn is not None
 
 
-def _arrival_params(c: ClientSpec, rate_us: float) -> tuple[int, int, float]:
-    """Decode a client's arrival process into (code, constant iat, floored rate) (WL-5.2)."""
-    process = c.arrival.process
-    if process not in IMPLEMENTED_ARRIVALS:
-        raise BlisInputError(f'client "{c.id}": arrival process "{process}" is not supported yet')
-    if rate_us < 1e-15:
-        rate_us = 1e-15
-    iat = 0
-    if process == "constant":
-        iat = max(1, math.trunc(1.0 / rate_us))
-    return ARRIVAL_CODES[process], iat, rate_us
-
-
-def _is_session_client(c: ClientSpec) -> bool:
-    """isClosedLoop for standard clients: the explicit flag, else False (no multi-turn yet)."""
-    return bool(c.closed_loop) if c.closed_loop is not None else False
+def is_closed_loop(c: ClientSpec) -> bool:
+    """``isClosedLoop``: the explicit flag, else whether the client is multi-turn (WL-6.3)."""
+    if c.closed_loop is not None:
+        return bool(c.closed_loop)
+    return _has_multi_turn(c)
 
 
 def client_metadata(c: ClientSpec) -> dict[str, object]:
-    """The per-client fields copied onto each request (RequestTable.clients entry)."""
+    """The per-client fields its requests carry (RequestTable.clients entry)."""
+    mt = _has_multi_turn(c)
     return {
         "id": c.id,
         "tenant_id": c.tenant_id,
         "slo_class": c.slo_class,
         "model": c.model,
-        "prefix_group": c.prefix_group,
-        "streaming": bool(c.streaming),
+        "prefix_group": "" if mt else c.prefix_group,
+        "streaming": False if mt else bool(c.streaming),
     }
 
 
-def _deadlines(
-    clients: list[ClientSpec], client_idx: np.ndarray, arrival: np.ndarray
-) -> np.ndarray:
-    """Per-request deadlines by WL-5.7's computeDeadline, vectorized per client."""
-    offset = np.zeros(len(clients), dtype=np.int64)  # 0 = no deadline
+def _deadline_offsets(clients: list[ClientSpec]) -> tuple[np.ndarray, np.ndarray]:
+    """computeDeadline offsets per client: (standard requests, session requests); 0 = none."""
+    std = np.zeros(len(clients), dtype=np.int64)
+    ses = np.zeros(len(clients), dtype=np.int64)
     for k, c in enumerate(clients):
         if c.timeout is None:
-            offset[k] = DEFAULT_TIMEOUT_US if _is_session_client(c) else 0
+            ses[k] = DEFAULT_TIMEOUT_US
+            std[k] = DEFAULT_TIMEOUT_US if is_closed_loop(c) else 0
         else:
-            offset[k] = int(c.timeout)
-    off = offset[client_idx] if client_idx.size else np.zeros(0, dtype=np.int64)
-    return np.where(off > 0, arrival + off, 0).astype(np.int64)
+            std[k] = ses[k] = int(c.timeout)
+    return std, ses
+
+
+def _deadlines(std, ses, client_idx, session_idx, arrival) -> np.ndarray:
+    """Per-row deadlines (arrival + offset, wrapping like Go's int64; 0 when no timeout)."""
+    if client_idx.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    off = np.where(session_idx >= 0, ses[client_idx], std[client_idx])
+    with np.errstate(over="ignore"):
+        return np.where(off > 0, arrival + off, 0).astype(np.int64)
+
+
+@dataclass
+class _Samplers:
+    """The flat sampler table handed to the kernel, plus error texts of invalid samplers."""
+
+    codes: list[int] = field(default_factory=list)
+    offs: list[int] = field(default_factory=list)
+    params: list[np.ndarray] = field(default_factory=list)
+    specs: list[SamplerSpec] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    size: int = 0
+    cache: dict = field(default_factory=dict)
+
+    def add(self, dist, label: str) -> int:
+        """Sampler id of ``dist`` (built once per distinct DistSpec object and label)."""
+        key = (id(dist), label)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        smp = build_sampler(dist)
+        sid = len(self.codes)
+        self.codes.append(smp.code)
+        self.offs.append(self.size)
+        self.params.append(smp.params)
+        self.specs.append(smp)
+        self.labels.append(label)
+        self.size += smp.params.shape[0]
+        self.cache[key] = sid
+        return sid
+
+    def arrays(self):
+        sp = np.concatenate(self.params) if self.params else np.zeros(0)
+        if sp.shape[0] == 0:
+            sp = np.zeros(1, dtype=np.float64)
+        return (np.asarray(self.codes, dtype=np.int64), np.asarray(self.offs, dtype=np.int64),
+                np.ascontiguousarray(sp, dtype=np.float64))  # fmt: skip
+
+    def error(self, client: ClientSpec, sid: int) -> BlisInputError:
+        """The reference's message for invalid sampler ``sid`` met while generating ``client``."""
+        return BlisInputError(
+            f"client {go_quote(client.id)} {self.labels[sid]}: {self.specs[sid].error}"
+        )
+
+
+@dataclass
+class _Raw:
+    """GenerateRequests' result before table assembly (rows sorted and truncated)."""
+
+    spec: WorkloadSpec
+    clients: list[ClientSpec]
+    rows: np.ndarray  # (n, N_R) int64
+    ratio: np.ndarray
+    offsets: np.ndarray
+    digests: np.ndarray
+    sess_val: np.ndarray
+    sess_r0: np.ndarray
+    r0_tok: np.ndarray
+    first_in: np.ndarray
+    fcap_tok: np.ndarray
+    fcap_off: np.ndarray
+    g_off: np.ndarray
+    prefix_tok: np.ndarray
+    group_of: np.ndarray
+    group_len: np.ndarray
+    samplers: _Samplers
+    ci: np.ndarray
+
+
+def _wrap64(v: int) -> int:
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+def _working_spec(spec: WorkloadSpec) -> tuple[WorkloadSpec, list[ClientSpec]]:
+    """Expansion, upgrade and validation (WL-4.6) on a copy; the working client list."""
+    work = expand_sources(spec)
+    upgrade_v1_to_v2(work)
+    try:
+        validate_spec(work)
+    except BlisInputError as exc:
+        raise BlisInputError(f"invalid workload spec: {exc}") from None
+    clients = list(work.clients)
+    if work.cohorts:
+        clients.extend(expand_cohorts(work.cohorts, work.seed))
+    return work, clients
+
+
+def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
+         conversion: bool) -> _Raw:  # fmt: skip
+    """GenerateRequests: every client's requests, merged in arrival order and truncated."""
+    work, clients = _working_spec(spec)
+    k_n = len(clients)
+    rates = normalize_rate_fractions(clients, work.aggregate_rate)
+
+    group_index: dict[str, int] = {}
+    group_len: list[int] = []
+    group_of = np.full(k_n, -1, dtype=np.int64)
+    for i, c in enumerate(clients):
+        if not c.prefix_group:
+            continue
+        if c.prefix_group not in group_index:
+            group_index[c.prefix_group] = len(group_len)
+            group_len.append(c.prefix_length if c.prefix_length > 0 else DEFAULT_PREFIX_LENGTH)
+        group_of[i] = group_index[c.prefix_group]
+
+    # Closed-loop conversion (WL-6.4, DELTA-49): rounds >= 1 of sessions generated by a client
+    # whose id is a closed-loop multi-turn client's id never reach the output (they are
+    # truncated away or filtered), so their tokens are drawn but not hashed.
+    cl_mt = [c for c in clients if is_closed_loop(c) and _has_multi_turn(c)] if conversion else []
+    cl_ids = {c.id for c in cl_mt}
+    accum_ids = {c.id for c in cl_mt if c.reasoning.multi_turn.context_growth == "accumulate"}
+    fcap_len: dict[str, int] = {}
+    for c in cl_mt:
+        if c.prefix_group and c.prefix_length > 0:
+            fcap_len[c.id] = max(fcap_len.get(c.id, 0), c.prefix_length)
+
+    cap_std = int(max_requests)
+    cap_mt = 0
+    if max_requests > 0:
+        cap_mt = 2 * int(max_requests)
+        if cap_mt > MAX_INT64:
+            cap_mt = MAX_INT64
+
+    smp = _Samplers()
+    ci = np.zeros((k_n, N_CI), dtype=np.int64)
+    cf = np.zeros((k_n, N_CF), dtype=np.float64)
+    ci[:, CI_GROUP] = group_of
+    ci[:, CI_RR] = SAMPLER_ABSENT
+    ci[:, CI_MM0 : CI_MM0 + 7] = SAMPLER_ABSENT
+    win_start: list[int] = []
+    win_end: list[int] = []
+    fcap_off = np.zeros(k_n, dtype=np.int64)
+    fcap_total = 0
+    arr_cache: dict = {}
+    for i, c in enumerate(clients):
+        ci[i, CI_WIN0] = len(win_start)
+        if c.lifecycle is not None:
+            for w in c.lifecycle.windows:
+                win_start.append(int(w.start_us))
+                win_end.append(int(w.end_us))
+        ci[i, CI_WIN1] = len(win_start)
+        if rates[i] <= 0:
+            continue
+        ci[i, CI_ACTIVE] = 1
+        fac = c.arrival_factory
+        if fac is not None and fac.kind == "normalized_exponential":
+            ci[i, CI_ARR] = ARRIVAL_NORMALIZED_EXP
+            ci[i, CI_NCOUNT] = fac.count
+            ci[i, CI_NDUR] = fac.duration_us
+        elif fac is not None:
+            ci[i, CI_ARR] = ARRIVAL_FACTORY_POISSON
+            cf[i, CF_RATE] = fac.rate_us
+        else:
+            key = (c.arrival.process, c.arrival.cv, rates[i])
+            ap = arr_cache.get(key)
+            if ap is None:
+                ap = arr_cache[key] = arrival_params(c.arrival.process, c.arrival.cv, rates[i])
+            ci[i, CI_ARR], ci[i, CI_IAT], cf[i, CF_RATE], cf[i, CF_P1], cf[i, CF_P2] = ap
+        ci[i, CI_IN] = smp.add(c.input_dist, "input distribution")
+        ci[i, CI_OUT] = smp.add(c.output_dist, "output distribution")
+        if _has_multi_turn(c):
+            mt = c.reasoning.multi_turn
+            ci[i, CI_MT] = 1
+            ci[i, CI_ROUNDS] = mt.max_rounds
+            ci[i, CI_THINK] = mt.think_time_us
+            ci[i, CI_ACCUM] = 1 if mt.context_growth == "accumulate" else 0
+            ci[i, CI_SINGLE] = 1 if mt.single_session else 0
+            ci[i, CI_CAP] = cap_mt
+            rr = c.reasoning.reason_ratio_dist
+            if rr.type != "":
+                ci[i, CI_RR] = smp.add(rr, "reasoning: reason ratio distribution")
+            if c.id in cl_ids:
+                ci[i, CI_DROP] = 1
+                ci[i, CI_CAPR0] = 1 if c.id in accum_ids else 0
+                fc = fcap_len.get(c.id, 0)
+                if fc > 0:
+                    ci[i, CI_FCAP] = fc
+                    ci[i, CI_FCAP_OFF] = fcap_total
+                    fcap_off[i] = fcap_total
+                    fcap_total += fc
+        else:
+            ci[i, CI_CAP] = cap_std
+            if c.multimodal is not None:
+                ci[i, CI_MM] = 1
+                for j, attr in enumerate(_MM_ATTRS):
+                    d = getattr(c.multimodal, attr)
+                    if d.type != "":
+                        ci[i, CI_MM0 + j] = smp.add(d, f"multimodal: {_MM_NAMES[j]} distribution")
+
+    s_code, s_off, sp = smp.arrays()
+    if s_code.shape[0] == 0:
+        s_code = np.full(1, SAMPLER_ABSENT, dtype=np.int64)
+        s_off = np.zeros(1, dtype=np.int64)
+    res = K.generate_kernel(
+        np.int64(subsystem_seed(work.seed, "workload-gen")),
+        np.asarray(group_len, dtype=np.int64),
+        ci, cf, s_code, s_off, sp,
+        np.asarray(win_start, dtype=np.int64), np.asarray(win_end, dtype=np.int64),
+        np.int64(horizon), np.int64(block_size), np.int64(fcap_total), np.int64(max_requests),
+    )  # fmt: skip
+    (status, err_k, err_s, rows, ratio, offsets, digests, sess_val, sess_r0, r0_tok,
+     first_in, fcap_tok, g_off, prefix_tok) = res  # fmt: skip
+    if status == STATUS_SAMPLER_ERROR:
+        raise smp.error(clients[err_k], err_s)
+    if status == STATUS_NEGATIVE_LENGTH:
+        raise BlisInputError("a length distribution produced a negative token count")
+    nd = int(offsets[-1])
+    if digests.shape[0] > nd + nd // 4 + 1024:
+        digests = digests[:nd].copy()  # do not keep a mostly empty growth buffer alive
+    else:
+        digests = digests[:nd]
+    return _Raw(work, clients, rows, ratio, offsets, digests, sess_val, sess_r0, r0_tok,
+                first_in, fcap_tok, fcap_off, g_off, prefix_tok, group_of,
+                np.asarray(group_len, dtype=np.int64), smp, ci)  # fmt: skip
+
+
+def _assemble(raw: _Raw, rows, ratio, offsets, digests, sess_names, block_size) -> RequestTable:
+    """Build the RequestTable; ``sess_names`` maps a row's session key to its id string."""
+    n = rows.shape[0]
+    cidx = rows[:, R_CLIENT].astype(np.int32)
+    skey = rows[:, R_SESS]
+    sessions: list[str] = []
+    sidx = np.full(n, -1, dtype=np.int32)
+    has = np.flatnonzero(skey >= 0)
+    if has.shape[0]:
+        uniq, first_pos, inv = np.unique(skey[has], return_index=True, return_inverse=True)
+        by_first = np.argsort(first_pos, kind="stable")
+        remap = np.empty(uniq.shape[0], dtype=np.int64)
+        remap[by_first] = np.arange(uniq.shape[0])
+        sessions = [sess_names(int(uniq[u])) for u in by_first]
+        sidx[has] = remap[inv.reshape(-1)].astype(np.int32)
+    arrival = np.ascontiguousarray(rows[:, R_ARR])
+    std, ses = _deadline_offsets(raw.clients)
+    return RequestTable(
+        arrival_us=arrival,
+        input_len=np.ascontiguousarray(rows[:, R_IN]),
+        output_len=np.ascontiguousarray(rows[:, R_OUT]),
+        max_output_len=np.ascontiguousarray(rows[:, R_OUT]),
+        deadline_us=_deadlines(std, ses, cidx, sidx, arrival),
+        prefix_length=np.ascontiguousarray(rows[:, R_PRE]),
+        client_idx=cidx,
+        chunk_offsets=np.ascontiguousarray(offsets, dtype=np.int64),
+        chunk_digests=np.ascontiguousarray(digests, dtype=np.uint64),
+        clients=[client_metadata(c) for c in raw.clients],
+        block_size=int(block_size),
+        seed=int(raw.spec.seed),
+        session_idx=sidx,
+        round_index=np.ascontiguousarray(rows[:, R_ROUND]).astype(np.int32),
+        text_tokens=np.ascontiguousarray(rows[:, R_TEXT]),
+        image_tokens=np.ascontiguousarray(rows[:, R_IMAGE]),
+        audio_tokens=np.ascontiguousarray(rows[:, R_AUDIO]),
+        video_tokens=np.ascontiguousarray(rows[:, R_VIDEO]),
+        reason_ratio=np.ascontiguousarray(ratio, dtype=np.float64),
+        sessions=sessions,
+    )
+
+
+def _check_args(spec, horizon, max_requests, block_size) -> bool:
+    """Argument checks of GenerateRequests; False when nothing is to be generated."""
+    if block_size <= 0:
+        raise BlisInputError(f"block size must be positive, got {block_size}")
+    if horizon <= 0:
+        return False
+    if max_requests < 0:
+        raise BlisInputError(f"maxRequests must be non-negative, got {max_requests}")
+    return True
+
+
+def _empty_table(spec: WorkloadSpec, block_size: int) -> RequestTable:
+    clients = list(spec.clients) + expand_cohorts(spec.cohorts, spec.seed)
+    return RequestTable.empty(block_size=block_size, seed=spec.seed,
+                              clients=[client_metadata(c) for c in clients])  # fmt: skip
 
 
 def generate_requests(
@@ -386,117 +524,270 @@ def generate_requests(
     max_requests: int = 0,
     block_size: int = 16,
 ) -> RequestTable:
-    """Generate the workload of ``spec`` as the reference's GenerateRequests does (WL-5)."""
-    if block_size <= 0:
-        raise BlisInputError(f"block size must be positive, got {block_size}")
-    clients = list(spec.clients)
-    meta = [client_metadata(c) for c in clients]
-    if horizon <= 0:
-        return RequestTable.empty(block_size=block_size, seed=spec.seed, clients=meta)
-    if max_requests < 0:
-        raise BlisInputError(f"maxRequests must be non-negative, got {max_requests}")
-    upgrade_v1_to_v2(spec)
-    validate_spec(spec)
-    meta = [client_metadata(c) for c in clients]  # after the SLO-class upgrade
+    """The reference's ``GenerateRequests`` (WL-5, WL-6.2): all rounds of all sessions."""
+    if not _check_args(spec, horizon, max_requests, block_size):
+        return _empty_table(spec, block_size)
+    raw = _run(spec, horizon, max_requests, block_size, conversion=False)
+    vals = raw.sess_val
+    return _assemble(raw, raw.rows, raw.ratio, raw.offsets, raw.digests,
+                     lambda s: f"sess_{int(vals[s])}", block_size)  # fmt: skip
 
-    rates = normalize_rate_fractions(clients, spec.aggregate_rate)
-    k = len(clients)
-    group_index: dict[str, int] = {}
-    group_len: list[int] = []
-    client_group = np.full(k, -1, dtype=np.int64)
-    for i, c in enumerate(clients):
-        if not c.prefix_group:
+
+def generate_workload(
+    spec: WorkloadSpec,
+    horizon: int = MAX_INT64,
+    max_requests: int = 0,
+    block_size: int = 16,
+) -> GeneratedWorkload:
+    """The reference's ``GenerateWorkload`` (WL-6.4, DELTA-47/49): requests and blueprints.
+
+    The table holds the pre-generated requests (round 0 of closed-loop sessions, every
+    round of open-loop sessions, non-session requests, concurrency seeds) sorted by arrival.
+    ``spec`` is not modified.
+    """
+    if not _check_args(spec, horizon, max_requests, block_size):
+        return GeneratedWorkload(_empty_table(spec, block_size), [], -1, [])
+    raw = _run(spec, horizon, max_requests, block_size, conversion=True)
+    clients = raw.clients
+    vals = raw.sess_val
+    has_cl = any(is_closed_loop(c) for c in clients)
+    has_conc = any(c.concurrency > 0 for c in clients)
+    if not has_cl and not has_conc:
+        table = _assemble(raw, raw.rows, raw.ratio, raw.offsets, raw.digests,
+                          lambda s: f"sess_{int(vals[s])}", block_size)  # fmt: skip
+        return GeneratedWorkload(table, [], -1, clients)
+
+    rows = raw.rows
+    is_r0 = (rows[:, R_SESS] >= 0) & (rows[:, R_ROUND] == 0)
+    r0_pos = np.flatnonzero(is_r0)
+    r0_client = rows[r0_pos, R_CLIENT]
+
+    # 1. closed-loop multi-turn blueprints (client order, session ids sorted as strings).
+    #    A client claims the round-0 session rows whose client id equals its id (DELTA-49).
+    id_code: dict[str, int] = {}
+    code_of = np.array([id_code.setdefault(c.id, len(id_code)) for c in clients], dtype=np.int64)
+    r0_code = code_of[r0_client] if r0_client.shape[0] else np.zeros(0, dtype=np.int64)
+    by_code = np.argsort(r0_code, kind="stable")  # keeps table order within one id
+    bounds = np.searchsorted(r0_code[by_code], np.arange(len(id_code) + 1))
+    plans = []
+    n_seeds = 0
+    for ki, c in enumerate(clients):
+        if not (is_closed_loop(c) and _has_multi_turn(c)):
             continue
-        if c.prefix_group not in group_index:
-            group_index[c.prefix_group] = len(group_len)
-            group_len.append(c.prefix_length if c.prefix_length > 0 else DEFAULT_PREFIX_LENGTH)
-        client_group[i] = group_index[c.prefix_group]
+        for d, lab in ((c.input_dist, "input"), (c.output_dist, "output")):
+            s = build_sampler(d)
+            if not s.valid:
+                raise BlisInputError(
+                    f"client {go_quote(c.id)} {lab} distribution for blueprint: {s.error}"
+                )
+        code = id_code[c.id]
+        sel = r0_pos[by_code[bounds[code] : bounds[code + 1]]]
+        prefix = np.zeros(0, dtype=np.int64)
+        if c.prefix_group and c.prefix_length > 0 and sel.shape[0]:
+            k0 = int(rows[sel[0], R_CLIENT])
+            if raw.first_in[k0] >= c.prefix_length:
+                off = raw.fcap_off[k0]
+                prefix = raw.fcap_tok[off : off + c.prefix_length].copy()
+        names = np.array([f"sess_{v}" for v in vals[rows[sel, R_SESS]].tolist()])
+        srt = np.argsort(names, kind="stable")
+        plans.append((ki, c, prefix, names[srt].tolist(), sel[srt]))
+        n_seeds += sel.shape[0]
+    bp_seeds = K.int63_sequence(np.int64(_wrap64(raw.spec.seed + BLUEPRINT_SEED_OFFSET)), n_seeds)
 
-    active = np.zeros(k, dtype=np.bool_)
-    arr_code = np.zeros(k, dtype=np.int64)
-    arr_iat = np.zeros(k, dtype=np.int64)
-    arr_rate = np.zeros(k, dtype=np.float64)
-    in_code = np.zeros(k, dtype=np.int64)
-    out_code = np.zeros(k, dtype=np.int64)
-    in_param = np.zeros((k, N_DIST_PARAMS), dtype=np.float64)
-    out_param = np.zeros((k, N_DIST_PARAMS), dtype=np.float64)
-    win_off = np.zeros(k + 1, dtype=np.int64)
-    win_start: list[int] = []
-    win_end: list[int] = []
-    for i, c in enumerate(clients):
-        if c.lifecycle is not None:
-            for w in c.lifecycle.windows:
-                win_start.append(int(w.start_us))
-                win_end.append(int(w.end_us))
-        win_off[i + 1] = len(win_start)
-        if rates[i] <= 0:
+    # 2. keep round 0 of claimed sessions (= drop the flagged rows), everything else as is
+    keep = rows[:, R_DROP] == 0
+    kept_pos = np.flatnonzero(keep)
+    n_kept = kept_pos.shape[0]
+
+    # 3. concurrency seeds
+    u_client: list[int] = []
+    u_arrival: list[int] = []
+    u_index: list[int] = []
+    total_users = 0
+    for ki, c in enumerate(clients):
+        if c.concurrency <= 0:
             continue
-        active[i] = True
-        arr_code[i], arr_iat[i], arr_rate[i] = _arrival_params(c, rates[i])
-        in_code[i], in_param[i] = _dist_params(c.id, "input", c.input_dist)
-        out_code[i], out_param[i] = _dist_params(c.id, "output", c.output_dist)
-
-    # The reference caps each client at 2*maxRequests only to bound memory. A client's
-    # (N+1)-th request arrives strictly after its own first N (IAT >= 1), so it can never
-    # survive the final truncation to N; capping at N gives identical output, faster.
-    cap = int(max_requests)
-
-    status, arrival, in_len, out_len, pre_len, cidx, offsets, digests = _generate_kernel(
-        np.int64(subsystem_seed(spec.seed, "workload-gen")),
-        np.asarray(group_len, dtype=np.int64),
-        client_group,
-        active,
-        arr_code,
-        arr_iat,
-        arr_rate,
-        in_code,
-        in_param,
-        out_code,
-        out_param,
-        win_off,
-        np.asarray(win_start, dtype=np.int64),
-        np.asarray(win_end, dtype=np.int64),
-        np.int64(horizon),
-        np.int64(cap),
-        np.int64(block_size),
-    )
-    if status == STATUS_NEGATIVE_LENGTH:
+        for d, lab in ((c.input_dist, "input"), (c.output_dist, "output")):
+            s = build_sampler(d)
+            if not s.valid:
+                raise BlisInputError(f"client {go_quote(c.id)} {lab} distribution: {s.error}")
+        for u in range(c.concurrency):
+            if max_requests > 0 and n_kept + len(u_client) >= max_requests:
+                break
+            arr = 0
+            if c.think_time_us > 0 and c.concurrency > 1:
+                prod = _wrap64(u * c.think_time_us)
+                q = abs(prod) // c.concurrency
+                arr = q if prod >= 0 else -q
+            u_client.append(ki)
+            u_arrival.append(arr)
+            u_index.append(u)
+        total_users += c.concurrency
+    m = len(u_client)
+    ci2 = raw.ci.copy()
+    extra = _Samplers()
+    for ki in sorted(set(u_client)):
+        ci2[ki, CI_IN] = extra.add(clients[ki].input_dist, "input distribution")
+        ci2[ki, CI_OUT] = extra.add(clients[ki].output_dist, "output distribution")
+    s_code, s_off, sp = extra.arrays()
+    if s_code.shape[0] == 0:
+        s_code = np.full(1, SAMPLER_ABSENT, dtype=np.int64)
+        s_off = np.zeros(1, dtype=np.int64)
+    st, c_rows, c_off, c_dig, c_bp = K.concurrency_kernel(
+        np.int64(_wrap64(raw.spec.seed + CONCURRENCY_SEED_OFFSET)),
+        np.asarray(u_client, dtype=np.int64), np.asarray(u_arrival, dtype=np.int64),
+        ci2, s_code, s_off, sp, raw.group_len, raw.g_off, raw.prefix_tok, np.int64(block_size),
+    )  # fmt: skip
+    if st == STATUS_NEGATIVE_LENGTH:
         raise BlisInputError("a length distribution produced a negative token count")
+    n_sess_kernel = int(vals.shape[0])
+    c_rows = c_rows.copy()
+    c_rows[:, R_SESS] = n_sess_kernel + np.arange(m)
 
-    order = np.argsort(arrival, kind="stable")
-    if max_requests > 0 and order.shape[0] > max_requests:
-        order = order[:max_requests]
-    if order.shape[0] == arrival.shape[0] and bool(np.all(order == np.arange(order.shape[0]))):
-        new_off, new_dig = offsets, digests  # already in arrival order (e.g. one client)
+    # 4. merge (kept rows first, then seeds), stable sort, renumber
+    if m == 0:
+        # Dropped rows carry no digests, so the kept rows' digests are the buffer as it is.
+        order = np.arange(n_kept, dtype=np.int64)
+        all_rows = rows if n_kept == rows.shape[0] else rows[kept_pos]
+        all_ratio = raw.ratio if n_kept == rows.shape[0] else raw.ratio[kept_pos]
+        csr_off = np.zeros(n_kept + 1, dtype=np.int64)
+        np.cumsum(np.diff(raw.offsets)[kept_pos], out=csr_off[1:])
+        new_dig = raw.digests
     else:
-        arrival, in_len, out_len, pre_len, cidx = (
-            a[order] for a in (arrival, in_len, out_len, pre_len, cidx)
-        )
-        new_off, new_dig = _gather_csr(offsets, digests, order)
+        all_rows = np.concatenate([rows[kept_pos], c_rows])
+        all_ratio = np.concatenate([raw.ratio[kept_pos], np.zeros(m)])
+        seg_src = np.concatenate([np.zeros(n_kept, dtype=np.int64), np.ones(m, dtype=np.int64)])
+        seg_off = np.concatenate([raw.offsets[:-1][kept_pos], c_off[:-1]])
+        seg_len = np.concatenate([np.diff(raw.offsets)[kept_pos], np.diff(c_off)])
+        order = np.argsort(all_rows[:, R_ARR], kind="stable")
+        all_rows = all_rows[order]
+        all_ratio = all_ratio[order]
+        csr_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
+        np.cumsum(seg_len[order], out=csr_off[1:])
+        new_dig = K.gather_two(seg_src[order], seg_off[order], seg_len[order], raw.digests,
+                               c_dig, csr_off)  # fmt: skip
+    conc_names = [f"concurrency_{clients[k].id}_user_{u}" for k, u in zip(u_client, u_index,
+                                                                        strict=True)]  # fmt: skip
 
-    deadline = _deadlines(clients, cidx, arrival)
-    return RequestTable(
-        arrival_us=np.ascontiguousarray(arrival),
-        input_len=np.ascontiguousarray(in_len),
-        output_len=np.ascontiguousarray(out_len),
-        max_output_len=np.ascontiguousarray(out_len).copy(),
-        deadline_us=deadline,
-        prefix_length=np.ascontiguousarray(pre_len),
-        client_idx=np.ascontiguousarray(cidx, dtype=np.int32),
-        chunk_offsets=np.ascontiguousarray(new_off),
-        chunk_digests=np.ascontiguousarray(new_dig),
-        clients=meta,
-        block_size=int(block_size),
-        seed=int(spec.seed),
-    )
+    def name(s: int) -> str:
+        if s >= n_sess_kernel:
+            return conc_names[s - n_sess_kernel]
+        return f"sess_{int(vals[s])}"
+
+    table = _assemble(raw, all_rows, all_ratio, csr_off, new_dig, name, block_size)
+
+    # row of each session's round 0 in the final table
+    final_pos = np.empty(order.shape[0], dtype=np.int64)
+    final_pos[order] = np.arange(order.shape[0])
+    old_to_kept = np.full(rows.shape[0], -1, dtype=np.int64)
+    old_to_kept[kept_pos] = np.arange(n_kept)
+
+    blueprints: list[SessionBlueprint] = []
+    seeds = bp_seeds.tolist()
+    r0_info = raw.sess_r0.reshape(-1, 3)
+    j = 0
+    for ki, c, prefix, names, sel in plans:
+        mt = c.reasoning.multi_turn
+        s_in = build_sampler(c.input_dist)
+        s_out = build_sampler(c.output_dist)
+        r0_rows = final_pos[old_to_kept[sel]].tolist()
+        accum = mt.context_growth == "accumulate"
+        info = r0_info[rows[sel, R_SESS]].tolist() if accum else None
+        tok = raw.r0_tok
+        for q, sname in enumerate(names):
+            r0_in = r0_out = None
+            if accum:
+                o, li, lo = info[q]
+                if o >= 0:
+                    r0_in = tok[o : o + li]
+                    r0_out = tok[o + li : o + li + lo]
+            blueprints.append(SessionBlueprint(
+                sname, c.id, ki, seeds[j], mt.max_rounds, False, mt.context_growth,
+                mt.think_time_us, c.timeout, int(horizon), s_in, s_out, prefix, c.tenant_id,
+                c.slo_class, c.model, r0_rows[q], r0_in, r0_out,
+            ))  # fmt: skip
+            j += 1
+    for i in range(m):
+        ki = u_client[i]
+        c = clients[ki]
+        g = int(raw.group_of[ki])
+        prefix = (raw.prefix_tok[raw.g_off[g] : raw.g_off[g + 1]].copy() if g >= 0
+                  else np.zeros(0, dtype=np.int64))  # fmt: skip
+        blueprints.append(SessionBlueprint(
+            session_id=conc_names[i], client_id=c.id, client_idx=ki, seed=int(c_bp[i]),
+            max_rounds=0, unlimited_rounds=True, context_growth="",
+            think_time_us=c.think_time_us, timeout=c.timeout, horizon=int(horizon),
+            input_sampler=build_sampler(c.input_dist), output_sampler=build_sampler(c.output_dist),
+            prefix=prefix, tenant_id=c.tenant_id, slo_class=c.slo_class, model=c.model,
+            round0_row=int(final_pos[n_kept + i]),
+        ))  # fmt: skip
+    budget = -1
+    if max_requests > 0 and total_users > 0:
+        budget = max(0, int(max_requests) - table.n)
+    return GeneratedWorkload(table, blueprints, budget, clients)
 
 
+# --- deadlines after generation (DELTA-28) ----------------------------------------------------
 def apply_timeout(table: RequestTable, timeout_s: int) -> RequestTable:
     """Overwrite every deadline from ``--timeout`` seconds (DELTA-28): arrival + T*1e6, or 0 if T < 0."""
     if timeout_s == 0:
         raise ValueError("timeout 0 must be rejected by the caller (use a negative value)")
     if timeout_s > 0:
-        deadline = table.arrival_us + np.int64(int(timeout_s) * 1_000_000)
+        with np.errstate(over="ignore"):
+            deadline = table.arrival_us + np.int64(int(timeout_s) * 1_000_000)
     else:
         deadline = np.zeros(table.n, dtype=np.int64)
     return table.with_deadlines(deadline)
+
+
+def apply_timeout_to_workload(wl: GeneratedWorkload, timeout_s: int) -> GeneratedWorkload:
+    """``applyTimeoutToRequests``: request deadlines and blueprint timeouts from ``--timeout``."""
+    table = apply_timeout(wl.table, timeout_s)
+    us = int(timeout_s) * 1_000_000 if timeout_s > 0 else 0
+    sessions = [replace(b, timeout=us) for b in wl.sessions]
+    return GeneratedWorkload(table, sessions, wl.follow_up_budget, wl.clients)
+
+
+# --- parameter precedence (WL-1.2 - WL-1.4) ---------------------------------------------------
+def resolve_workload_seed(spec_seed: int, cli_seed: int, cli_seed_given: bool) -> int:
+    """WL-1.2: the spec's seed unless ``--seed`` was given explicitly."""
+    return int(cli_seed) if cli_seed_given else int(spec_seed)
+
+
+def resolve_horizon(spec_horizon: int, cli_horizon: int, cli_horizon_given: bool) -> int:
+    """WL-1.3: a positive spec horizon replaces the default unless ``--horizon`` was given."""
+    if spec_horizon > 0 and not cli_horizon_given:
+        return int(spec_horizon)
+    return int(cli_horizon)
+
+
+def resolve_max_requests(spec_num_requests: int, cli_num_requests: int,
+                         cli_num_requests_given: bool) -> int:  # fmt: skip
+    """WL-1.4: the spec's ``num_requests`` unless ``--num-requests`` was given (even 0)."""
+    return int(cli_num_requests) if cli_num_requests_given else int(spec_num_requests)
+
+
+def check_generation_bounded(max_requests: int, horizon: int) -> None:
+    """WL-1.4 guard: an uncapped request count needs a finite horizon."""
+    if max_requests <= 0 and horizon == MAX_INT64:
+        raise BlisConfigError(
+            "Workload requires either num_requests or --horizon to bound generation"
+        )
+
+
+__all__ = [
+    "MAX_INT64",
+    "GeneratedWorkload",
+    "SessionBlueprint",
+    "apply_timeout",
+    "apply_timeout_to_workload",
+    "check_generation_bounded",
+    "client_metadata",
+    "generate_requests",
+    "generate_workload",
+    "is_closed_loop",
+    "normalize_rate_fractions",
+    "resolve_horizon",
+    "resolve_max_requests",
+    "resolve_workload_seed",
+]

@@ -3,6 +3,11 @@
 One row per request in injection order (row ``i`` is ``request_<i>``). The engine reads it and
 never mutates it; token ids are never stored, only the content digests of each request's
 full ``block_size``-token chunks of *input ++ output* (aligned at token 0), in CSR form.
+
+Session columns (WL-6, DELTA-47): ``session_idx`` (int32, index into ``sessions``, -1 for a
+request outside any session) and ``round_index`` (int32). Multimodal counts (int64) and
+``reason_ratio`` (float64) are per-request metadata (WL-6.1, WL-6.2). Tables built without
+them get zeros / -1 / an empty ``sessions`` list.
 """
 
 from __future__ import annotations
@@ -13,7 +18,13 @@ from typing import Any
 import numpy as np
 
 CLIENT_KEYS = ("id", "tenant_id", "slo_class", "model", "prefix_group", "streaming")
-"""Keys of each per-client metadata dict in :attr:`RequestTable.clients`."""
+"""Keys of each per-client metadata dict in :attr:`RequestTable.clients`.
+
+The values are the ones the client's requests carry: a multi-turn (reasoning) client's
+requests carry no prefix group and ``streaming`` false (WL-6.2), so its entry says so. Session
+follow-ups (round >= 1 produced by the engine) carry neither either (WL-6.5)."""
+
+_OPTIONAL_INT64 = ("text_tokens", "image_tokens", "audio_tokens", "video_tokens")
 
 _INT64_COLUMNS = (
     "arrival_us",
@@ -41,10 +52,39 @@ class RequestTable:
     clients: list[dict[str, Any]] = field(default_factory=list)
     block_size: int = 16
     seed: int = 0  # workload seed used for generation (trace header ``workload_seed``)
+    session_idx: np.ndarray | None = None  # int32, index into ``sessions``; -1 = no session
+    round_index: np.ndarray | None = None  # int32, round within the session (0 otherwise)
+    text_tokens: np.ndarray | None = None  # int64, multimodal text token count
+    image_tokens: np.ndarray | None = None  # int64
+    audio_tokens: np.ndarray | None = None  # int64
+    video_tokens: np.ndarray | None = None  # int64
+    reason_ratio: np.ndarray | None = None  # float64, in [0, 1]
+    sessions: list[str] = field(default_factory=list)  # session ids ("sess_<n>", ...)
 
     def __post_init__(self) -> None:
-        """Check dtypes and lengths once, so kernels can trust the arrays."""
+        """Fill absent optional columns, then check dtypes and lengths once."""
         n = self.arrival_us.shape[0]
+        if self.session_idx is None:
+            object.__setattr__(self, "session_idx", np.full(n, -1, dtype=np.int32))
+        if self.round_index is None:
+            object.__setattr__(self, "round_index", np.zeros(n, dtype=np.int32))
+        for name in _OPTIONAL_INT64:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(n, dtype=np.int64))
+        if self.reason_ratio is None:
+            object.__setattr__(self, "reason_ratio", np.zeros(n, dtype=np.float64))
+        for name in ("session_idx", "round_index"):
+            arr = getattr(self, name)
+            if arr.dtype != np.int32 or arr.shape != (n,):
+                raise ValueError(f"RequestTable.{name} must be int32[{n}]")
+        for name in _OPTIONAL_INT64:
+            arr = getattr(self, name)
+            if arr.dtype != np.int64 or arr.shape != (n,):
+                raise ValueError(f"RequestTable.{name} must be int64[{n}]")
+        if self.reason_ratio.dtype != np.float64 or self.reason_ratio.shape != (n,):
+            raise ValueError(f"RequestTable.reason_ratio must be float64[{n}]")
+        if n and self.session_idx.max(initial=-1) >= len(self.sessions):
+            raise ValueError("RequestTable.session_idx points past the sessions list")
         for name in _INT64_COLUMNS:
             arr = getattr(self, name)
             if arr.dtype != np.int64 or arr.shape != (n,):
@@ -72,6 +112,11 @@ class RequestTable:
     def chunks(self, i: int) -> np.ndarray:
         """Content digests of request ``i``'s full blocks (a view)."""
         return self.chunk_digests[self.chunk_offsets[i] : self.chunk_offsets[i + 1]]
+
+    def session_id(self, i: int) -> str:
+        """Session id of row ``i`` (empty outside sessions)."""
+        k = int(self.session_idx[i])
+        return self.sessions[k] if k >= 0 else ""
 
     def request_id(self, i: int) -> str:
         """Reference-style id of row ``i`` (``request_<i>``)."""

@@ -205,3 +205,26 @@ def validate_distribution_params(p: DistributionParams) -> None:
     for failed, msg in checks:
         if failed:
             raise BlisConfigError(msg)
+
+
+def synthesize_concurrency(
+    params: DistributionParams,
+    concurrency: int,
+    think_time_ms: int,
+    num_requests: int = 0,
+    seed: int = 42,
+) -> WorkloadSpec:
+    """Build the spec of ``--concurrency C`` (DELTA-29): one closed-loop ``distribution`` client.
+
+    ``num_requests`` is ``--num-requests`` only when given explicitly (else 0, so a horizon is
+    required); ``params.rate`` and ``params.num_requests`` are ignored. Generation follows
+    DELTA-47 (one seed request per virtual user, then the engine drives the sessions).
+    """
+    spec = synthesize_from_distribution(params, seed=seed)
+    client = spec.clients[0]
+    client.concurrency = int(concurrency)
+    client.think_time_us = int(think_time_ms) * 1000
+    client.rate_fraction = 0.0
+    spec.aggregate_rate = 0.0
+    spec.num_requests = int(num_requests)
+    return spec

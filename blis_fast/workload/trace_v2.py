@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from blis_fast.workload.gofmt import go_f
 from blis_fast.workload.request_table import RequestTable
 
 TRACE_V2_COLUMNS = (
@@ -84,13 +85,32 @@ def go_csv_field(field: str) -> str:
     return '"' + field.replace('"', '""') + '"'
 
 
-def _int_strings(a: np.ndarray) -> np.ndarray:
-    """Decimal text of an integer array (object array of str)."""
-    return np.asarray(a, dtype=np.int64).astype(str).astype(object)
+def _int_strings(a: np.ndarray) -> np.ndarray | str:
+    """Decimal text of an integer array (object array of str; one str if all values agree)."""
+    a = np.asarray(a, dtype=np.int64)
+    if a.size and a[0] == a.min() == a.max():
+        return str(int(a[0]))
+    return a.astype(str).astype(object)
+
+
+def _ratio_strings(ratio: np.ndarray) -> np.ndarray:
+    """``strconv.FormatFloat(r, 'f', -1, 64)`` of every reason ratio (few distinct values)."""
+    uniq, inv = np.unique(ratio, return_inverse=True)
+    if uniq.shape[0] == 1:
+        return go_f(float(uniq[0]))
+    text = np.array([go_f(float(v)) for v in uniq], dtype=object)
+    return text[inv.reshape(-1)]
 
 
 def build_trace_csv(table: RequestTable, outcome: TraceOutcome) -> str:
-    """Return the whole trace v2 CSV text (header row included) for ``table`` rows in order."""
+    """Return the whole trace v2 CSV text (header row included) for ``table`` rows in order.
+
+    Per row: client/tenant/SLO/model come from the row's client; ``session_id`` and
+    ``round_index`` from the session columns; ``prefix_group`` and ``streaming`` from the
+    client except on rounds >= 1 (session follow-ups carry neither, WL-6.5); prefix length,
+    multimodal counts and ``reason_ratio`` are per row (DELTA-62: ``input_tokens`` excludes the
+    prefix).
+    """
     n = table.n
     header = ",".join(TRACE_V2_COLUMNS) + "\n"
     if n == 0:
@@ -110,6 +130,7 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome) -> str:
     prefix = table.prefix_length[order]
     inp = table.input_len[order]
     cidx = table.client_idx[order]
+    rnd = table.round_index[order]
     status, ttft, itl = status[order], ttft[order], itl[order]
 
     # DELTA-62: prefix reported separately; input_tokens is the suffix length.
@@ -120,7 +141,7 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome) -> str:
     first = np.where(has_first, arrival + ttft, 0)
     last = np.where(has_first, arrival + ttft + itl, 0)
 
-    # Per-client text: client_id,tenant_id,slo_class,session_id(empty),round_index(0),prefix_group
+    clients = table.clients or [{}]
     head = np.array(
         [
             ",".join(
@@ -128,41 +149,61 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome) -> str:
                     go_csv_field(str(c.get("id", ""))),
                     go_csv_field(str(c.get("tenant_id", ""))),
                     go_csv_field(str(c.get("slo_class", ""))),
-                    "",
-                    "0",
-                    go_csv_field(str(c.get("prefix_group", ""))),
                 )
             )
-            for c in table.clients
-        ]
-        or [""],
+            for c in clients
+        ],
         dtype=object,
     )
-    streaming = np.array(
-        ["true" if c.get("streaming", False) else "false" for c in table.clients] or ["false"],
-        dtype=object,
-    )
-    # text/image/audio/video tokens, reason_ratio ("0" in Go's 'f' -1 format), then model
-    model = np.array(
-        ["0,0,0,0,0," + go_csv_field(str(c.get("model", ""))) for c in table.clients] or [""],
-        dtype=object,
-    )
+    group = np.array([go_csv_field(str(c.get("prefix_group", ""))) for c in clients],
+                     dtype=object)  # fmt: skip
+    streaming = np.array(["true" if c.get("streaming", False) else "false" for c in clients],
+                         dtype=object)  # fmt: skip
+    model = np.array([go_csv_field(str(c.get("model", ""))) for c in clients], dtype=object)
+    followup = rnd >= 1
+    if followup.any():
+        group_col = np.where(followup, "", group[cidx]).astype(object)
+        stream_col = np.where(followup, "false", streaming[cidx]).astype(object)
+    else:
+        group_col = group[cidx]
+        stream_col = streaming[cidx]
+    if table.sessions:
+        sess_names = np.array([go_csv_field(x) for x in table.sessions] + [""], dtype=object)
+        sess_col = sess_names[table.session_idx[order]]
+    else:
+        sess_col = ""
     status_txt = np.array([s + ",," for s in _STATUS_TEXT], dtype=object)
 
     arr_s = _int_strings(arrival)
     comma = ","
     rows = (
-        _int_strings(np.arange(n))
+        np.arange(n).astype(str).astype(object)
         + comma
         + head[cidx]
         + comma
+        + sess_col
+        + comma
+        + _int_strings(rnd)
+        + comma
+        + group_col
+        + comma
         + _int_strings(prefix)
         + comma
-        + streaming[cidx]
+        + stream_col
         + comma
         + _int_strings(suffix)
         + comma
         + _int_strings(table.output_len[order])
+        + comma
+        + _int_strings(table.text_tokens[order])
+        + comma
+        + _int_strings(table.image_tokens[order])
+        + comma
+        + _int_strings(table.audio_tokens[order])
+        + comma
+        + _int_strings(table.video_tokens[order])
+        + comma
+        + _ratio_strings(table.reason_ratio[order])
         + comma
         + model[cidx]
         + comma

@@ -1,0 +1,101 @@
+"""``blis convert preset|servegen|inference-perf`` and ``blis compose`` (WL-12, DELTA-58).
+
+Each command builds a WorkloadSpec, validates it and prints it as the reference's yaml.v3
+would. Errors are raised as ``BlisError`` and reported by ``blis_fast.cli.main``. Hook the
+commands into the CLI with ``register(main_group)``.
+"""
+
+from __future__ import annotations
+
+import click
+
+from blis_fast.errors import BlisInputError
+
+
+@click.group("convert")
+def convert_group() -> None:
+    """Convert external workload formats (presets, ServeGen, inference-perf) to a v2 spec."""
+
+
+@convert_group.command("preset")
+@click.option("--name", "name", required=True, help="Preset name (e.g. chatbot, summarization)")
+@click.option("--rate", "rate", type=float, default=1.0, show_default=True,
+              help="Request rate in req/s")  # fmt: skip
+@click.option("--num-requests", "num_requests", type=int, default=100, show_default=True,
+              help="Number of requests")  # fmt: skip
+@click.option("--defaults-filepath", "defaults_filepath", default=None,
+              help="Path to defaults.yaml [default: the bundled copy]")  # fmt: skip
+def convert_preset_command(name: str, rate: float, num_requests: int,
+                           defaults_filepath: str | None) -> None:  # fmt: skip
+    """Convert a named workload preset from defaults.yaml to a v2 spec."""
+    from blis_fast.config.defaults import load_defaults
+    from blis_fast.data import data_path
+    from blis_fast.workload.convert import (
+        check_preset_flags,
+        convert_preset,
+        spec_yaml_for_stdout,
+        unknown_preset,
+    )
+
+    check_preset_flags(rate, num_requests)
+    cfg = load_defaults(defaults_filepath or str(data_path("defaults.yaml")))
+    if name not in cfg.workloads:
+        raise unknown_preset(name)
+    try:
+        spec = convert_preset(name, rate, num_requests, cfg.workloads[name])
+    except BlisInputError as exc:
+        raise BlisInputError(f"Preset conversion failed: {exc}") from None
+    click.echo(spec_yaml_for_stdout(spec), nl=False)
+
+
+@convert_group.command("servegen")
+@click.option("--path", "path", required=True, help="Path to the ServeGen data directory")
+def convert_servegen_command(path: str) -> None:
+    """Convert a ServeGen data directory (chunk-*-trace.csv + datasets) to a v2 spec."""
+    from blis_fast.workload.convert import convert_servegen, spec_yaml_for_stdout
+
+    try:
+        spec = convert_servegen(path)
+    except BlisInputError as exc:
+        raise BlisInputError(f"ServeGen conversion failed: {exc}") from None
+    click.echo(spec_yaml_for_stdout(spec), nl=False)
+
+
+@convert_group.command("inference-perf")
+@click.option("--spec", "spec_path", required=True, help="Path to an inference-perf YAML spec")
+def convert_inference_perf_command(spec_path: str) -> None:
+    """Expand a spec's inference_perf block into explicit clients (v2 spec)."""
+    from blis_fast.workload.convert import convert_inference_perf, spec_yaml_for_stdout
+
+    try:
+        spec = convert_inference_perf(spec_path)
+    except BlisInputError as exc:
+        raise BlisInputError(f"inference-perf conversion failed: {exc}") from None
+    click.echo(spec_yaml_for_stdout(spec), nl=False)
+
+
+@click.command("compose")
+@click.option("--from", "from_paths", multiple=True, required=True,
+              help="Path to a v2 WorkloadSpec YAML file (repeatable)")  # fmt: skip
+def compose_command(from_paths: tuple[str, ...]) -> None:
+    """Merge several v2 workload specs into one (clients concatenated, rates re-weighted)."""
+    from blis_fast.workload.convert import compose_specs, spec_yaml_for_stdout
+    from blis_fast.workload.spec_yaml import load_workload_spec
+
+    specs = []
+    for path in from_paths:
+        try:
+            specs.append(load_workload_spec(path))
+        except BlisInputError as exc:
+            raise BlisInputError(f"Failed to load spec {path}: {exc}") from None
+    try:
+        merged = compose_specs(specs)
+    except BlisInputError as exc:
+        raise BlisInputError(f"Compose failed: {exc}") from None
+    click.echo(spec_yaml_for_stdout(merged), nl=False)
+
+
+def register(main_group: click.Group) -> None:
+    """Add ``convert`` and ``compose`` to the ``blis`` command group."""
+    main_group.add_command(convert_group)
+    main_group.add_command(compose_command)
