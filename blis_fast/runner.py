@@ -33,7 +33,7 @@ from blis_fast.engine.simulate import (
     SimulationResult,
     run_engine,
 )
-from blis_fast.errors import BlisConfigError
+from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels import engine as K
 from blis_fast.kernels.latency import output_token_processing_time, post_decode_fixed_overhead
 from blis_fast.options import RunOptions
@@ -186,7 +186,10 @@ def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int]:
         if opts.concurrency > 0:
             _fail("--concurrency cannot be used with --workload-spec; define concurrency in the "
                   "spec file using clients[].concurrency instead")
-        spec = load_workload_spec(opts.workload_spec)
+        try:
+            spec = load_workload_spec(opts.workload_spec)
+        except BlisInputError as exc:
+            raise BlisInputError(f"--workload-spec: {exc}") from None
         spec.seed = resolve_workload_seed(spec.seed, opts.seed, opts.given("seed"))
         horizon = resolve_horizon(spec.horizon, horizon, opts.given("horizon"))
         timeout_applies = opts.given("timeout")

@@ -344,7 +344,8 @@ FILE_CASES = [
          bug="a defaults file that is not YAML gives a multi-line error: the PyYAML exception "
              "text (with its source excerpt and caret lines) is copied into the message"),
     case("--defaults-filepath {empty}", ("--defaults-filepath", "{empty}")),
-    case("--workload-spec /nonexistent.yaml", "--workload-spec"),
+    case("--workload-spec /nonexistent.yaml",
+         ("--workload-spec", "/nonexistent.yaml", "workload spec")),
 ]
 
 
@@ -367,6 +368,54 @@ def test_bad_input_file_is_refused(args: tuple[str, ...], names: tuple[str, ...]
 
     run = run_cli([fill(a) for a in args], tmp_path)
     assert_refused(run, tuple(fill(n) for n in names))
+
+
+WORKLOAD_SPEC = """\
+version: "2"
+seed: 42
+category: language
+aggregate_rate: 10.0
+num_requests: 50
+clients:
+  - id: "c1"
+    rate_fraction: 1.0
+    arrival:
+      process: poisson
+    input_distribution:
+      type: gaussian
+      params: {mean: 100, std_dev: 10, min: 10, max: 200}
+    output_distribution:
+      type: exponential
+      params: {mean: 50}
+"""
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ("    burstiness: 3.0\n", "burstiness"),  # unknown client field (strict YAML)
+    ("sessions_per_user: 4\n", "sessions_per_user"),  # unknown top-level field
+], ids=["client-key", "top-level-key"])
+def test_workload_spec_unknown_key_names_key_and_line(extra: str, key: str,
+                                                      tmp_path: Path) -> None:
+    spec = _write(tmp_path / "inputs" / "spec.yaml", WORKLOAD_SPEC + extra)
+    line = WORKLOAD_SPEC.count("\n") + 1  # the appended line
+    run = run_cli(["--workload-spec", str(spec)], tmp_path)
+    if "not supported yet" in run.stderr:
+        pytest.skip("--workload-spec is not implemented in this build")
+    assert_refused(run, (key,))
+    assert re.search(rf"(:{line}\b|line {line}\b)", run.stderr), (line, run.stderr)
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    (":::: [ not yaml\n", ("--workload-spec", "workload spec")),
+    ('version: "2"\nseed: 42\naggregate_rate: 5\nnum_requests: 10\nclients: []\n',
+     ("--workload-spec", "workload spec")),
+], ids=["not-yaml", "no-clients"])
+def test_bad_workload_spec_is_refused(text: str, names: tuple[str, ...], tmp_path: Path) -> None:
+    spec = _write(tmp_path / "inputs" / "spec.yaml", text)
+    run = run_cli(["--workload-spec", str(spec)], tmp_path)
+    if "not supported yet" in run.stderr:
+        pytest.skip("--workload-spec is not implemented in this build")
+    assert_refused(run, names)
 
 
 # ------------------------------------------------------------------ diagnostics in-process
