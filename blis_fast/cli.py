@@ -54,11 +54,23 @@ def run_command(ctx: click.Context, **raw: object) -> None:
     sys.stdout.flush()
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """A stderr handler that writes to whatever ``sys.stderr`` is at the time of each record."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _install_log_handler() -> None:
     """Diagnostics go to stderr as ``level=... msg="..."`` lines (the reference's logrus style)."""
     logger = logging.getLogger("blis_fast")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter('level=%(levelname)s msg="%(message)s"'))
         logger.addHandler(handler)
         logger.propagate = False

@@ -209,6 +209,8 @@ def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int]:
         spec = synthesize_from_preset(preset, opts.rate, opts.num_requests, seed=opts.seed)
     if opts.timeout == 0:
         _fail("--timeout must be positive (seconds) or negative to disable; got 0")
+    if opts.timeout * 1_000_000 > TIME_LIMIT_US:
+        _fail(f"--timeout {opts.timeout} s is beyond the simulator's time range")
     if timeout_applies:
         apply_timeout_to_spec(spec, opts.timeout)
     max_requests = resolve_max_requests(spec.num_requests, opts.num_requests,
@@ -319,6 +321,12 @@ def _resolve_policies(opts: RunOptions, hooks: Hooks) -> Policies:
                         ("routing-latency", opts.routing_latency)):
         if value < 0:
             _fail(f"--{flag} must be >= 0, got {value}")
+        if value > TIME_LIMIT_US:
+            _fail(f"--{flag} {value} is beyond the simulator's time range")
+    if opts.kv_cpu_blocks > 0 and (opts.kv_transfer_base_latency
+                                   + math.ceil(opts.block_size_in_tokens / bw) > TIME_LIMIT_US):
+        _fail(f"--kv-transfer-bandwidth {bw} makes a block transfer longer than the simulator's "
+              "time range")
     if pol.routing == "weighted":
         cli_scorers = parse_scorer_list(opts.routing_scorers, allow_custom=hooks.scorer is not None)
         pol.scorers = tuple(cli_scorers or bundle_scorers)
@@ -330,6 +338,24 @@ def _resolve_policies(opts: RunOptions, hooks: Hooks) -> Policies:
             if key not in FITNESS_KEYS:
                 _fail(f"--fitness-weights: unknown fitness metric key {key!r}")
     return pol
+
+
+TIME_LIMIT_US = 1 << 61
+"""Largest delay or duration accepted (µs): event times stay far from int64 overflow."""
+MEMORY_LIMIT_BYTES = 64 << 30
+"""Refuse configurations whose KV-cache arrays alone would need more memory than this."""
+
+
+def _check_memory(opts: RunOptions, total_blocks: int) -> None:
+    """Bound the KV-cache arrays sized by the configuration (they are allocated up front)."""
+    n = opts.num_instances
+    gpu = n * total_blocks * (32 + 2 * 16)  # block records and the prefix table
+    cpu = n * opts.kv_cpu_blocks * (8 + 3 * 4 + 2 * 16)
+    if gpu + cpu > MEMORY_LIMIT_BYTES:
+        flag = "--kv-cpu-blocks" if cpu > gpu else (
+            "--total-kv-blocks" if opts.given("total_kv_blocks") else "--num-instances")
+        _fail(f"{flag}: {n} instance(s) x {total_blocks} GPU blocks (+ {opts.kv_cpu_blocks} CPU "
+              f"blocks) would need about {(gpu + cpu) / 2**30:.0f} GiB of KV-cache state")
 
 
 def prepare(opts: RunOptions, hooks: Hooks | None = None) -> Prepared:
@@ -360,6 +386,7 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None) -> Prepared:
     if opts.given("horizon") and horizon <= 0:
         _fail(f"--horizon must be > 0, got {horizon}")
     pol = _resolve_policies(opts, hooks or Hooks())
+    _check_memory(opts, total_blocks)
     bs = opts.block_size_in_tokens
     max_len = latency.max_model_len
     if max_len > 0 and -(-max_len // bs) > total_blocks:

@@ -683,7 +683,9 @@ def resolve_latency(opts: LatencyOptions) -> LatencyConfig:
         raise BlisConfigError(
             f"--latency-model: unknown backend {opts.latency_model!r}; valid options: {', '.join(VALID_BACKENDS)}"
         )
-    backend = opts.latency_model
+    # the reference lets "" through its name check and then resolves nothing (CLU OPEN-4);
+    # blis_fast reads it as the default backend
+    backend = opts.latency_model or "roofline"
     alpha_given = opts.given("alpha-coeffs")
     beta_given = opts.given("beta-coeffs")
     if alpha_given != beta_given:
@@ -717,6 +719,9 @@ def resolve_latency(opts: LatencyOptions) -> LatencyConfig:
     kv_source = "flag" if opts.given("total-kv-blocks") else "default"
     max_model_len = opts.max_model_len
     defaults_exists = os.path.exists(defaults_path)
+    if not defaults_exists and opts.defaults_filepath is not None and opts.given(
+            "defaults-filepath"):
+        raise BlisInputError(f"--defaults-filepath: {defaults_path} does not exist")
 
     if defaults_exists:
         cfg = load_defaults(defaults_path)

@@ -117,6 +117,14 @@ def decode_struct(
 
 
 
+def _one_line(exc: Exception) -> str:
+    """A YAML error as one line (PyYAML's messages quote the source over several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"
+
+
 @contextlib.contextmanager
 def parse_root(text: str, path: str, what: str) -> Iterator[tuple[YamlContext, yaml.Node]]:
     """Compose the first YAML document of ``text``; YAML syntax errors become BlisInputError."""
@@ -125,12 +133,12 @@ def parse_root(text: str, path: str, what: str) -> Iterator[tuple[YamlContext, y
         try:
             root = loader.get_node() if loader.check_node() else None
         except yaml.YAMLError as exc:
-            raise BlisInputError(f"cannot parse {what} {path}: {exc}") from exc
+            raise BlisInputError(f"cannot parse {what} {path}: {_one_line(exc)}") from exc
         if root is None:
             raise BlisInputError(f"cannot parse {what} {path}: the file is empty")
         try:
             yield YamlContext(path, loader), root
         except yaml.YAMLError as exc:
-            raise BlisInputError(f"cannot parse {what} {path}: {exc}") from exc
+            raise BlisInputError(f"cannot parse {what} {path}: {_one_line(exc)}") from exc
     finally:
         loader.dispose()

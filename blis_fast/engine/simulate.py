@@ -278,6 +278,10 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
             np.ascontiguousarray(table.arrival_us, dtype=np.int64), input_len, output_len,
             np.ascontiguousarray(table.deadline_us, dtype=np.int64), id_rank, rs, ins, kv, lg,
             rt, instance_rank_of(n_inst), *_hook_args(cfg.hooks))
+    if status == K.STATUS_KV_LIST_OVERFLOW:
+        raise BlisRuntimeError(
+            "a request's KV block list outgrew its preallocated slice after CPU-tier reloads "
+            "(--kv-cpu-blocks); this case is not supported yet")
     if status != K.STATUS_OK:
         raise BlisRuntimeError(f"simulation kernel failed with status {status}")
 

@@ -53,7 +53,7 @@ SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY, SCHED_CUSTOM
 REG_NONE, REG_ROUTED, REG_REJECTED_ADMISSION, REG_REJECTED_ROUTING = 0, 1, 2, 3
 
 # status codes returned by simulate (and, internally, by the event loop)
-STATUS_OK, STATUS_BAD_ALIGNMENT, STATUS_GROW_HEAP, STATUS_GROW_LOG = 0, 1, 2, 3
+STATUS_OK, STATUS_BAD_ALIGNMENT, STATUS_GROW_HEAP, STATUS_GROW_LOG, STATUS_KV_LIST_OVERFLOW = range(5)
 HS_SIZE, HS_SEQ = 0, 1
 
 ReqState = namedtuple("ReqState", [
@@ -586,6 +586,9 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
         if size + max_batch + 4 > cap:
             status = STATUS_GROW_HEAP
             break
+        if kvc.list_overflowed(kv):
+            status = STATUS_KV_LIST_OVERFLOW
+            break
         t = times[0]
         if t > horizon:
             break
@@ -594,7 +597,7 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
         payload = payloads[0]
         if kind == EV_STEP and (
                 lg.sizes[0] + 1 > lg.time.shape[0]
-                or lg.sizes[1] + ins.batch_len[tie_instance(tie)] + ic[IC_MAX_RUNNING] + 1
+                or lg.sizes[1] + ins.batch_len[tie_instance(tie)] + max_batch + 1
                 > lg.run_start.shape[0]):
             status = STATUS_GROW_LOG
             break
@@ -826,6 +829,6 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
         if status == STATUS_GROW_HEAP:
             times, ties, kinds, payloads = _grow_heap(times, ties, kinds, payloads, hs[HS_SIZE])
         elif status == STATUS_GROW_LOG:
-            lg = _grow_log(lg, 1, ins.batch.shape[1] + ic[IC_MAX_RUNNING] + 1)
+            lg = _grow_log(lg, 1, 2 * ins.batch.shape[1] + 1)
         else:
             return status, lg

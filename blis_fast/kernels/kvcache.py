@@ -55,7 +55,7 @@ KVState = namedtuple(
     ],
 )
 
-M_HEAD, M_TAIL, M_FREE, M_HITS, M_MISSES, M_LOG_LEN, M_LOG_OVERFLOW = range(7)
+M_HEAD, M_TAIL, M_FREE, M_HITS, M_MISSES, M_LOG_LEN, M_LOG_OVERFLOW, M_LIST_OVERFLOW = range(8)
 C_HEAD, C_TAIL, C_USED, C_FREETOP, C_EVICT, C_MIRROR, C_HIT, C_MISS, C_PENDING = range(9)
 B_REF, B_TOK, B_PRV, B_NXT, B_FREE, B_HLO, B_HHI = range(7)
 R_OFF, R_CNT, R_FIRST, R_LAST = range(4)
@@ -91,6 +91,10 @@ def new_kv_state(
     while table_size < 2 * table_entries:
         table_size *= 2
     per_req = (input_len + output_len + block_size - 1) // block_size + 1
+    if cpu_blocks > 0:
+        # CPU reloads commit cached blocks without the usual coverage bound (the reference
+        # appends them to the request's list as they come): leave room, and guard the rest
+        per_req = 2 * per_req + 8
     req = np.zeros((n_req, 4), dtype=np.int64)
     if n_req:
         req[1:, R_OFF] = np.cumsum(per_req)[:-1]
@@ -321,6 +325,22 @@ def used_blocks(kv, i):
     return kv.cfg[CFG_BLOCKS] - kv.meta[i, M_FREE]
 
 
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _has_room(kv, r):
+    """True while request ``r``'s block list fits in its slice of ``pool``."""
+    end = kv.req[r + 1, R_OFF] if r + 1 < kv.req.shape[0] else kv.pool.shape[0]
+    return kv.req[r, R_OFF] + kv.req[r, R_CNT] < end
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def list_overflowed(kv):
+    """True when some request's block list outgrew its slice (the run is then invalid)."""
+    for i in range(kv.meta.shape[0]):
+        if kv.meta[i, M_LIST_OVERFLOW] != 0:
+            return True
+    return False
+
+
 # ---------------------------------------------------------------- queries
 
 
@@ -357,6 +377,9 @@ def _commit(kv, i, r, blocks, lo, hi):
         if kv.blk[i, b, B_FREE] == 1:
             _free_remove(kv, i, b)
         kv.meta[i, M_HITS] += 1
+        if not _has_room(kv, r):
+            kv.meta[i, M_LIST_OVERFLOW] = 1
+            return
         kv.pool[off + kv.req[r, R_CNT]] = b
         kv.req[r, R_CNT] += 1
         kv.req[r, R_LAST] = kv.blk[i, b, B_TOK]
@@ -439,6 +462,9 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                     _set_hash(kv, i, b, h)
                     _ht_put(kv, i, h, b)
                     prev = h
+                if not _has_room(kv, r):
+                    kv.meta[i, M_LIST_OVERFLOW] = 1
+                    return False
                 kv.pool[off + kv.req[r, R_CNT]] = b
                 kv.req[r, R_CNT] += 1
                 kv.req[r, R_LAST] = take
