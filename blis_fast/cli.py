@@ -10,14 +10,16 @@ from click.core import ParameterSource
 
 from blis_fast import workload_cli
 from blis_fast.errors import BlisError
-from blis_fast.options import RUN_OPTIONS, build_options
+from blis_fast.options import REPLAY_ONLY_FLAGS, RUN_OPTIONS, WORKLOAD_FLAGS, build_options
 
 EXIT_USAGE = 2
 
 
-def _add_run_options(func):
-    """Attach every RUN_OPTIONS flag to a click command (values arrive as raw strings)."""
+def _add_run_options(func, skip: frozenset[str] = REPLAY_ONLY_FLAGS):
+    """Attach the RUN_OPTIONS flags (minus ``skip``) to a click command (raw string values)."""
     for spec in reversed(RUN_OPTIONS):
+        if spec.flag in skip:
+            continue
         if spec.kind == "bool":
             func = click.option(f"--{spec.flag}", spec.field, is_flag=True, default=False,
                                 help=spec.help)(func)
@@ -43,13 +45,29 @@ def run_command(ctx: click.Context, **raw: object) -> None:
     """Generate a workload and simulate it; print the reference's metrics on stdout."""
     from blis_fast.runner import execute_run
 
-    given = {}
-    for name, value in raw.items():
-        source = ctx.get_parameter_source(name)
-        if source == ParameterSource.COMMANDLINE:
-            given[name] = value
-    opts = build_options(given)
-    result = execute_run(opts)
+    result = execute_run(build_options(_given(ctx, raw)))
+    sys.stdout.write(result.stdout)
+    sys.stdout.flush()
+
+
+def _given(ctx: click.Context, raw: dict) -> dict:
+    """The options given on the command line (defaults are the options table's)."""
+    return {name: value for name, value in raw.items()
+            if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+
+
+def _add_replay_options(func):
+    return _add_run_options(func, skip=WORKLOAD_FLAGS - {"results-path"})
+
+
+@main_group.command("replay")
+@_add_replay_options
+@click.pass_context
+def replay_command(ctx: click.Context, **raw: object) -> None:
+    """Simulate the exact requests of a trace v2 (header + CSV); print the metrics on stdout."""
+    from blis_fast.runner import execute_replay
+
+    result = execute_replay(build_options(_given(ctx, raw)))
     sys.stdout.write(result.stdout)
     sys.stdout.flush()
 

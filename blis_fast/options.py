@@ -99,7 +99,18 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("metrics-path", "str", "", "write the summary + per-request JSON here"),
     OptionSpec("results-path", "str", "", "same as --metrics-path (the older name)"),
     OptionSpec("output-dir", "str", "", "write summary.parquet and requests.parquet here"),
+    # blis replay
+    OptionSpec("trace-header", "str", "", "replay: the trace v2 header YAML"),
+    OptionSpec("trace-data", "str", "", "replay: the trace v2 data CSV"),
 )
+
+WORKLOAD_FLAGS = frozenset({
+    "workload", "workload-spec", "rate", "num-requests", "concurrency", "think-time-ms",
+    "prefix-tokens", "prompt-tokens", "prompt-tokens-stdev", "prompt-tokens-min",
+    "prompt-tokens-max", "output-tokens", "output-tokens-stdev", "output-tokens-min",
+    "output-tokens-max", "timeout", "metrics-path"})
+"""Flags of ``blis run`` that ``blis replay`` does not take (the trace is the workload)."""
+REPLAY_ONLY_FLAGS = frozenset({"trace-header", "trace-data"})
 
 OPTIONS_BY_FIELD = {spec.field: spec for spec in RUN_OPTIONS}
 

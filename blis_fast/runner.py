@@ -48,6 +48,7 @@ from blis_fast.output.summary import (
     RequestColumns,
     aggregate_instances,
     build_metrics_output,
+    write_replay_results,
     write_results_file,
 )
 from blis_fast.workload.generator import (
@@ -57,6 +58,12 @@ from blis_fast.workload.generator import (
     resolve_horizon,
     resolve_max_requests,
     resolve_workload_seed,
+)
+from blis_fast.workload.replay import (
+    load_trace_header,
+    load_trace_records,
+    replay_horizon,
+    replay_table,
 )
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.spec import apply_timeout_to_spec
@@ -227,6 +234,21 @@ def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int]:
     return wl.table, horizon
 
 
+def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int]:
+    """The requests of a trace v2 and the replay horizon (WL-9.6, WL-9.7)."""
+    if not opts.trace_header:
+        _fail("--trace-header is required")
+    if not opts.trace_data:
+        _fail("--trace-data is required")
+    load_trace_header(opts.trace_header)
+    records = load_trace_records(opts.trace_data)
+    if opts.fitness_weights:
+        log.warning("--fitness-weights has no effect in replay")
+    table = replay_table(records, opts.seed, opts.block_size_in_tokens)
+    horizon = opts.horizon if opts.given("horizon") else replay_horizon(table.arrival_us)
+    return table, horizon
+
+
 @dataclass
 class Policies:
     """Cluster policy settings after merging ``--policy-config`` under the CLI flags."""
@@ -358,19 +380,18 @@ def _check_memory(opts: RunOptions, total_blocks: int) -> None:
               f"blocks) would need about {(gpu + cpu) / 2**30:.0f} GiB of KV-cache state")
 
 
-def prepare(opts: RunOptions, hooks: Hooks | None = None) -> Prepared:
+def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) -> Prepared:
     """Validate every option and build the run (no output is written here)."""
     _setup_logging(opts.log)
     if not opts.model:
         _fail("LLM name not provided (--model). Exiting simulation.")
     opts.values["model"] = opts.model.lower()
     latency = _resolve_latency(opts)
-    for msg in latency.warnings:
-        log.warning(msg)
-    for msg in latency.infos:
-        log.info(msg)
     notify_if_compiling()
-    table, horizon = _generate(opts, opts.horizon)
+    if replay:
+        table, horizon = _replay_workload(opts)
+    else:
+        table, horizon = _generate(opts, opts.horizon)
     if opts.num_instances < 1:
         _fail("num-instances must be >= 1")
     total_blocks = latency.total_kv_blocks
@@ -435,6 +456,11 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None) -> Prepared:
         output_token_time=int(output_token_processing_time(latency.code, alpha)),
         post_decode_overhead=int(post_decode_fixed_overhead(latency.code, alpha)),
     )
+    # diagnostics of a run that passed every check (a refused run prints only its error)
+    for msg in latency.warnings:
+        log.warning(msg)
+    for msg in latency.infos:
+        log.info(msg)
     return Prepared(opts=opts, latency=latency, table=table, engine=engine, policies=pol)
 
 
@@ -497,7 +523,7 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
         return values[cidx] if len(clients) else np.full(len(rows), "", dtype=object)
 
     return RequestColumns(
-        request_id=np.array([f"request_{i}" for i in rows], dtype=object),
+        request_id=np.array([f"request_{k}" for k in table.request_numbers[rows]], dtype=object),
         arrival_us=table.arrival_us[rows],
         num_prefill_tokens=table.input_len[rows],
         num_decode_tokens=out_len,
@@ -524,12 +550,21 @@ def trace_outcome(res: SimulationResult) -> TraceOutcome:
 
 def execute_run(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
     """Validate, simulate and produce every requested output of one ``blis run``."""
-    prepared = prepare(opts, hooks)
+    return _execute(opts, hooks, replay=False)
+
+
+def execute_replay(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
+    """``blis replay``: simulate a trace's requests (WL-9.7); same outputs, replay variants."""
+    return _execute(opts, hooks, replay=True)
+
+
+def _execute(opts: RunOptions, hooks: Hooks | None, replay: bool) -> RunResult:
+    prepared = prepare(opts, hooks, replay=replay)
     started = time.perf_counter()
     res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model)
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
     if opts.trace_output:
-        export_trace_v2(opts.trace_output, prepared.table, trace_outcome(res))
+        export_trace_v2(opts.trace_output, prepared.table, trace_outcome(res), replayed=replay)
     instances = instance_metrics(res, prepared.table)
     requests = request_columns(res, prepared.table)
     aggregate = aggregate_instances(instances)
@@ -542,15 +577,17 @@ def execute_run(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
         routing_rejections=res.rejected_routing,
         shed_by_tier=_shed_by_tier(res, prepared.table),
         priority_policy=prepared.policies.priority,
-        fitness_weights=opts.fitness_weights,
+        fitness_weights="" if replay else opts.fitness_weights,
         trace_summary=_trace_summary(res) if opts.summarize_trace else None,
         aggregate=aggregate,
         metrics_outputs=[*per_instance, summary],
+        subcommand="replay" if replay else "run",
     )
     stdout = render_report(report)
-    metrics_path = opts.metrics_path or opts.results_path
-    if metrics_path:
-        write_results_file(metrics_path, summary, requests)
+    if replay and opts.results_path:
+        write_replay_results(opts.results_path, requests)
+    elif opts.metrics_path or opts.results_path:
+        write_results_file(opts.metrics_path or opts.results_path, summary, requests)
     if opts.output_dir:
         from blis_fast.output.parquet import write_requests_parquet, write_summary_parquet
 

@@ -27,7 +27,6 @@ PENDING: dict[str, str] = {
     "concurrency-closed-loop-cli": "#4 workloads: closed-loop session follow-ups",
     "wl-multimodal-reasoning": "#4 workloads: closed-loop session follow-ups",
     "wl-multiturn-chat-demo-closed-loop": "#4 workloads: closed-loop session follow-ups",
-    "replay-c4-least-loaded": "#4 workloads: the blis replay command",
 }
 
 

@@ -159,7 +159,13 @@ class SimulationResult:
 
 def id_rank_of(n: int, prefix: str = "request_") -> np.ndarray:
     """Rank of ``<prefix><i>`` ids in byte-wise string order (scheduler tie-breaks)."""
-    ids = np.array([f"{prefix}{i}" for i in range(n)])
+    return _rank_of_ids([f"{prefix}{i}" for i in range(n)])
+
+
+def _rank_of_ids(id_list: list[str]) -> np.ndarray:
+    """Rank of each id in byte-wise string order."""
+    n = len(id_list)
+    ids = np.array(id_list)
     order = np.argsort(ids, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
@@ -268,7 +274,8 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
         max_chunks=int(np.max(np.diff(table.chunk_offsets))) if n else 1,
         table_size=kv.ht.shape[1],
     )
-    id_rank = id_rank_of(n) if cfg.scheduler not in ("", "fcfs") else np.zeros(n, np.int64)
+    id_rank = (_rank_of_ids([f"request_{k}" for k in table.request_numbers])
+               if cfg.scheduler not in ("", "fcfs") else np.zeros(n, np.int64))
     with warnings.catch_warnings():
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)

@@ -60,12 +60,17 @@ class RequestTable:
     video_tokens: np.ndarray | None = None  # int64
     reason_ratio: np.ndarray | None = None  # float64, in [0, 1]
     sessions: list[str] = field(default_factory=list)  # session ids ("sess_<n>", ...)
+    # int64, the number k of each request's id "request_<k>" (replayed traces keep the
+    # trace's ids); None = the row index
+    request_numbers: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         """Fill absent optional columns, then check dtypes and lengths once."""
         n = self.arrival_us.shape[0]
         if self.session_idx is None:
             object.__setattr__(self, "session_idx", np.full(n, -1, dtype=np.int32))
+        if self.request_numbers is None:
+            object.__setattr__(self, "request_numbers", np.arange(n, dtype=np.int64))
         if self.round_index is None:
             object.__setattr__(self, "round_index", np.zeros(n, dtype=np.int32))
         for name in _OPTIONAL_INT64:
@@ -119,8 +124,8 @@ class RequestTable:
         return self.sessions[k] if k >= 0 else ""
 
     def request_id(self, i: int) -> str:
-        """Reference-style id of row ``i`` (``request_<i>``)."""
-        return f"request_{i}"
+        """Reference-style id of row ``i`` (``request_<k>``)."""
+        return f"request_{int(self.request_numbers[i])}"
 
     def with_deadlines(self, deadline_us: np.ndarray) -> RequestTable:
         """Copy of the table with the deadline column replaced (other arrays shared)."""

@@ -222,21 +222,21 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome) -> str:
     return header + "\n".join(rows.tolist()) + "\n"
 
 
-def build_trace_header(seed: int) -> str:
-    """Return the trace v2 YAML header of a run export (WL-9.5, DELTA-61)."""
-    return (
-        "trace_version: 2\n"
-        "time_unit: microseconds\n"
-        "mode: generated\n"
-        "warm_up_requests: 0\n"
-        f"workload_seed: {int(seed)}\n"
-    )
+def build_trace_header(seed: int | None, mode: str = "generated") -> str:
+    """The trace v2 YAML header of a run export (WL-9.5, DELTA-61), or of a replay export
+    (``mode="replayed"``, no seed; DELTA-64)."""
+    text = f"trace_version: 2\ntime_unit: microseconds\nmode: {mode}\nwarm_up_requests: 0\n"
+    if seed is not None:
+        text += f"workload_seed: {int(seed)}\n"
+    return text
 
 
-def export_trace_v2(prefix: str | Path, table: RequestTable, outcome: TraceOutcome) -> None:
-    """Write ``<prefix>.yaml`` and ``<prefix>.csv`` for a run, as ``--trace-output`` does."""
+def export_trace_v2(prefix: str | Path, table: RequestTable, outcome: TraceOutcome,
+                    replayed: bool = False) -> None:
+    """Write ``<prefix>.yaml`` and ``<prefix>.csv``, as ``--trace-output`` does."""
     base = str(prefix)
-    header = build_trace_header(table.seed)
+    header = build_trace_header(None if replayed else table.seed,
+                                "replayed" if replayed else "generated")
     data = build_trace_csv(table, outcome)
     with open(base + ".yaml", "w", encoding="utf-8", newline="") as f:
         f.write(header)

@@ -1,0 +1,52 @@
+"""Token ids of replayed trace records, drawn as the reference does, reduced to block digests."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from blis_fast.kernels import gorand
+from blis_fast.kernels.hashing import content_digest
+
+VOCAB = 128000  # sim/simulator.go MaxTokenID
+
+
+@njit(cache=True)
+def replay_digests(state, prefix_len, prefix_of, input_tokens, output_tokens, block_size):
+    """Draw every record's ids from one Go-rand stream (WL-9.6, DELTA-63) and digest them.
+
+    ``prefix_of[r]`` is the record's prefix group (-1 = none) and ``prefix_len[g]`` the group's
+    recorded prefix length; the group prefixes are drawn first, in group order. Per record:
+    input ids, then output ids; the sequence is prefix ++ input ++ output.
+    Returns (chunk_offsets, chunk_digests).
+    """
+    n_groups = prefix_len.shape[0]
+    p_off = np.zeros(n_groups + 1, np.int64)
+    for g in range(n_groups):
+        p_off[g + 1] = p_off[g] + prefix_len[g]
+    prefixes = np.empty(p_off[n_groups], np.int64)
+    for k in range(p_off[n_groups]):
+        prefixes[k] = gorand.intn(state, VOCAB)
+    n = input_tokens.shape[0]
+    offsets = np.zeros(n + 1, np.int64)
+    max_len = 1
+    for r in range(n):
+        plen = prefix_len[prefix_of[r]] if prefix_of[r] >= 0 else 0
+        total = plen + input_tokens[r] + output_tokens[r]
+        offsets[r + 1] = offsets[r] + total // block_size
+        max_len = max(max_len, total)
+    digests = np.empty(offsets[n], np.uint64)
+    tok = np.empty(max_len, np.int64)
+    for r in range(n):
+        plen = 0
+        if prefix_of[r] >= 0:
+            g = prefix_of[r]
+            plen = prefix_len[g]
+            for k in range(plen):
+                tok[k] = prefixes[p_off[g] + k]
+        for k in range(input_tokens[r] + output_tokens[r]):
+            tok[plen + k] = gorand.intn(state, VOCAB)
+        total = plen + input_tokens[r] + output_tokens[r]
+        for c in range(total // block_size):
+            digests[offsets[r] + c] = content_digest(tok, c * block_size, block_size)
+    return offsets, digests

@@ -1,0 +1,176 @@
+"""Trace v2 loading and the requests of ``blis replay`` (WL-9.1, WL-9.4, WL-9.6, DELTA-60/63).
+
+The header is strict YAML; the data CSV has 27 columns matched by position. Requests are
+rebuilt in file order with token ids drawn from ``NewSource(--seed)``: the prefix of every
+prefix group with a recorded length first, then per record its input and output ids.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from blis_fast.config.strict_yaml import as_float, as_int, as_str, decode_struct, parse_root
+from blis_fast.errors import BlisInputError
+from blis_fast.kernels import gorand
+from blis_fast.kernels.replay_tokens import replay_digests
+from blis_fast.workload.request_table import RequestTable
+
+N_COLUMNS = 27
+INT64_MAX = (1 << 63) - 1
+_SERVER = {"type": as_str, "model": as_str, "tensor_parallel": as_int, "max_num_seqs": as_int,
+           "block_size": as_int, "gpu_memory_utilization": as_float, "max_model_len": as_int}
+_HEADER = {
+    "trace_version": as_int, "time_unit": as_str, "created_at": as_str, "mode": as_str,
+    "warm_up_requests": as_int, "workload_spec": as_str, "workload_seed": as_int,
+    "server": lambda ctx, n, w: decode_struct(ctx, n, w, _SERVER),
+    "network": lambda ctx, n, w: decode_struct(ctx, n, w, {"measured_rtt_ms": as_float}),
+}
+
+
+@dataclass
+class TraceRecords:
+    """The columns of a trace's data file that replay uses."""
+
+    request_id: np.ndarray
+    client_id: list[str]
+    tenant_id: list[str]
+    slo_class: list[str]
+    prefix_group: list[str]
+    prefix_length: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    model: list[str]
+    streaming: list[bool]
+    deadline_us: np.ndarray
+    arrival_us: np.ndarray
+
+
+def load_trace_header(path: str) -> dict:
+    """Parse the header YAML strictly (unknown keys are errors naming file and line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BlisInputError(f"--trace-header: cannot read {path}: {exc}") from None
+    with parse_root(text, path, "trace header") as (ctx, root):
+        return decode_struct(ctx, root, "trace header", _HEADER)
+
+
+def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) -> int:
+    s = text
+    if not s or s.strip() != s:
+        raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}")
+    try:
+        v = int(s, 10)
+    except ValueError:
+        raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}") from None
+    if minimum is not None and v < minimum:
+        raise BlisInputError(f"--trace-data {path}: row {row}: {what} must be >= {minimum}, got {v}")
+    return v
+
+
+def load_trace_records(path: str) -> TraceRecords:
+    """Read the data CSV (WL-9.4 with DELTA-60's 27 columns); errors name file and row."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise BlisInputError(f"--trace-data: cannot read {path}: {exc}") from None
+    cols: dict[str, list] = {k: [] for k in TraceRecords.__dataclass_fields__}
+    for row_no, f in enumerate(rows[1:], start=2):
+        if len(f) < N_COLUMNS:
+            raise BlisInputError(f"--trace-data {path}: row {row_no}: CSV row has {len(f)} "
+                                 f"columns, expected {N_COLUMNS}")
+        cols["request_id"].append(_int(f[0], "request_id", row_no, path))
+        _int(f[5], "round_index", row_no, path)
+        cols["prefix_length"].append(_int(f[7], "prefix_length", row_no, path, 0))
+        if f[8] not in ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false",
+                        "False"):
+            raise BlisInputError(f"--trace-data {path}: row {row_no}: invalid streaming {f[8]!r}")
+        cols["streaming"].append(f[8] in ("1", "t", "T", "TRUE", "true", "True"))
+        cols["input_tokens"].append(_int(f[9], "input_tokens", row_no, path, 0))
+        cols["output_tokens"].append(_int(f[10], "output_tokens", row_no, path, 0))
+        for k, name in ((11, "text_tokens"), (12, "image_tokens"), (13, "audio_tokens"),
+                        (14, "video_tokens")):
+            _int(f[k], name, row_no, path, 0)
+        try:
+            ratio = float(f[15])
+        except ValueError:
+            raise BlisInputError(f"--trace-data {path}: row {row_no}: invalid reason_ratio "
+                                 f"{f[15]!r}") from None
+        if not (math.isfinite(ratio) and 0 <= ratio <= 1):
+            raise BlisInputError(f"--trace-data {path}: row {row_no}: reason_ratio must be in "
+                                 f"[0, 1], got {ratio}")
+        deadline = _int(f[17], "deadline_us", row_no, path, 0)
+        _int(f[18], "server_input_tokens", row_no, path, 0)
+        arrival = _int(f[19], "arrival_time_us", row_no, path)
+        for k, name in ((20, "send_time_us"), (21, "first_chunk_time_us"),
+                        (22, "last_chunk_time_us")):
+            _int(f[k], name, row_no, path)
+        _int(f[23], "num_chunks", row_no, path, 0)
+        if deadline > 0 and arrival > 0 and deadline < arrival:
+            raise BlisInputError(f"--trace-data {path}: row {row_no}: deadline_us {deadline} "
+                                 f"is before arrival_time_us {arrival}")
+        cols["deadline_us"].append(deadline)
+        cols["arrival_us"].append(arrival)
+        for key, k in (("client_id", 1), ("tenant_id", 2), ("slo_class", 3),
+                       ("prefix_group", 6), ("model", 16)):
+            cols[key].append(f[k])
+    ints = ("request_id", "prefix_length", "input_tokens", "output_tokens", "deadline_us",
+            "arrival_us")
+    return TraceRecords(**{k: (np.array(v, dtype=np.int64) if k in ints else v)
+                           for k, v in cols.items()})
+
+
+def replay_horizon(arrivals: np.ndarray) -> int:
+    """Default horizon (WL-9.7): twice the last arrival; 600 s if all at 0; none if empty."""
+    if arrivals.size == 0:
+        return INT64_MAX
+    m = max(int(arrivals.max()), 0)
+    if m > INT64_MAX // 2:
+        return INT64_MAX
+    if m <= 0:
+        return 600_000_000
+    return 2 * m
+
+
+def replay_table(rec: TraceRecords, seed: int, block_size: int) -> RequestTable:
+    """The replayed requests, in file order (WL-9.6, DELTA-63)."""
+    n = rec.arrival_us.shape[0]
+    if n == 0:
+        raise BlisInputError("--trace-data: empty trace")
+    group_code: dict[str, int] = {}
+    group_len: list[int] = []
+    for g, plen in zip(rec.prefix_group, rec.prefix_length.tolist(), strict=True):
+        if g and plen > 0 and g not in group_code:
+            group_code[g] = len(group_len)
+            group_len.append(int(plen))
+    prefix_of = np.array([group_code.get(g, -1) for g in rec.prefix_group], dtype=np.int64)
+    prefix_len = np.array(group_len, dtype=np.int64)
+    offsets, digests = replay_digests(gorand.new_source(seed), prefix_len, prefix_of,
+                                      rec.input_tokens, rec.output_tokens, block_size)
+    plen_row = np.where(prefix_of >= 0, prefix_len[np.maximum(prefix_of, 0)]
+                        if len(group_len) else 0, 0)
+    clients: list[dict] = []
+    client_code: dict[tuple, int] = {}
+    cidx = np.empty(n, dtype=np.int32)
+    for i in range(n):
+        key = (rec.client_id[i], rec.tenant_id[i], rec.slo_class[i], rec.model[i],
+               rec.prefix_group[i], rec.streaming[i])
+        if key not in client_code:
+            client_code[key] = len(clients)
+            clients.append({"id": key[0], "tenant_id": key[1], "slo_class": key[2],
+                            "model": key[3], "prefix_group": key[4], "streaming": key[5]})
+        cidx[i] = client_code[key]
+    input_len = rec.input_tokens + plen_row
+    return RequestTable(
+        arrival_us=rec.arrival_us.copy(), input_len=input_len.astype(np.int64),
+        output_len=rec.output_tokens.copy(), max_output_len=rec.output_tokens.copy(),
+        deadline_us=rec.deadline_us.copy(), prefix_length=rec.prefix_length.copy(),
+        client_idx=cidx, chunk_offsets=offsets, chunk_digests=digests, clients=clients,
+        block_size=block_size, seed=seed, request_numbers=rec.request_id.copy(),
+    )
