@@ -332,7 +332,12 @@ def test_trained_roofline_quantization_warning():
     assert any("trained-roofline charges 2-byte weights" in w for w in cfg.warnings)
 
 
-def test_empty_backend_name_builds_an_invalid_roofline():
-    # "" is an accepted --latency-model value but resolves no model config; the reference then
-    # fails when it builds the roofline model from an empty architecture.
-    _err(r"invalid roofline config", model=LLAMA8, latency_model="", explicit=["latency-model"])
+def test_empty_backend_name_is_the_default_roofline():
+    # the reference lets "" through its name check and then resolves no model config (CLU
+    # OPEN-4); blis_fast reads "" as the default backend instead of failing later
+    empty = resolve_latency(LatencyOptions(model=LLAMA8, latency_model="",
+                                           explicit=frozenset({"latency-model"})))
+    default = resolve_latency(LatencyOptions(model=LLAMA8))
+    assert empty.backend == default.backend == "roofline"
+    assert empty.total_kv_blocks == default.total_kv_blocks
+    assert np.array_equal(empty.params, default.params)
