@@ -144,6 +144,9 @@ def _defaults_file(opts: RunOptions) -> str:
 
 
 def _resolve_latency(opts: RunOptions) -> LatencyConfig:
+    if opts.given("total_kv_blocks") and opts.total_kv_blocks <= 0:
+        # checked before the max-model-len cap derived from it can report a confusing error
+        _fail(f"--total-kv-blocks must be > 0, got {opts.total_kv_blocks}")
     explicit = frozenset(name.replace("_", "-") for name in opts.explicit)
     lo = LatencyOptions(
         model=opts.model,
@@ -223,6 +226,7 @@ def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int]:
     max_requests = resolve_max_requests(spec.num_requests, opts.num_requests,
                                         opts.given("num_requests"))
     check_generation_bounded(max_requests, horizon)
+    notify_if_compiling()
     wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
                            block_size=opts.block_size_in_tokens)
     if timeout_applies:
@@ -244,6 +248,7 @@ def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int]:
     records = load_trace_records(opts.trace_data)
     if opts.fitness_weights:
         log.warning("--fitness-weights has no effect in replay")
+    notify_if_compiling()
     table = replay_table(records, opts.seed, opts.block_size_in_tokens)
     horizon = opts.horizon if opts.given("horizon") else replay_horizon(table.arrival_us)
     return table, horizon
@@ -387,7 +392,6 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         _fail("LLM name not provided (--model). Exiting simulation.")
     opts.values["model"] = opts.model.lower()
     latency = _resolve_latency(opts)
-    notify_if_compiling()
     if replay:
         table, horizon = _replay_workload(opts)
     else:
