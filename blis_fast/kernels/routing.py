@@ -171,56 +171,10 @@ def new_router_state(
     )
 
 
-# ---------------------------------------------------------------- small hash tables
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _tget(table, i, h):
-    mask = table.shape[1] - 1
-    j = np.int64(h & np.uint64(mask))
-    while True:
-        k = table[i, j, 0]
-        if k == h:
-            return np.int64(table[i, j, 1])
-        if k == 0:
-            return np.int64(-1)
-        j = (j + 1) & mask
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _tput(table, i, h, v):
-    mask = table.shape[1] - 1
-    j = np.int64(h & np.uint64(mask))
-    while True:
-        k = table[i, j, 0]
-        if k == h or k == 0:
-            table[i, j, 0] = h
-            table[i, j, 1] = np.uint64(v)
-            return
-        j = (j + 1) & mask
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _tdel(table, i, h):
-    mask = table.shape[1] - 1
-    j = np.int64(h & np.uint64(mask))
-    while True:
-        k = table[i, j, 0]
-        if k == 0:
-            return
-        if k == h:
-            break
-        j = (j + 1) & mask
-    hole = j
-    j = (j + 1) & mask
-    while table[i, j, 0] != 0:
-        home = np.int64(table[i, j, 0] & np.uint64(mask))
-        if (hole - home) & mask < (j - home) & mask:
-            table[i, hole, 0] = table[i, j, 0]
-            table[i, hole, 1] = table[i, j, 1]
-            hole = j
-        j = (j + 1) & mask
-    table[i, hole, 0] = 0
+# hash tables: the KV cache's open-addressing helpers (key 0 = empty)
+_tget = kvc._table_get
+_tput = kvc._table_put
+_tdel = kvc._table_del
 
 
 # ---------------------------------------------------------------- request hashes
