@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 log = logging.getLogger("blis_fast")
 
@@ -17,11 +19,31 @@ def _has_cached_overload(dispatcher) -> bool:
         return True
 
 
-def notify_if_compiling() -> None:
-    """Log one warning line when the simulation or workload kernels must be compiled first."""
-    from blis_fast.kernels.engine import simulate
-    from blis_fast.workload.generator import _generate_kernel
+_engine_warmup: subprocess.Popen | None = None
 
-    if not all(_has_cached_overload(d) for d in (simulate, _generate_kernel)):
-        log.warning("compiling the simulation kernels (first run after install or upgrade; "
-                    "this takes about a minute, later runs start at once)")
+
+def notify_if_compiling() -> None:
+    """Log one warning line when the simulation or workload kernels must be compiled first,
+    and start compiling the engine in a second process (it is independent of the workload
+    kernels this process compiles next)."""
+    global _engine_warmup
+    from blis_fast.kernels.engine import simulate
+    from blis_fast.workload.gen_kernel import generate_kernel
+
+    engine_ready = _has_cached_overload(simulate)
+    if engine_ready and _has_cached_overload(generate_kernel):
+        return
+    log.warning("compiling the simulation kernels (first run after install or upgrade; "
+                "this takes about a minute, later runs start at once)")
+    if not engine_ready and _engine_warmup is None:
+        _engine_warmup = subprocess.Popen(
+            [sys.executable, "-m", "blis_fast.engine.warmup"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for_engine_compile() -> None:
+    """Before the first simulation: let the second process finish writing the engine cache."""
+    global _engine_warmup
+    if _engine_warmup is not None:
+        _engine_warmup.wait()
+        _engine_warmup = None

@@ -216,6 +216,9 @@ def _request_metadata(table, cfg: EngineConfig, model: str):
 
 def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
     """Simulate ``table`` (a RequestTable) under ``cfg``."""
+    from blis_fast.engine.compile_notice import wait_for_engine_compile
+
+    wait_for_engine_compile()
     n = table.n
     n_inst = cfg.num_instances
     max_batch = max(1, min(cfg.max_running_reqs, max(n, 1)))

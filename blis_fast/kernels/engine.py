@@ -98,7 +98,7 @@ def new_req_state(n: int, max_output_len: np.ndarray) -> ReqState:
         fin_step=np.zeros(n, np.int64), capped=np.zeros(n, np.int8),
         priority=np.zeros(n, np.float64), max_out=max_output_len.astype(np.int64).copy(),
         e2e=np.zeros(n, np.int64), registered=np.zeros(n, np.int8),
-        wq_prev=np.full(n, -1, np.int32), wq_next=np.full(n, -1, np.int32),
+        wq_prev=np.full(n, -1, np.int64), wq_next=np.full(n, -1, np.int64),
         run_head=np.full(n, -1, np.int64), sort_key=np.zeros(n, np.float64),
     )
 
@@ -111,7 +111,7 @@ def new_inst_state(n_inst: int, max_batch: int) -> InstState:
     wq[:, 0] = -1
     wq[:, 1] = -1
     return InstState(cnt=cnt, kv_integral=np.zeros(n_inst, np.float64), wq=wq,
-                     batch=np.zeros((n_inst, max_batch), np.int32),
+                     batch=np.zeros((n_inst, max_batch), np.int64),
                      batch_len=np.zeros(n_inst, np.int64), wq_sum=np.zeros((n_inst, 2), np.int64),
                      rejected=np.zeros(2, np.int64), rr=np.zeros(1, np.int64))
 
@@ -307,7 +307,7 @@ def _count_done(ins, i, column):
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode):
     """recordRequestCompletion with DELTA-6/7: output tokens counted at completion."""
-    _count_done(ins, i, K_COMPLETED)
+    _count_done(ins, i, np.int64(K_COMPLETED))
     k = rs.hot[r, H_PI] - input_len[r]
     if k < output_len[r]:
         k += 1
@@ -342,7 +342,7 @@ def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, cached_buf, scr
     while True:
         in_prefill = rs.hot[r, H_PI] < input_len[r]
         if kvc.allocate(kv, i, r, rs.hot[r, H_PI], rs.hot[r, H_PI] + n, in_prefill, input_len[r],
-                        cached_buf, 0, scratch):
+                        cached_buf, np.int64(0), scratch):
             return True, budget, preempted
         blen = ins.batch_len[i]
         if blen == 0:
@@ -398,8 +398,8 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
         if rs.hot[r, H_PI] >= input_len[r] and output_len[r] > 0:
             if not (max_len > 0 and rs.hot[r, H_PI] + 1 > max_len - 1):
                 if not kvc.append_decode_token_fast(kv, i, r):
-                    ok, budget, pre = _preempt_for_tokens(ins, rs, kv, i, r, 1, input_len,
-                                                          budget, cached_buf, scratch)
+                    ok, budget, pre = _preempt_for_tokens(ins, rs, kv, i, r, np.int64(1),
+                                                          input_len, budget, cached_buf, scratch)
                     preemption = preemption or pre
                     if not ok:
                         break
@@ -421,8 +421,8 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
         n = min(n, budget)
         if max_len > 0:
             n = min(n, max(max_len - 1 - start, 0))
-        if not kvc.allocate(kv, i, nxt, start, start + n, True, input_len[nxt], cached_buf,
-                            n_cached, scratch):
+        if not kvc.allocate(kv, i, nxt, start, start + n, np.int64(1) > 0, input_len[nxt],
+                            cached_buf, n_cached, scratch):
             break
         _wq_remove(ins, rs, i, nxt)
         ins.batch[i, ins.batch_len[i]] = nxt
@@ -672,13 +672,13 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
             if drop:
                 rs.state[r] = ST_DROPPED
                 rs.registered[r] = REG_NONE
-                _count_done(ins, i, K_DROPPED)
+                _count_done(ins, i, np.int64(K_DROPPED))
                 rtk.on_done(rt, r)
             else:
                 ins.cnt[i, K_IN_TOKENS] += input_len[r]
                 if deadline[r] > 0 and deadline[r] <= t:
                     rs.state[r] = ST_TIMED_OUT
-                    _count_done(ins, i, K_TIMED_OUT)
+                    _count_done(ins, i, np.int64(K_TIMED_OUT))
                     rtk.on_done(rt, r)
                 else:
                     rs.state[r] = ST_QUEUED
@@ -709,8 +709,9 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                         rs.state[r] = ST_COMPLETED
                         if output_len[r] > 0 and rs.hot[r, H_PI] < input_len[r] + output_len[r]:
                             if not kvc.append_decode_token_fast(kv, i, r) and not kvc.allocate(
-                                    kv, i, r, rs.hot[r, H_PI], rs.hot[r, H_PI] + 1, False, input_len[r],
-                                    cached_buf, 0, scratch):
+                                    kv, i, r, rs.hot[r, H_PI], rs.hot[r, H_PI] + 1,
+                                    np.int64(0) > 0, input_len[r], cached_buf, np.int64(0),
+                                    scratch):
                                 ins.cnt[i, K_KV_FAIL] += 1
                         done = True
                     elif max_len > 0 and rs.hot[r, H_PI] >= max_len - 1:
@@ -747,7 +748,7 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
             was_running = rs.state[r] == ST_RUNNING
             was_queued = rs.state[r] == ST_QUEUED
             rs.state[r] = ST_TIMED_OUT
-            _count_done(ins, i, K_TIMED_OUT)
+            _count_done(ins, i, np.int64(K_TIMED_OUT))
             rtk.on_done(rt, r)
             kvc.release(kv, i, r)
             rs.hot[r, H_COMP] = 0

@@ -36,7 +36,7 @@ KVState = namedtuple(
         # R_LAST tokens in its last block. R_LAST is authoritative: the decode fast path bumps
         # only it, and the last block's B_TOK is brought up to date before any other use.
         "req",
-        "pool",  # int32 block ids
+        "pool",  # int64 block ids
         # request digests (from the RequestTable)
         "chunk_off",
         "chunk_dig",
@@ -98,7 +98,7 @@ def new_kv_state(
     req = np.zeros((n_req, 4), dtype=np.int64)
     if n_req:
         req[1:, R_OFF] = np.cumsum(per_req)[:-1]
-    pool = np.zeros(int(per_req.sum()) + 1, dtype=np.int32)
+    pool = np.zeros(int(per_req.sum()) + 1, dtype=np.int64)
     blk = np.zeros((n_instances, total_blocks, 8), dtype=np.int32)
     ids = np.arange(total_blocks, dtype=np.int32)
     blk[:, :, B_PRV] = ids - 1
@@ -229,7 +229,7 @@ def _log_change(kv, i, h, v):
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _ht_put(kv, i, h, b):
-    _table_put(kv.ht, i, h, b)
+    _table_put(kv.ht, i, h, np.uint64(b))
     _log_change(kv, i, h, np.uint64(b))
 
 
@@ -254,7 +254,7 @@ def sync_frozen_copy(kv, i, frozen):
             if v == LOG_DELETE:
                 _table_del(frozen, i, h)
             else:
-                _table_put(frozen, i, h, v)
+                _table_put(frozen, i, h, np.uint64(v))
     kv.meta[i, M_LOG_LEN] = 0
     kv.meta[i, M_LOG_OVERFLOW] = 0
 
@@ -385,7 +385,7 @@ def _commit(kv, i, r, blocks, lo, hi):
         kv.req[r, R_LAST] = kv.blk[i, b, B_TOK]
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
     """GPU-tier AllocateKVBlocks with the check-then-act pre-check (DELTA-13)."""
     bs = kv.cfg[CFG_BS]
@@ -427,7 +427,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
             latest = kv.pool[off + cnt - 1]
         else:
             if n_cached > 0:
-                _commit(kv, i, r, cached, 0, n_cached)
+                _commit(kv, i, r, cached, np.int64(0), n_cached)
                 cnt = kv.req[r, R_CNT]
                 latest = kv.pool[off + cnt - 1]
             else:
@@ -560,7 +560,7 @@ def _cpu_store(kv, i, h):
     cm[i, C_FREETOP] -= 1
     s = kv.cpu_free[i, cm[i, C_FREETOP]]
     kv.cpu_hash[i, s] = h
-    _table_put(kv.cpu_ht, i, h, s)
+    _table_put(kv.cpu_ht, i, h, np.uint64(s))
     _cpu_append(kv, i, s)
     cm[i, C_USED] += 1
 
@@ -646,7 +646,7 @@ def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scra
                     if start_block < end_block:
                         _commit(kv, i, r, scratch, start_block, end_block)
                 else:
-                    _commit(kv, i, r, scratch, 0, end_block)
+                    _commit(kv, i, r, scratch, np.int64(0), end_block)
                 return True
             new_start_block = new_start // bs
             if has_entry:
@@ -654,7 +654,7 @@ def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scra
                 if start_block < new_start_block:
                     _commit(kv, i, r, scratch, start_block, new_start_block)
             else:
-                _commit(kv, i, r, scratch, 0, new_start_block)
+                _commit(kv, i, r, scratch, np.int64(0), new_start_block)
             return _gpu_allocate(kv, i, r, new_start, end, in_prefill, scratch, n_new)
         return _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached)
     kv.cpu_meta[i, C_MISS] += 1

@@ -329,7 +329,7 @@ def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv_ht):
                 ok = False
                 reason = REASON_TIER_SHED
     elif code == ADM_CUSTOM:
-        _fill_hook_view(rt, kv_ht, r, input_len, 0, n, clock, False)
+        _fill_hook_view(rt, kv_ht, r, input_len, np.int64(0), n, clock, np.int64(0) > 0)
         rt.hook_req[hk.REQ_ARRIVAL] = arrival
         if not admit_fn(rt.hook_snap[:n], rt.hook_req):
             ok = False
