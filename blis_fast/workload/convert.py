@@ -30,7 +30,6 @@ from blis_fast.workload.spec import (
     validate_spec,
 )
 from blis_fast.workload.spec_yaml import SCHEMA, Field, load_workload_spec, resolve_plain
-from blis_fast.workload.synthesis import _go_v
 
 INDENT = 4
 
@@ -398,7 +397,7 @@ def spec_yaml_for_stdout(spec: WorkloadSpec) -> str:
 def check_preset_flags(rate: float, num_requests: int) -> None:
     """``blis convert preset`` flag checks (before the preset is looked up)."""
     if not (rate > 0) or math.isinf(rate):
-        raise BlisConfigError(f"--rate must be a finite value > 0, got {_go_v(rate)}")
+        raise BlisConfigError(f"--rate must be a finite value > 0, got {go_g(rate)}")
     if num_requests <= 0:
         raise BlisConfigError(f"--num-requests must be > 0, got {num_requests}")
 

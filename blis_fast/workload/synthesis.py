@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from blis_fast.errors import BlisConfigError
+from blis_fast.workload.gofmt import go_g
 from blis_fast.workload.spec import ArrivalSpec, ClientSpec, DistSpec, WorkloadSpec
 
 PRESET_NAMES = ("chatbot", "summarization", "contentgen", "multidoc")
@@ -138,30 +138,7 @@ def synthesize_from_preset(
 def validate_rate(rate: float) -> None:
     """Reject a non-finite or non-positive ``--rate`` (distribution and preset modes)."""
     if not (rate > 0) or math.isinf(rate):
-        raise BlisConfigError(f"--rate must be a finite value > 0, got {_go_v(rate)}")
-
-
-def _go_v(v: float) -> str:
-    """Format a float like Go's ``%v`` (shortest digits; exponent form outside [1e-4, 1e6))."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if v == 0:
-        return "-0" if math.copysign(1.0, v) < 0 else "0"
-    sign, digits, exponent = Decimal(repr(v)).normalize().as_tuple()
-    ds = "".join(map(str, digits))
-    dp = len(ds) + int(exponent)  # position of the decimal point
-    exp = dp - 1
-    neg = "-" if sign else ""
-    if exp < -4 or exp >= 6:
-        mant = ds[0] + ("." + ds[1:] if len(ds) > 1 else "")
-        return f"{neg}{mant}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
-    if dp <= 0:
-        return f"{neg}0.{'0' * -dp}{ds}"
-    if dp >= len(ds):
-        return f"{neg}{ds}{'0' * (dp - len(ds))}"
-    return f"{neg}{ds[:dp]}.{ds[dp:]}"
+        raise BlisConfigError(f"--rate must be a finite value > 0, got {go_g(rate)}")
 
 
 def validate_distribution_params(p: DistributionParams) -> None:
