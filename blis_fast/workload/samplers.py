@@ -237,27 +237,10 @@ def gamma_rand(s: np.ndarray, shape: float, scale: float) -> float:
     """Go ``gammaRand``: Marsaglia-Tsang, with the U^(1/shape) boost for shape < 1."""
     boost = 1.0
     if shape < 1.0:
-        u0 = float64_(s)
-        boost_exp = 1.0 / shape
+        # Go draws U first, then samples Gamma(shape + 1) and scales it by U^(1/shape);
+        # multiplying by the exact 1.0 of the other branch leaves its value unchanged.
+        boost = go_pow(float64_(s), 1.0 / shape)
         shape = shape + 1.0
-        d = shape - 1.0 / 3.0
-        c = 1.0 / math.sqrt(9.0 * d)
-        while True:
-            x = 0.0
-            v = 0.0
-            while True:
-                x = norm_float64(s)
-                v = 1.0 + c * x
-                if v > 0:
-                    break
-            v = v * v * v
-            u = float64_(s)
-            if u < 1.0 - 0.0331 * (x * x) * (x * x):
-                break
-            if go_log(u) < 0.5 * x * x + d * (1.0 - v + go_log(v)):
-                break
-        boost = go_pow(u0, boost_exp)
-        return d * v * scale * boost
     d = shape - 1.0 / 3.0
     c = 1.0 / math.sqrt(9.0 * d)
     while True:
@@ -271,9 +254,9 @@ def gamma_rand(s: np.ndarray, shape: float, scale: float) -> float:
         v = v * v * v
         u = float64_(s)
         if u < 1.0 - 0.0331 * (x * x) * (x * x):
-            return d * v * scale
+            return d * v * scale * boost
         if go_log(u) < 0.5 * x * x + d * (1.0 - v + go_log(v)):
-            return d * v * scale
+            return d * v * scale * boost
 
 
 @njit(cache=True)
