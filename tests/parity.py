@@ -45,6 +45,25 @@ def load_case(case_id: str) -> dict:
     return json.loads((CASES_DIR / case_id / "case.json").read_text())
 
 
+BOOL_FLAGS = frozenset({"--summarize-trace"})  # case flags that take no value
+
+
+def case_flags(args: list[str]) -> dict[str, str]:
+    """A case's ``args`` as ``{flag: value}`` (value-less flags map to ``"true"``)."""
+    flags: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        assert flag.startswith("--"), flag
+        if flag in BOOL_FLAGS:
+            flags[flag] = "true"
+            i += 1
+        else:
+            flags[flag] = args[i + 1]
+            i += 2
+    return flags
+
+
 def all_case_ids() -> list[str]:
     """Every case folder name, sorted."""
     return sorted(p.name for p in CASES_DIR.iterdir() if (p / "case.json").is_file())

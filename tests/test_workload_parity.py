@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from parity import CASES_DIR, case_flags
 
 from blis_fast.workload.generator import MAX_INT64, apply_timeout, generate_requests
 from blis_fast.workload.synthesis import (
@@ -28,7 +29,6 @@ from blis_fast.workload.synthesis import (
 from blis_fast.workload.trace_v2 import TraceOutcome, build_trace_csv, export_trace_v2
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ROOT.parent / "shared" / "parity" / "cases"
 
 # Preset figures of the reference's defaults.yaml (WL-2.5), used only if the project's
 # defaults.yaml is not readable.
@@ -58,9 +58,6 @@ FALLBACK_PRESETS = {
 MARCH_REFERENCE = "blis@9afd96ff"  # before --timeout (deadline 0) and the 27-column trace
 
 # Flags that take no value (everything else the cases use takes exactly one).
-BOOL_FLAGS = {"--summarize-trace"}
-
-
 def _presets() -> dict:
     path = ROOT / "defaults.yaml"
     try:
@@ -74,24 +71,9 @@ def _presets() -> dict:
     return FALLBACK_PRESETS
 
 
-def _parse_flags(args: list[str]) -> dict[str, str]:
-    flags: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        assert a.startswith("--"), a
-        if a in BOOL_FLAGS:
-            flags[a] = "true"
-            i += 1
-        else:
-            flags[a] = args[i + 1]
-            i += 2
-    return flags
-
-
 def _all_cases() -> list[tuple[str, dict]]:
     out = []
-    for p in sorted(CASES.glob("*/case.json")):
+    for p in sorted(CASES_DIR.glob("*/case.json")):
         with open(p, encoding="utf-8") as f:
             out.append((p.parent.name, json.load(f)))
     return out
@@ -102,7 +84,7 @@ def _workload_cases() -> list:
     for name, case in _all_cases():
         if case["subcommand"] != "run":
             continue
-        flags = _parse_flags(case["args"])
+        flags = case_flags(case["args"])
         if "--workload-spec" in flags or "--concurrency" in flags:
             continue
         marks = []
@@ -152,7 +134,7 @@ def _regenerate(case: dict, flags: dict[str, str]):
 @pytest.mark.parametrize(("name", "case", "flags"), _workload_cases())
 def test_workload_matches_reference_trace(name, case, flags):
     """Workload-only trace columns and the header seed equal the reference's, row for row."""
-    case_dir = CASES / name
+    case_dir = CASES_DIR / name
     table = _regenerate(case, flags)
     with open(case_dir / "trace.csv", encoding="utf-8", newline="") as f:
         ref = list(csv.DictReader(f))
@@ -212,7 +194,7 @@ def test_trace_export_is_byte_identical(name, case, flags, tmp_path):
     """With the reference's per-request outcome, export_trace_v2 writes the same bytes."""
     if case["reference"] == MARCH_REFERENCE:
         pytest.skip("March reference wrote the older 26-column trace")
-    case_dir = CASES / name
+    case_dir = CASES_DIR / name
     table = _regenerate(case, flags)
     with open(case_dir / "trace.csv", encoding="utf-8", newline="") as f:
         ref = list(csv.DictReader(f))

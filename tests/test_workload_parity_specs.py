@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from parity import CASES_DIR, case_flags
 
 from blis_fast.errors import BlisInputError
 from blis_fast.kernels.gorand import new_source
@@ -39,38 +40,19 @@ from blis_fast.workload.synthesis import (
 )
 from blis_fast.workload.trace_v2 import TraceOutcome, build_trace_csv, export_trace_v2
 
-ROOT = Path(__file__).resolve().parents[1]
-CASES = ROOT.parent / "shared" / "parity" / "cases"
-
 WORKLOAD_COLUMNS = (
     "client_id", "tenant_id", "slo_class", "session_id", "round_index", "prefix_group",
     "prefix_length", "streaming", "input_tokens", "output_tokens", "text_tokens",
     "image_tokens", "audio_tokens", "video_tokens", "reason_ratio", "model", "deadline_us",
     "arrival_time_us",
 )  # fmt: skip
-BOOL_FLAGS = {"--summarize-trace"}
-
-
-def _flags(args: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        if args[i] in BOOL_FLAGS:
-            out[args[i]] = "true"
-            i += 1
-        else:
-            out[args[i]] = args[i + 1]
-            i += 2
-    return out
-
-
 def _cases() -> list:
     params = []
-    for p in sorted(CASES.glob("*/case.json")):
+    for p in sorted(CASES_DIR.glob("*/case.json")):
         case = json.loads(p.read_text())
         if case["subcommand"] != "run":
             continue
-        flags = _flags(case["args"])
+        flags = case_flags(case["args"])
         if "--workload-spec" not in flags and "--concurrency" not in flags:
             continue
         marks = []
@@ -136,7 +118,7 @@ def _ours(table) -> list[dict]:
 @pytest.mark.parametrize(("name", "case", "flags"), _cases())
 def test_workload_columns_match_reference(name, case, flags):
     """Every pre-generated row equals the reference's, column for column, in order."""
-    case_dir = CASES / name
+    case_dir = CASES_DIR / name
     spec, wl = _regenerate(case_dir, flags)
     ref, header = _read(case_dir)
     assert header["workload_seed"] == spec.seed
@@ -154,7 +136,7 @@ def test_workload_columns_match_reference(name, case, flags):
 @pytest.mark.parametrize(("name", "case", "flags"), _cases())
 def test_follow_up_draws_come_from_blueprint_streams(name, case, flags):
     """Blueprint seeds and samplers reproduce the reference's follow-up lengths (DELTA-47/48)."""
-    case_dir = CASES / name
+    case_dir = CASES_DIR / name
     _spec, wl = _regenerate(case_dir, flags)
     if not wl.sessions:
         pytest.skip("no session blueprints in this workload")
@@ -185,7 +167,7 @@ def test_follow_up_draws_come_from_blueprint_streams(name, case, flags):
 @pytest.mark.parametrize(("name", "case", "flags"), _cases())
 def test_trace_export_is_byte_identical_without_follow_ups(name, case, flags, tmp_path):
     """With the reference's outcomes, the exported trace is the reference's file, byte for byte."""
-    case_dir = CASES / name
+    case_dir = CASES_DIR / name
     spec, wl = _regenerate(case_dir, flags)
     ref, _header = _read(case_dir)
     if len(ref) != wl.table.n:
@@ -204,7 +186,7 @@ def test_trace_export_is_byte_identical_without_follow_ups(name, case, flags, tm
 
 def test_invalid_spec_case():
     """invalid-workload-unknown-key: strict parsing rejects the unknown client key."""
-    case_dir = CASES / "invalid-workload-unknown-key"
+    case_dir = CASES_DIR / "invalid-workload-unknown-key"
     with pytest.raises(BlisInputError, match=r"line 23: field burstiness not found in type "
                                              r"workload\.ClientSpec"):  # fmt: skip
         load_workload_spec(str(case_dir / "bad-unknown-key.yaml"))
@@ -222,7 +204,7 @@ def test_spec_cases_are_covered():
 
 def test_generation_is_deterministic_and_spec_untouched():
     """Two generations give identical tables; the caller's spec object is not modified."""
-    path = CASES / "c4-scorer-precise-prefix-inference-perf" / "inference-perf-shared-prefix.yaml"
+    path = CASES_DIR / "c4-scorer-precise-prefix-inference-perf" / "inference-perf-shared-prefix.yaml"
     spec = load_workload_spec(str(path))
     a = generate_workload(spec, MAX_INT64, 300)
     b = generate_workload(spec, MAX_INT64, 300)
@@ -236,7 +218,7 @@ def test_million_requests_multi_client_speed():
     """1,000,000 requests of a 4-client, 4-arrival-process spec in well under 10 s."""
     import time
 
-    spec = load_workload_spec(str(CASES / "wl-mixed-arrivals-lengths" / "mixed-arrivals-lengths.yaml"))
+    spec = load_workload_spec(str(CASES_DIR / "wl-mixed-arrivals-lengths" / "mixed-arrivals-lengths.yaml"))
     generate_workload(spec, MAX_INT64, 1000)
     start = time.perf_counter()
     wl = generate_workload(spec, MAX_INT64, 1_000_000)
