@@ -30,6 +30,7 @@ from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.simulate import (
     EngineConfig,
     Hooks,
+    SessionPlan,
     SimulationResult,
     run_engine,
 )
@@ -89,7 +90,6 @@ LOG_LEVELS = {
 
 FITNESS_KEYS = ("throughput", "tokens_per_sec", "p99_ttft", "p50_ttft", "mean_ttft", "p99_e2e",
                 "p50_e2e", "mean_e2e")
-WORKLOAD_ISSUE = "the workloads issue (#4)"
 
 
 @dataclass
@@ -101,6 +101,7 @@ class Prepared:
     table: RequestTable
     engine: EngineConfig
     policies: Policies
+    sessions: SessionPlan | None = None  # closed-loop sessions continued by the engine
 
 
 @dataclass
@@ -168,11 +169,11 @@ def _resolve_latency(opts: RunOptions) -> LatencyConfig:
     return resolve_latency(lo)
 
 
-def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int]:
+def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int, SessionPlan | None]:
     """Workload source selection and generation (WL-1, WL-2, DELTA-28/29).
 
-    Returns the requests and the simulation horizon (a spec's horizon applies unless
-    ``--horizon`` was given).
+    Returns the requests, the simulation horizon (a spec's horizon applies unless
+    ``--horizon`` was given) and the closed-loop sessions the engine continues (or None).
     """
     if opts.num_requests < 0:
         _fail(f"--num-requests must be >= 0, got {opts.num_requests}")
@@ -231,11 +232,8 @@ def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int]:
                            block_size=opts.block_size_in_tokens)
     if timeout_applies:
         wl = apply_timeout_to_workload(wl, opts.timeout)
-    if wl.sessions:
-        _fail(f"this workload has {len(wl.sessions)} closed-loop sessions (multi-turn or "
-              f"concurrency clients), whose follow-up rounds are not simulated yet "
-              f"({WORKLOAD_ISSUE})")
-    return wl.table, horizon
+    sessions = SessionPlan(wl.sessions, wl.follow_up_budget) if wl.sessions else None
+    return wl.table, horizon, sessions
 
 
 def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int]:
@@ -392,10 +390,11 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         _fail("LLM name not provided (--model). Exiting simulation.")
     opts.values["model"] = opts.model.lower()
     latency = _resolve_latency(opts)
+    sessions = None
     if replay:
         table, horizon = _replay_workload(opts)
     else:
-        table, horizon = _generate(opts, opts.horizon)
+        table, horizon, sessions = _generate(opts, opts.horizon)
     if opts.num_instances < 1:
         _fail("num-instances must be >= 1")
     total_blocks = latency.total_kv_blocks
@@ -459,13 +458,17 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         alpha=alpha,
         output_token_time=int(output_token_processing_time(latency.code, alpha)),
         post_decode_overhead=int(post_decode_fixed_overhead(latency.code, alpha)),
+        # a follow-up's input holds its parent's output only when the session accumulates
+        hash_decode_blocks=bool(sessions and any(
+            bp.context_growth == "accumulate" for bp in sessions.blueprints)),
     )
     # diagnostics of a run that passed every check (a refused run prints only its error)
     for msg in latency.warnings:
         log.warning(msg)
     for msg in latency.infos:
         log.info(msg)
-    return Prepared(opts=opts, latency=latency, table=table, engine=engine, policies=pol)
+    return Prepared(opts=opts, latency=latency, table=table, engine=engine, policies=pol,
+                    sessions=sessions)
 
 
 def instance_metrics(res: SimulationResult, table: RequestTable) -> list[InstanceMetrics]:
@@ -527,7 +530,7 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
         return values[cidx] if len(clients) else np.full(len(rows), "", dtype=object)
 
     return RequestColumns(
-        request_id=np.array([f"request_{k}" for k in table.request_numbers[rows]], dtype=object),
+        request_id=np.array(table.id_strings(), dtype=object)[rows],
         arrival_us=table.arrival_us[rows],
         num_prefill_tokens=table.input_len[rows],
         num_decode_tokens=out_len,
@@ -565,12 +568,14 @@ def execute_replay(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
 def _execute(opts: RunOptions, hooks: Hooks | None, replay: bool) -> RunResult:
     prepared = prepare(opts, hooks, replay=replay)
     started = time.perf_counter()
-    res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model)
+    res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model,
+                     sessions=prepared.sessions)
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
+    table = res.table  # the pre-generated requests, then any closed-loop follow-ups
     if opts.trace_output:
-        export_trace_v2(opts.trace_output, prepared.table, trace_outcome(res), replayed=replay)
-    instances = instance_metrics(res, prepared.table)
-    requests = request_columns(res, prepared.table)
+        export_trace_v2(opts.trace_output, table, trace_outcome(res), replayed=replay)
+    instances = instance_metrics(res, table)
+    requests = request_columns(res, table)
     aggregate = aggregate_instances(instances)
     per_instance = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(instances)]
     summary = build_metrics_output("cluster", aggregate)
@@ -579,7 +584,7 @@ def _execute(opts: RunOptions, hooks: Hooks | None, replay: bool) -> RunResult:
         requests=requests,
         admission_rejections=res.rejected_admission,
         routing_rejections=res.rejected_routing,
-        shed_by_tier=_shed_by_tier(res, prepared.table),
+        shed_by_tier=_shed_by_tier(res, table),
         priority_policy=prepared.policies.priority,
         fitness_weights="" if replay else opts.fitness_weights,
         trace_summary=_trace_summary(res) if opts.summarize_trace else None,
