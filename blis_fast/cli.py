@@ -57,7 +57,7 @@ def _given(ctx: click.Context, raw: dict) -> dict:
 
 
 def _add_replay_options(func):
-    return _add_run_options(func, skip=WORKLOAD_FLAGS - {"results-path"})
+    return _add_run_options(func, skip=WORKLOAD_FLAGS - {"results-path", "think-time-ms"})
 
 
 @main_group.command("replay")

@@ -60,13 +60,16 @@ from blis_fast.workload.generator import (
     resolve_max_requests,
     resolve_workload_seed,
 )
+from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.replay import (
     load_trace_header,
     load_trace_records,
+    max_injected_arrival,
     replay_horizon,
-    replay_table,
+    replay_workload,
 )
 from blis_fast.workload.request_table import RequestTable
+from blis_fast.workload.samplers import parse_think_time_dist
 from blis_fast.workload.spec import apply_timeout_to_spec
 from blis_fast.workload.spec_yaml import load_workload_spec
 from blis_fast.workload.synthesis import (
@@ -236,20 +239,52 @@ def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int, Sessio
     return wl.table, horizon, sessions
 
 
-def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int]:
-    """The requests of a trace v2 and the replay horizon (WL-9.6, WL-9.7)."""
+def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int, SessionPlan | None]:
+    """The requests of a trace v2, the replay horizon (WL-9.6, WL-9.7) and, with
+    ``--session-mode closed-loop``, the sessions the engine continues (DELTA-65)."""
     if not opts.trace_header:
         _fail("--trace-header is required")
     if not opts.trace_data:
         _fail("--trace-data is required")
     load_trace_header(opts.trace_header)
     records = load_trace_records(opts.trace_data)
+    mode = opts.session_mode
+    if mode not in ("fixed", "closed-loop"):
+        _fail(f'--session-mode must be "fixed" or "closed-loop", got {go_quote(mode)}')
+    if opts.think_time_ms < 0:
+        _fail(f"--think-time-ms must be non-negative, got {opts.think_time_ms}")
+    if opts.think_time_ms > 0 and mode != "closed-loop":
+        _fail("--think-time-ms requires --session-mode closed-loop")
+    if opts.think_time_dist and mode != "closed-loop":
+        _fail("--think-time-dist requires --session-mode closed-loop")
+    if opts.given("think_time_ms") and opts.given("think_time_dist"):
+        _fail("--think-time-ms and --think-time-dist are mutually exclusive")
+    think = None
+    try:
+        if opts.given("think_time_dist"):
+            think = parse_think_time_dist(opts.think_time_dist)
+        elif opts.think_time_ms > 0:
+            think = parse_think_time_dist(f"constant:value={opts.think_time_ms}ms")
+    except ValueError as exc:
+        flag = "--think-time-dist" if opts.given("think_time_dist") else "--think-time-ms"
+        _fail(f"{flag}: {exc}")
     if opts.fitness_weights:
         log.warning("--fitness-weights has no effect in replay")
+    closed = mode == "closed-loop"
     notify_if_compiling()
-    table = replay_table(records, opts.seed, opts.block_size_in_tokens)
+    prelim = (opts.horizon if opts.given("horizon")
+              else replay_horizon(max_injected_arrival(records, closed)))
+    replayed = replay_workload(records, opts.seed, opts.block_size_in_tokens,
+                               closed_loop=closed, think_sampler=think, horizon=prelim)
+    table = replayed.table
     horizon = opts.horizon if opts.given("horizon") else replay_horizon(table.arrival_us)
-    return table, horizon
+    sessions = None
+    if closed and not replayed.sessions:
+        log.warning("--session-mode closed-loop: no session records found in trace; all "
+                    "requests injected with fixed timing")
+    elif replayed.sessions:
+        sessions = SessionPlan(replayed.sessions)
+    return table, horizon, sessions
 
 
 @dataclass
@@ -392,7 +427,7 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
     latency = _resolve_latency(opts)
     sessions = None
     if replay:
-        table, horizon = _replay_workload(opts)
+        table, horizon, sessions = _replay_workload(opts)
     else:
         table, horizon, sessions = _generate(opts, opts.horizon)
     if opts.num_instances < 1:
@@ -546,13 +581,15 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
     )
 
 
-def trace_outcome(res: SimulationResult) -> TraceOutcome:
-    """Per-request status/TTFT/ITL sums for the trace v2 export (WL-9.5)."""
-    status = np.full(res.state.shape[0], 2, dtype=np.int8)
-    status[res.state == K.ST_COMPLETED] = 0
-    status[res.state == K.ST_TIMED_OUT] = 1
-    return TraceOutcome(status=status, ttft_us=res.ttft_us.astype(np.int64),
-                        itl_sum_us=res.itl_sum_us.astype(np.int64))
+def trace_outcome(res: SimulationResult, n: int | None = None) -> TraceOutcome:
+    """Per-request status/TTFT/ITL sums for the trace v2 export (WL-9.5) of the first ``n``
+    requests (default: all)."""
+    state = res.state[:n]
+    status = np.full(state.shape[0], 2, dtype=np.int8)
+    status[state == K.ST_COMPLETED] = 0
+    status[state == K.ST_TIMED_OUT] = 1
+    return TraceOutcome(status=status, ttft_us=res.ttft_us[:n].astype(np.int64),
+                        itl_sum_us=res.itl_sum_us[:n].astype(np.int64))
 
 
 def execute_run(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
@@ -572,8 +609,12 @@ def _execute(opts: RunOptions, hooks: Hooks | None, replay: bool) -> RunResult:
                      sessions=prepared.sessions)
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
     table = res.table  # the pre-generated requests, then any closed-loop follow-ups
-    if opts.trace_output:
-        export_trace_v2(opts.trace_output, table, trace_outcome(res), replayed=replay)
+    if opts.trace_output and replay:
+        # a replay exports the requests it injected, in injection order (DELTA-64/65)
+        export_trace_v2(opts.trace_output, prepared.table,
+                        trace_outcome(res, prepared.table.n), replayed=True)
+    elif opts.trace_output:
+        export_trace_v2(opts.trace_output, table, trace_outcome(res))
     instances = instance_metrics(res, table)
     requests = request_columns(res, table)
     aggregate = aggregate_instances(instances)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blis_fast.kernels.gorand import new_source
-from blis_fast.kernels.sessions import block_digests, draw_round
+from blis_fast.kernels.sessions import block_digests, draw_token_ids
+from blis_fast.workload.samplers import DIST_SEQUENCE, sample_length
 from blis_fast.workload.spec import DEFAULT_TIMEOUT_US
 
 ACTIVE, COMPLETED, CANCELLED, HORIZON_INTERRUPTED, BUDGET_EXHAUSTED = range(5)
@@ -61,7 +62,10 @@ class SessionDriver:
                     raise ValueError(f"session {bp.session_id}: {sampler.error}")
         self.state = np.full(n, ACTIVE, dtype=np.int8)
         self.current_round = np.zeros(n, dtype=np.int64)
-        self._rng = [new_source(int(bp.seed)) for bp in self.blueprints]
+        self._rng = [new_source(int(bp.seed)) if bp.rng_state is None
+                     else np.array(bp.rng_state, dtype=np.int64) for bp in self.blueprints]
+        # cursors of replayed sessions' sequence samplers (input, output, think time)
+        self._cursor = np.zeros((n, 3), dtype=np.int64)
         # accumulate sessions: context so far, and the last request's input and output ids
         self._context: list[np.ndarray | None] = [None] * n
         self._last_input: list[np.ndarray | None] = [
@@ -72,8 +76,21 @@ class SessionDriver:
             for bp in self.blueprints]
 
     def think_times(self) -> np.ndarray:
-        """Each session's think time (µs): the earliest a follow-up arrives after a completion."""
-        return np.array([int(bp.think_time_us) for bp in self.blueprints] + [0], dtype=np.int64)
+        """Each session's least think time (µs): the earliest a follow-up can arrive after a
+        completion (0 when think times are drawn)."""
+        return np.array([0 if bp.think_sampler is not None else int(bp.think_time_us)
+                         for bp in self.blueprints] + [0], dtype=np.int64)
+
+    def _sample(self, b: int, which: int, sampler) -> int:
+        """One draw of ``sampler`` for session ``b`` (sequence samplers replay their values)."""
+        if sampler.code == DIST_SEQUENCE:
+            values = sampler.params
+            if values.shape[0] == 0:
+                return 1
+            k = self._cursor[b, which]
+            self._cursor[b, which] = k + 1
+            return int(values[k % values.shape[0]])
+        return int(sample_length(self._rng[b], sampler.code, sampler.params))
 
     def on_outcome(self, b: int, tick: int, completed: bool, progress_index: int,
                    input_len: int) -> FollowUp | None:
@@ -94,13 +111,16 @@ class SessionDriver:
         if self.follow_up_budget >= 0 and self.follow_ups >= self.follow_up_budget:
             self.state[b] = BUDGET_EXHAUSTED
             return None
-        arrival = tick + int(bp.think_time_us)
+        think = (int(bp.think_time_us) if bp.think_sampler is None
+                 else self._sample(b, 2, bp.think_sampler))
+        arrival = tick + think
         if arrival > bp.horizon:
             self.state[b] = HORIZON_INTERRUPTED
             return None
-        new_ids, out_ids = draw_round(self._rng[b], bp.input_sampler.code,
-                                      bp.input_sampler.params, bp.output_sampler.code,
-                                      bp.output_sampler.params)
+        in_len = self._sample(b, 0, bp.input_sampler)
+        out_len = self._sample(b, 1, bp.output_sampler)
+        new_ids = draw_token_ids(self._rng[b], in_len)
+        out_ids = draw_token_ids(self._rng[b], out_len)
         if bp.context_growth == "accumulate":
             tokens = self._accumulate(b, progress_index - input_len, new_ids)
             self._last_input[b] = tokens

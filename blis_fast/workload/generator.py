@@ -140,6 +140,10 @@ class SessionBlueprint:
     round0_row: int  # row of the session's round-0 request in the table
     round0_input: np.ndarray | None = None  # int32 token ids (accumulate sessions only; a view)
     round0_output: np.ndarray | None = None  # int32 token ids (a view of a shared buffer)
+    # replay (DELTA-65): think times drawn per follow-up instead of ``think_time_us``, and the
+    # session's Go RNG state after its round-0 draws (used instead of ``seed``)
+    think_sampler: SamplerSpec | None = None
+    rng_state: np.ndarray | None = None
 
 
 @dataclass
