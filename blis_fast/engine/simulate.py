@@ -269,9 +269,10 @@ def _initial_capacity(table, sessions: SessionPlan | None) -> _Capacity:
     bounded = sum(max(bp.max_rounds - 1, 0) for bp in sessions.blueprints
                   if not bp.unlimited_rounds)
     unbounded = any(bp.unlimited_rounds for bp in sessions.blueprints)
-    rows = bounded + (max(1024, 2 * n) if unbounded else 0)
     if sessions.follow_up_budget >= 0:
-        rows = min(rows, sessions.follow_up_budget)
+        rows = min(bounded + sessions.follow_up_budget, sessions.follow_up_budget)
+    else:
+        rows = bounded + (max(1024, 2 * n) if unbounded else 0)
     accumulate = any(bp.context_growth == "accumulate" for bp in sessions.blueprints)
     per_row = (4 if accumulate else 2) * max(max_chunks, 8)
     return _Capacity(rows, rows * per_row, rows * (per_row + 2), 4 * max_chunks + 64)
@@ -290,6 +291,13 @@ def run_engine(table, cfg: EngineConfig, model: str = "",
             return _run_once(table, cfg, model, sessions, room)
         except _OutOfRoom:
             room = room.grown()
+
+
+def _compiled_overload(dispatcher, args):
+    """The machine-code entry point ``dispatcher`` chose for ``args`` (no type resolution)."""
+    sig = tuple(dispatcher.typeof_pyval(a) for a in args)
+    overload = dispatcher.overloads.get(sig)
+    return dispatcher if overload is None else overload.entry_point
 
 
 def _pad(values: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
@@ -391,13 +399,18 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
         lat_params = np.ascontiguousarray(cfg.latency_params, dtype=np.float64)
         alpha = np.ascontiguousarray(cfg.alpha, dtype=np.float64)
         inst_rank = instance_rank_of(n_inst)
+        simulate = K.simulate
         while True:
-            status, lg, heap = K.simulate(
-                ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank, rs,
-                ins, kv, lg, rt, inst_rank, *hook_args, heap, hs, work, req_session, think,
-                sess_pend)
+            args = (ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
+                    rs, ins, kv, lg, rt, inst_rank, *hook_args, heap, hs, work, req_session,
+                    think, sess_pend)
+            status, lg, heap = simulate(*args)
             if status != K.STATUS_SESSIONS:
                 break
+            if simulate is K.simulate:
+                # re-entries call the compiled overload directly: resolving the argument types
+                # (the function-pointer table especially) costs more than a short re-entry
+                simulate = _compiled_overload(K.simulate, args)
             rows, seqs = appended.take(driver, sess_pend[: hs[K.HS_PEND]], rs, input_len,
                                        arrival, output_len, deadline, kv, rt, req_session,
                                        meta, room)
