@@ -28,6 +28,7 @@ from blis_fast.config.policy_bundle import (
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.simulate import (
+    DEFAULT_SCORERS,
     EngineConfig,
     Hooks,
     SessionPlan,
@@ -502,6 +503,12 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         log.warning(msg)
     for msg in latency.infos:
         log.info(msg)
+    log.info("Policy config: admission=%s, routing=%s, priority=%s, scheduler=%s",
+             pol.admission, pol.routing, pol.priority, pol.scheduler)
+    if pol.routing == "weighted":
+        active = pol.scorers or DEFAULT_SCORERS
+        log.info("Weighted routing scorers: %s",
+                 ", ".join(f"{name}:{weight:.1f}" for name, weight in active))
     return Prepared(opts=opts, latency=latency, table=table, engine=engine, policies=pol,
                     sessions=sessions)
 
