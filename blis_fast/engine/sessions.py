@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blis_fast.kernels.gorand import new_source
+from blis_fast.kernels.samplers import DIST_SEQUENCE, sample_length
 from blis_fast.kernels.sessions import block_digests, draw_token_ids
-from blis_fast.workload.samplers import DIST_SEQUENCE, sample_length
 from blis_fast.workload.spec import DEFAULT_TIMEOUT_US
 
 ACTIVE, COMPLETED, CANCELLED, HORIZON_INTERRUPTED, BUDGET_EXHAUSTED = range(5)

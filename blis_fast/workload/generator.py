@@ -24,10 +24,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from blis_fast.errors import BlisConfigError, BlisInputError
-from blis_fast.kernels.gorand import subsystem_seed
-from blis_fast.workload import gen_kernel as K
-from blis_fast.workload.expand import expand_cohorts, expand_sources
-from blis_fast.workload.gen_kernel import (
+from blis_fast.kernels import generation as K
+from blis_fast.kernels.generation import (
     CF_P1,
     CF_P2,
     CF_RATE,
@@ -71,6 +69,12 @@ from blis_fast.workload.gen_kernel import (
     STATUS_NEGATIVE_LENGTH,
     STATUS_SAMPLER_ERROR,
 )
+from blis_fast.kernels.gorand import subsystem_seed
+from blis_fast.kernels.samplers import (
+    ARRIVAL_FACTORY_POISSON,
+    ARRIVAL_NORMALIZED_EXP,
+)
+from blis_fast.workload.expand import expand_cohorts, expand_sources
 from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import (
@@ -80,8 +84,6 @@ from blis_fast.workload.samplers import (
     build_sampler,
 )
 from blis_fast.workload.spec import (
-    ARRIVAL_FACTORY_POISSON,
-    ARRIVAL_NORMALIZED_EXP,
     DEFAULT_PREFIX_LENGTH,
     DEFAULT_TIMEOUT_US,
     ClientSpec,

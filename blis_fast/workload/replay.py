@@ -18,10 +18,11 @@ from blis_fast.config.strict_yaml import as_float, as_int, as_str, decode_struct
 from blis_fast.errors import BlisInputError
 from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
+from blis_fast.kernels.samplers import DIST_SEQUENCE
 from blis_fast.workload.generator import SessionBlueprint
 from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
-from blis_fast.workload.samplers import DIST_SEQUENCE, SamplerSpec
+from blis_fast.workload.samplers import SamplerSpec
 
 N_COLUMNS = 27
 INT64_MAX = (1 << 63) - 1
