@@ -12,6 +12,7 @@ Modules:
 * ``generator`` - ``generate_requests`` / ``generate_workload`` (-> RequestTable, session
   blueprints, follow-up budget) and the WL-1.2-1.4 precedence helpers; the generation kernel
   itself (a merge of lazily advanced client streams) is ``blis_fast.kernels.generation``;
+* ``scenarios`` - the built-in scenario specs (WL-8.3);
 * ``request_table`` - the RequestTable contract;
 * ``trace_v2`` - ``--trace-output`` files;
 * ``convert`` - ``blis convert`` / ``blis compose`` and the yaml.v3-style writer.
