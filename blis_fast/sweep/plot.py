@@ -96,7 +96,11 @@ def _groups(frame: pl.DataFrame, keys: list[str]) -> list[tuple[str, pl.DataFram
 
 
 def _figure(n_panels: int, width: float, height: float, dpi: int):
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise BlisConfigError("blis plot needs matplotlib: pip install 'blis_fast[plot]'"
+                              ) from None
 
     cols = min(3, n_panels)
     rows = -(-n_panels // cols)
