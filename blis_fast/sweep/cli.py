@@ -76,7 +76,9 @@ def saturate_command(spec: str, slos: tuple[str, ...], low: float, high: float, 
     if out_path:
         write_saturation(out_path, table)
     frame = pl.from_arrow(table)
-    shown = [c for c in frame.columns if c not in ("slo",)]
+    options = [f.name for f in table.schema][1:table.schema.get_field_index("max_rate_per_sec")]
+    constant = {c for c in options if frame[c].n_unique() == 1}
+    shown = [c for c in frame.columns if c not in constant and c != "slo"]
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=60):
         click.echo(f"SLO: {' and '.join(str(s) for s in parsed)}")
         click.echo(str(frame.select(shown)))
