@@ -168,3 +168,30 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path):
     assert run.code == 0
     last = run.stderr.splitlines()[-1]
     assert last.startswith("sweep: 4/4 configs, ") and "ETA 0s" in last
+
+
+def test_example_questions_script_answers_from_the_sweep(reference, capsys):
+    """``examples/sweep_questions.py`` on a real sweep: Q1 picks the policy with the lowest
+    seed-mean p99 TTFT at each rate, Q2 reads the highest rate, Q3 the SLO share."""
+    import importlib.util
+
+    path = REPO_ROOT / "examples" / "sweep_questions.py"
+    module_spec = importlib.util.spec_from_file_location("sweep_questions", path)
+    questions = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(questions)
+    _, out = reference
+    rows = questions.load(str(out))
+    best = questions.best_policy_per_rate(rows)
+    for rate in (10.0, 40.0):
+        means = {pol: sum(r["ttft_p99_ms"] for r in rows.iter_rows(named=True)
+                          if r["rate"] == rate and r["routing_policy"] == pol) / 2
+                 for pol in ("round-robin", "least-loaded")}
+        picked = best.filter(pl.col("rate") == rate).row(0, named=True)
+        assert picked["routing_policy"] == min(means, key=means.get)
+        assert picked["ttft_p99_ms"] == pytest.approx(min(means.values()), rel=1e-12)
+    top = questions.throughput_at_highest_rate(rows)
+    assert set(top["rate"]) == {40.0} and top.height == 2
+    slo = questions.slo_attainment(rows, ttft_p99_ms=1e9)
+    assert slo["max_rate_meeting_slo"].to_list() == [40.0, 40.0]
+    questions.main([str(out)])
+    assert "Q3 share of seeds" in capsys.readouterr().out

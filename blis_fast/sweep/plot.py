@@ -105,28 +105,29 @@ def _figure(n_panels: int, width: float, height: float, dpi: int):
     cols = min(3, n_panels)
     rows = -(-n_panels // cols)
     fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
     for ax in axes[n_panels:]:
         ax.set_visible(False)
     return fig, axes
 
 
 def _draw(frame: pl.DataFrame, by: str | None, facet: str | None,
-          points: Callable[[pl.DataFrame], tuple[np.ndarray, np.ndarray]], xlabel: str,
-          ylabel: str, *, step: bool, logy: bool, width: float, height: float, dpi: int
-          ) -> PlotResult:
-    """One panel per ``facet`` value, one series per ``by`` value, ``points(rows)`` each."""
+          points: Callable[[pl.DataFrame], tuple[np.ndarray, np.ndarray]], name: str,
+          xlabel: str, ylabel: str, *, step: bool, logy: bool, width: float, height: float,
+          dpi: int) -> PlotResult:
+    """One panel per ``facet`` value, one series per ``by`` value (``name`` without ``by``),
+    ``points(rows)`` each."""
     panels = _groups(frame, [facet] if facet else [])
     fig, axes = _figure(len(panels), width, height, dpi)
     result = PlotResult(fig)
     for ax, (panel_name, panel) in zip(axes, panels, strict=False):
         for line_name, rows in _groups(panel, [by] if by else []):
             xs, ys = points(rows)
-            result.series[", ".join(n for n in (panel_name, line_name) if n) or ylabel] = (xs, ys)
+            result.series[", ".join(n for n in (panel_name, line_name) if n) or name] = (xs, ys)
             if step:
-                ax.step(xs, ys, where="post", label=line_name or ylabel)
+                ax.step(xs, ys, where="post", label=line_name or name)
             else:
-                ax.plot(xs, ys, marker="o", label=line_name or ylabel)
+                ax.plot(xs, ys, marker="o", label=line_name or name)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if logy:
@@ -158,7 +159,7 @@ def plot_lines(frame: pl.DataFrame, x: str, y: str, by: str | None = None,
         means = rows.group_by(x).agg(pl.col(y).mean()).sort(x)
         return means[x].to_numpy(), means[y].to_numpy()
 
-    return _draw(_nonempty(frame, y), by, facet, points, x, y, step=False, logy=logy,
+    return _draw(_nonempty(frame, y), by, facet, points, y, x, y, step=False, logy=logy,
                  width=width, height=height, dpi=dpi)
 
 
@@ -172,5 +173,6 @@ def plot_cdf(frame: pl.DataFrame, column: str, by: str | None = None,
         xs = np.sort(rows[column].to_numpy())
         return xs, np.arange(1, xs.size + 1, dtype=np.float64) / xs.size
 
-    return _draw(_nonempty(frame, column), by, facet, points, column, "fraction of requests",
-                 step=True, logy=False, width=width, height=height, dpi=dpi)
+    return _draw(_nonempty(frame, column), by, facet, points, column, column,
+                 "fraction of requests", step=True, logy=False, width=width, height=height,
+                 dpi=dpi)
