@@ -215,3 +215,20 @@ def test_spec_paths_in_messages_are_the_given_path(tmp_path):
     spec = write_spec(tmp_path, "base:\n  model: m\n  nope: 1\n")
     with pytest.raises(BlisInputError, match=f"^{Path(spec)}:3: unknown option 'nope'"):
         load_sweep_plan(spec)
+
+
+def test_a_new_random_distribution_is_one_table_entry(monkeypatch):
+    """The docs/extending.md recipe: a ``logint`` entry makes ``{logint: [lo, hi]}`` valid."""
+    import math as m
+
+    from blis_fast.sweep import spec as S
+
+    monkeypatch.setitem(S.RANDOM_DISTRIBUTIONS, "logint", S.RangeDistribution(
+        frozenset({"int"}),
+        lambda u, lo, hi: round(m.exp(m.log(lo) + (m.log(hi) - m.log(lo)) * u)),
+        low_must_be_positive=True))
+    plan = parse_sweep_spec("random:\n  samples: 20\n  params:\n"
+                            "    max_num_running_reqs: {logint: [8, 512]}\n", "x.yaml")
+    values = [c.values["max_num_running_reqs"] for c in plan.configs]
+    assert all(isinstance(v, int) and 8 <= v <= 512 for v in values)
+    assert min(values) < 64 < max(values)
