@@ -1,18 +1,17 @@
-"""Shared pieces of the sweep tests: a small spec, an in-process CLI call, frame comparison."""
+"""Shared pieces of the sweep tests: a small spec, spec files, summary frames, child env."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
+from _cli import invoke
 
 import blis_fast
-from blis_fast.cli import main
+
+__all__ = ["MODEL", "REPO_ROOT", "SMALL_SPEC", "invoke", "subprocess_env", "summary",
+           "write_spec"]
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 REPO_ROOT = Path(blis_fast.__file__).resolve().parent.parent
@@ -28,28 +27,6 @@ grid:
 seeds: 2
 """
 """8 configurations of 300 requests: runs in well under a second once the kernels are loaded."""
-
-
-@dataclass
-class CliRun:
-    code: int
-    stdout: str
-    stderr: str
-
-
-def invoke(argv: list[str]) -> CliRun:
-    """``blis <argv>`` in this process (``blis_fast.cli.main``), with its exit code and output."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:  # what the console script would print before exiting 1
-            err.write(traceback.format_exc())
-            code = 1
-    return CliRun(code, out.getvalue(), err.getvalue())
 
 
 def write_spec(directory: Path, text: str = SMALL_SPEC, name: str = "sweep.yaml") -> Path:
