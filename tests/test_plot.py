@@ -16,8 +16,6 @@ from _sweep import invoke
 
 from blis_fast.sweep.plot import load_requests, load_summary, plot_cdf, plot_lines
 
-pytest.importorskip("matplotlib")
-
 
 def png_size(path: Path) -> tuple[int, int]:
     """(width, height) from a PNG's IHDR chunk."""

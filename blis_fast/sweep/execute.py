@@ -8,6 +8,7 @@ cancels what has not run and stops the workers.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator
@@ -98,10 +99,11 @@ class TaskRunner:
     def _map_ray(self, func: Callable[[Any], Any], payloads: list[Any]) -> Iterator[Any]:
         ray = self._ray
         if not ray.is_initialized():
+            quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
             if self.ray_address:
-                ray.init(address=self.ray_address, log_to_driver=False)
+                ray.init(address=self.ray_address, **quiet)
             else:
-                ray.init(num_cpus=self.workers, include_dashboard=False, log_to_driver=False)
+                ray.init(num_cpus=self.workers, include_dashboard=False, **quiet)
             self._ray_started = True
         remote = ray.remote(num_cpus=1, max_retries=0)(func)
         pending = [remote.remote(p) for p in payloads]
