@@ -91,10 +91,11 @@ def _resume_and_compare(spec: Path, out: Path, uninterrupted: Path) -> None:
     assert manifest["runs"][-1]["interrupted"] is False
 
 
-def test_sigint_then_resume_gives_the_uninterrupted_rows(tmp_path, uninterrupted):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigint_then_resume_gives_the_uninterrupted_rows(tmp_path, uninterrupted, workers):
     spec = write_spec(tmp_path, SPEC)
     out = tmp_path / "out"
-    proc = _start(spec, out, workers=1)
+    proc = _start(spec, out, workers=workers)
     _wait_for_rows(proc, out, 3)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
@@ -140,3 +141,18 @@ def test_resume_of_a_finished_sweep_runs_nothing(tmp_path, uninterrupted):
         in run.stdout
     assert {p.name: p.stat().st_mtime_ns for p in (uninterrupted / "summary").iterdir()} == before
     assert os.path.exists(uninterrupted / "manifest.json")
+
+
+def test_an_interrupt_reported_by_compiled_code_stops_the_sweep():
+    """Numba reports a Ctrl-C inside a kernel as a SystemError caused by KeyboardInterrupt."""
+    from blis_fast.sweep.worker import raise_if_interrupted
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as cause:
+            raise SystemError("returned a result with an exception set") from cause
+    except SystemError as exc:
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_interrupted(exc)
+    raise_if_interrupted(ValueError("an ordinary failure"))  # not an interrupt: no raise

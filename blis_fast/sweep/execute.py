@@ -4,6 +4,11 @@ Each backend takes a picklable top-level function and its payloads and yields th
 completion order. Worker processes are started with ``spawn`` and live for the whole sweep, so
 each loads the compiled kernels once. Leaving the ``with`` block early (an error, Ctrl-C)
 cancels what has not run and stops the workers.
+
+Inside the ``with`` block Ctrl-C does not interrupt whatever code is running (a
+``KeyboardInterrupt`` raised inside a Numba kernel can leave the process unusable): it sets
+``worker.STOP``, and ``KeyboardInterrupt`` is raised at the next safe point (between two
+configurations, or while waiting for workers). A second Ctrl-C interrupts at once.
 """
 
 from __future__ import annotations
@@ -11,17 +16,28 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from types import TracebackType
 from typing import Any
 
 from blis_fast.errors import BlisConfigError
-from blis_fast.sweep.worker import watch_parent
+from blis_fast.sweep.worker import STOP, check_stop, init_worker_process
 
 __all__ = ["BACKENDS", "TaskRunner", "default_workers"]
 
 BACKENDS = ("local", "ray")
+POLL_S = 0.2
+"""How often a wait for workers looks for a stop request."""
+
+
+def _request_stop(_signum: int, _frame: object) -> None:
+    """SIGINT handler: ask for a stop at the next safe point; a second Ctrl-C stops at once."""
+    if STOP.is_set():
+        raise KeyboardInterrupt
+    STOP.set()
 
 
 def default_workers() -> int:
@@ -57,19 +73,29 @@ class TaskRunner:
         self._ray = _import_ray() if backend == "ray" else None
         self._pool: ProcessPoolExecutor | None = None
         self._ray_started = False
+        self._previous_sigint: Any = None
 
     def __enter__(self) -> TaskRunner:
+        STOP.clear()
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigint = signal.signal(signal.SIGINT, _request_stop)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
         if self._pool is not None:
+            # ProcessPoolExecutor has no public way to stop running work before Python 3.14's
+            # terminate_workers(): keep its processes to terminate them after an early exit
+            processes = list((getattr(self._pool, "_processes", None) or {}).values())
             self._pool.shutdown(wait=exc_type is None, cancel_futures=True)
             if exc_type is not None:
-                # stop chunks already running too (ProcessPoolExecutor has no public way before
-                # Python 3.14's terminate_workers)
-                for proc in list(getattr(self._pool, "_processes", {}).values()):
+                for proc in processes:
                     proc.terminate()
+                for proc in processes:
+                    proc.join(timeout=5)
             self._pool = None
         if self._ray_started:
             self._ray.shutdown()
@@ -82,17 +108,24 @@ class TaskRunner:
         if self.backend == "ray":
             return self._map_ray(func, payloads)
         if self.workers == 1 or len(payloads) == 1:
-            return map(func, payloads)
+            return self._map_here(func, payloads)
         return self._map_pool(func, payloads)
+
+    @staticmethod
+    def _map_here(func: Callable[[Any], Any], payloads: list[Any]) -> Iterator[Any]:
+        for payload in payloads:
+            check_stop()
+            yield func(payload)
 
     def _map_pool(self, func: Callable[[Any], Any], payloads: list[Any]) -> Iterator[Any]:
         self._pool = ProcessPoolExecutor(
             max_workers=min(self.workers, len(payloads)),
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=watch_parent, initargs=(os.getpid(),))
+            initializer=init_worker_process, initargs=(os.getpid(),))
         pending = {self._pool.submit(func, p) for p in payloads}
         while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            check_stop()
+            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
             for fut in done:
                 yield fut.result()
 
@@ -109,8 +142,10 @@ class TaskRunner:
         pending = [remote.remote(p) for p in payloads]
         try:
             while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                yield ray.get(done[0])
+                check_stop()
+                done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+                if done:
+                    yield ray.get(done[0])
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)

@@ -17,7 +17,7 @@ from blis_fast.sweep.execute import TaskRunner
 from blis_fast.sweep.progress import Progress
 from blis_fast.sweep.spec import SweepConfig, SweepPlan, load_sweep_plan
 from blis_fast.sweep.store import SweepStore
-from blis_fast.sweep.worker import ChunkTask, run_chunk
+from blis_fast.sweep.worker import ChunkTask, check_stop, run_chunk
 
 __all__ = ["SweepOutcome", "default_chunk_size", "run_sweep"]
 
@@ -60,17 +60,18 @@ def run_sweep(spec_path: str | Path, out_dir: str | Path, *, workers: int | None
     """
     if chunk_size is not None and chunk_size < 1:
         raise BlisConfigError(f"--chunk-size must be >= 1, got {chunk_size}")
-    plan = load_sweep_plan(spec_path)
-    store = SweepStore(out_dir, plan)
-    done = store.done_ids(resume)
-    pending = [c for c in plan.configs if c.config_id not in done]
-    tasks = _chunks(plan, pending, chunk_size or default_chunk_size(len(plan.configs)),
-                    with_requests)
-    outcome = SweepOutcome(Path(out_dir), len(plan.configs), len(done), 0, 0)
     with TaskRunner(backend, workers, ray_address) as runner:
+        plan = load_sweep_plan(spec_path)
+        store = SweepStore(out_dir, plan)
+        done = store.done_ids(resume)
+        pending = [c for c in plan.configs if c.config_id not in done]
+        tasks = _chunks(plan, pending, chunk_size or default_chunk_size(len(plan.configs)),
+                        with_requests)
+        outcome = SweepOutcome(Path(out_dir), len(plan.configs), len(done), 0, 0)
         from blis_fast.engine.compile_notice import wait_for_engine_compile
 
         wait_for_engine_compile()  # a cold cache compiles once here, not in every worker
+        check_stop()  # Ctrl-C during validation: stop before writing anything
         store.begin(backend, runner.workers, len(pending))
         bar = Progress(len(plan.configs), len(done), progress)
         try:

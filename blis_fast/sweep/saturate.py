@@ -22,7 +22,7 @@ from blis_fast.sweep.execute import TaskRunner
 from blis_fast.sweep.progress import Progress
 from blis_fast.sweep.spec import SweepPlan, load_sweep_plan, validate_plan
 from blis_fast.sweep.store import metric_fields, option_field
-from blis_fast.sweep.worker import error_text
+from blis_fast.sweep.worker import check_stop, error_text, raise_if_interrupted
 
 __all__ = ["Slo", "SaturationTask", "bisect_rate", "find_saturation", "parse_slo",
            "saturation_table"]
@@ -103,6 +103,7 @@ def bisect_rate(task: SaturationTask) -> SaturationResult:
 
     def measure(rate: float) -> tuple[bool, dict[str, Any]]:
         nonlocal runs
+        check_stop()
         runs += 1
         metrics = summary_table(api.run(**task.kwargs, rate=rate).summary).to_pylist()[0]
         return all(slo.holds(metrics) for slo in task.slos), metrics
@@ -124,6 +125,7 @@ def bisect_rate(task: SaturationTask) -> SaturationResult:
                 high = mid
         return SaturationResult(task.config_id, low, high, runs, metrics)
     except Exception as exc:  # noqa: BLE001 - one configuration's failure is its row's error
+        raise_if_interrupted(exc)
         return SaturationResult(task.config_id, None, None, runs, None, error_text(exc))
 
 
@@ -150,14 +152,14 @@ def find_saturation(spec_path: str | Path, slos: list[Slo], low: float, high: fl
     if not slos:
         raise BlisConfigError("--slo is required (e.g. --slo 'ttft_p99_ms<=500')")
     _check_bounds(low, high, tolerance)
-    plan = load_sweep_plan(spec_path, validate=False)
-    _without_rate(plan)
-    for rate in (low, high):  # both ends of the bracket pass blis run's checks
-        validate_plan(plan, {"rate": rate})
-    tasks = [SaturationTask(c.config_id, plan.run_kwargs(c), tuple(slos), low, high, tolerance)
-             for c in plan.configs]
     results: list[SaturationResult] = []
     with TaskRunner(backend, workers, ray_address) as runner:
+        plan = load_sweep_plan(spec_path, validate=False)
+        _without_rate(plan)
+        for rate in (low, high):  # both ends of the bracket pass blis run's checks
+            validate_plan(plan, {"rate": rate})
+        tasks = [SaturationTask(c.config_id, plan.run_kwargs(c), tuple(slos), low, high,
+                                tolerance) for c in plan.configs]
         bar = Progress(len(tasks), 0, progress, label="saturate")
         try:
             for res in runner.map(bisect_rate, tasks):

@@ -8,6 +8,7 @@ its error message; the others in the chunk still run.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ from typing import Any
 
 from blis_fast.sweep.store import ConfigResult
 
-__all__ = ["ChunkTask", "error_text", "run_chunk", "watch_parent"]
+__all__ = ["STOP", "ChunkTask", "check_stop", "error_text", "init_worker_process",
+           "raise_if_interrupted", "run_chunk"]
 
 
 @dataclass
@@ -32,6 +34,29 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+STOP = threading.Event()
+"""Set by the sweep's SIGINT handler: stop at the next configuration boundary."""
+
+
+def check_stop() -> None:
+    """Raise ``KeyboardInterrupt`` if a stop was requested (a safe point between runs)."""
+    if STOP.is_set():
+        raise KeyboardInterrupt
+
+
+def raise_if_interrupted(exc: BaseException) -> None:
+    """Re-raise a Ctrl-C that compiled code reported as another error.
+
+    A SIGINT arriving inside a Numba kernel surfaces as ``SystemError`` caused by the
+    ``KeyboardInterrupt``; it must stop the sweep, not become a configuration's error.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            raise KeyboardInterrupt from exc
+        seen = seen.__cause__ or seen.__context__
+
+
 def run_chunk(task: ChunkTask) -> list[ConfigResult]:
     """Run each configuration of ``task``; a failure becomes that configuration's error."""
     from blis_fast import api
@@ -39,9 +64,11 @@ def run_chunk(task: ChunkTask) -> list[ConfigResult]:
 
     results = []
     for config_id, kwargs in task.configs:
+        check_stop()
         try:
             run = api.run(**kwargs)
         except Exception as exc:  # noqa: BLE001 - a sweep records the failure and goes on
+            raise_if_interrupted(exc)
             results.append(ConfigResult(config_id, None, error_text(exc)))
             continue
         metrics = summary_table(run.summary).to_pylist()[0]
@@ -51,11 +78,10 @@ def run_chunk(task: ChunkTask) -> list[ConfigResult]:
     return results
 
 
-def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
-    """Worker-process initializer: exit when the sweep process that started us is gone.
-
-    A sweep killed with SIGKILL cannot stop its pool; its workers notice and leave on their own.
-    """
+def init_worker_process(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Worker-process initializer: leave Ctrl-C to the sweep process (it stops the pool), and
+    exit when that process is gone (killed with SIGKILL, it cannot stop its pool)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
