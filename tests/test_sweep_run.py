@@ -195,3 +195,14 @@ def test_example_questions_script_answers_from_the_sweep(reference, capsys):
     assert slo["max_rate_meeting_slo"].to_list() == [40.0, 40.0]
     questions.main([str(out)])
     assert "Q3 share of seeds" in capsys.readouterr().out
+
+
+def test_a_dying_worker_process_is_one_clear_error():
+    import os
+
+    from blis_fast.errors import BlisRuntimeError
+    from blis_fast.sweep.execute import TaskRunner
+
+    with pytest.raises(BlisRuntimeError, match="worker process died.*--resume"):
+        with TaskRunner(workers=2) as runner:
+            list(runner.map(os._exit, [3, 3]))

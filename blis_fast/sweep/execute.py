@@ -20,10 +20,11 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from types import TracebackType
 from typing import Any
 
-from blis_fast.errors import BlisConfigError
+from blis_fast.errors import BlisConfigError, BlisRuntimeError
 from blis_fast.sweep.worker import STOP, check_stop, init_worker_process
 
 __all__ = ["BACKENDS", "TaskRunner", "default_workers"]
@@ -127,7 +128,13 @@ class TaskRunner:
             check_stop()
             done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
             for fut in done:
-                yield fut.result()
+                try:
+                    result = fut.result()
+                except BrokenProcessPool as exc:
+                    raise BlisRuntimeError(f"a sweep worker process died ({exc}); finished "
+                                           "configurations are kept, rerun with --resume"
+                                           ) from None
+                yield result
 
     def _map_ray(self, func: Callable[[Any], Any], payloads: list[Any]) -> Iterator[Any]:
         ray = self._ray
@@ -145,7 +152,14 @@ class TaskRunner:
                 check_stop()
                 done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
                 if done:
-                    yield ray.get(done[0])
+                    try:
+                        result = ray.get(done[0])
+                    except ray.exceptions.RayError as exc:
+                        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                        raise BlisRuntimeError(f"a Ray task failed ({type(exc).__name__}: "
+                                               f"{first}); finished configurations are kept, "
+                                               "rerun with --resume") from None
+                    yield result
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)
