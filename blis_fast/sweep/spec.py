@@ -241,7 +241,7 @@ def _distribution(ctx: YamlContext, node: yaml.Node, spec: OptionSpec, what: str
 
 
 def _seeds(ctx: YamlContext, node: yaml.Node, lines: dict[str, int]) -> list[int]:
-    """``seeds: N`` (N seeds from the base seed on) or ``seeds: [s1, s2, ...]``."""
+    """``seeds: N`` (N seeds counting up from the default seed, 42) or ``seeds: [s1, ...]``."""
     seed_spec = OPTIONS_BY_FIELD["seed"]
     if "seed" in lines:
         raise ctx.fail(node, f"seeds: 'seed' is already set at line {lines['seed']}")
@@ -256,6 +256,7 @@ def _seeds(ctx: YamlContext, node: yaml.Node, lines: dict[str, int]) -> list[int
 
 
 def _decode(text: str, path: str) -> _Axes:
+    """The spec's sections, decoded in a fixed order (base, grid, zip, random, seeds)."""
     axes = _Axes()
     nodes: dict[str, yaml.Node] = {}
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +28,15 @@ from blis_fast.options import OPTIONS_BY_FIELD
 from blis_fast.output.parquet import atomic_write_table, load_schema
 from blis_fast.output.summary import atomic_write_text
 from blis_fast.sweep.spec import SweepPlan
+from blis_fast.sweep.worker import ConfigResult
 
-__all__ = ["ConfigResult", "SweepStore", "metric_fields", "option_field", "summary_schema"]
+__all__ = ["SweepStore", "metric_fields", "option_field", "summary_schema"]
 
 OPTION_ARROW_TYPES: dict[str, pa.DataType] = {
     "int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(),
     "floats": pa.list_(pa.float64()),
 }
 """Arrow type of an option column, by the option's kind in ``blis_fast.options``."""
-
-
-@dataclass
-class ConfigResult:
-    """What running one configuration produced: metrics (or an error) and optional requests."""
-
-    config_id: str
-    metrics: dict[str, Any] | None
-    error: str | None = None
-    requests: pa.Table | None = None
 
 
 def metric_fields() -> list[pa.Field]:

@@ -12,12 +12,23 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from blis_fast.sweep.store import ConfigResult
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-__all__ = ["STOP", "ChunkTask", "check_stop", "error_text", "init_worker_process",
+__all__ = ["STOP", "ChunkTask", "ConfigResult", "check_stop", "error_text", "init_worker_process",
            "raise_if_interrupted", "run_chunk"]
+
+
+@dataclass
+class ConfigResult:
+    """What running one configuration produced: metrics (or an error) and optional requests."""
+
+    config_id: str
+    metrics: dict[str, Any] | None
+    error: str | None = None
+    requests: pa.Table | None = None
 
 
 @dataclass
