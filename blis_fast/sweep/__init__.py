@@ -4,30 +4,25 @@
 the tasks locally or on Ray, ``worker`` is what a task runs, ``store`` writes the output
 directory, ``progress`` reports); ``saturate`` bisects the highest rate meeting an SLO;
 ``plot`` draws a sweep's results; ``cli`` holds the ``blis sweep|saturate|plot`` commands.
+
+``run_sweep``, ``load_sweep_plan`` and ``find_saturation`` are importable from here; they are
+loaded on first use, so ``blis`` does not import pyarrow and polars just to list its commands.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __all__ = ["find_saturation", "load_sweep_plan", "run_sweep"]
 
-
-def run_sweep(*args, **kwargs):
-    """Run a sweep spec into an output directory; see :func:`blis_fast.sweep.run.run_sweep`."""
-    from blis_fast.sweep.run import run_sweep as _run_sweep
-
-    return _run_sweep(*args, **kwargs)
+_HOMES = {"run_sweep": "blis_fast.sweep.run", "load_sweep_plan": "blis_fast.sweep.spec",
+          "find_saturation": "blis_fast.sweep.saturate"}
 
 
-def load_sweep_plan(*args, **kwargs):
-    """Parse, expand and validate a sweep spec; see :func:`blis_fast.sweep.spec.load_sweep_plan`."""
-    from blis_fast.sweep.spec import load_sweep_plan as _load
-
-    return _load(*args, **kwargs)
-
-
-def find_saturation(*args, **kwargs):
-    """Bisect the saturation rate per configuration; see
-    :func:`blis_fast.sweep.saturate.find_saturation`."""
-    from blis_fast.sweep.saturate import find_saturation as _find
-
-    return _find(*args, **kwargs)
+def __getattr__(name: str) -> Any:
+    """The public functions, imported from their modules on first access (PEP 562)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'blis_fast.sweep' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
