@@ -31,6 +31,9 @@ SINGLE_TURN_SPECS = ("inference-perf-shared-prefix.yaml", "prefix-affinity-demo.
                      "regression_workload_load_spikes.yaml", "servegen-language.yaml")
 MULTI_TURN_SPECS = ("multiturn-chat-demo.yaml", "regression_workload_multiturn.yaml")
 SCRIPTS = ("custom_scorer.py", "routing_comparison.py")
+SWEEPS = ("sweep.yaml",)
+# run on a real sweep by tests/test_sweep_run.py (test_example_questions_script_answers_from_the_sweep)
+SWEEP_SCRIPTS = ("sweep_questions.py",)
 
 
 def _example(name: str) -> str:
@@ -65,7 +68,8 @@ def _routed(result: RunResult, rows: np.ndarray | None = None) -> np.ndarray:
 
 def test_every_example_is_covered():
     present = {p.name for p in EXAMPLES.iterdir() if p.is_file()}
-    covered = set(BUNDLES + SINGLE_TURN_SPECS + MULTI_TURN_SPECS + SCRIPTS)
+    covered = set(BUNDLES + SINGLE_TURN_SPECS + MULTI_TURN_SPECS + SCRIPTS + SWEEPS
+                  + SWEEP_SCRIPTS)
     assert present - covered == set(), "examples without a test in tests/test_examples.py"
     assert covered - present == set(), "tests for examples that no longer exist"
 
@@ -254,3 +258,21 @@ def test_custom_scorer_example(capsys):
     assert [line.split(" p99")[0].strip() for line in lines] == ["round-robin", "custom scorer"]
     rr, custom = (float(line.split(":")[1].split()[0]) for line in lines)
     assert custom < rr  # what its docstring promises
+
+
+# ------------------------------------------------------------------ sweeps
+
+
+def test_sweep_example_expands_and_validates():
+    """``examples/sweep.yaml``: 2 instance counts x 7 rates x 3 policies x 2 seeds, all valid."""
+    from blis_fast.sweep.spec import load_sweep_plan
+
+    plan = load_sweep_plan(EXAMPLES / "sweep.yaml")
+    assert len(plan.configs) == 84
+    values = [c.values for c in plan.configs]
+    assert {v["routing_policy"] for v in values} == {"round-robin", "least-loaded", "weighted"}
+    assert {v["num_instances"] for v in values} == {2, 4}
+    assert len({c.config_id for c in plan.configs}) == 84
+    one = plan.configs[0]
+    res = blis_fast.run(**{**plan.run_kwargs(one), "num_requests": 50, "log": "error"})
+    assert res.summary["completed_requests"] == 50
