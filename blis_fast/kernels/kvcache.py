@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from blis_fast.kernels.hashing import chain_hash
+from blis_fast.kernels.prefetch import prefetch
 
 KVState = namedtuple(
     "KVState",
@@ -310,6 +311,14 @@ def _pop_free(kv, i):
     if h != 0:
         _ht_del(kv, i, h)
         _set_hash(kv, i, b, 0)
+    # the next pop's block record was asked for by this pop's predecessor: ask for its
+    # hash-table slot and for the record after it (free blocks are cold, the head is FIFO)
+    n = kv.meta[i, M_HEAD]
+    if n >= 0:
+        hn = _get_hash(kv, i, n)
+        if hn != 0:
+            prefetch(kv.ht, (i, np.int64(hn & np.uint64(kv.ht.shape[1] - 1))))
+        prefetch(kv.blk, (i, kv.blk[i, n, B_NXT]))
     return np.int64(b)
 
 
@@ -410,14 +419,8 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 from_free += 1
         if need + from_free > free:
             return False
-    else:
-        cnt = kv.req[r, R_CNT]
-        if cnt > 0:
-            last = kv.pool[off + cnt - 1]
-            if kv.blk[i, last, B_TOK] == bs and free == 0:
-                return False
-        elif free == 0:
-            return False
+    elif free == 0 and (kv.req[r, R_CNT] == 0 or kv.req[r, R_LAST] == bs):
+        return False
 
     remaining = ntok
     while remaining > 0:
@@ -432,7 +435,8 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 latest = kv.pool[off + cnt - 1]
             else:
                 kv.req[r, R_FIRST] = start // bs
-        if latest >= 0 and kv.blk[i, latest, B_TOK] > 0 and kv.blk[i, latest, B_TOK] < bs:
+        # R_LAST equals the latest block's B_TOK here (synced above, kept in step below)
+        if latest >= 0 and kv.req[r, R_LAST] > 0 and kv.req[r, R_LAST] < bs:
             take = min(bs - kv.blk[i, latest, B_TOK], remaining)
             kv.blk[i, latest, B_TOK] += take
             kv.req[r, R_LAST] = kv.blk[i, latest, B_TOK]
@@ -448,17 +452,20 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
         else:
             n_new = (remaining + bs - 1) // bs
             prev = np.uint64(0)
-            if kv.req[r, R_CNT] > 0:
+            if in_prefill and kv.req[r, R_CNT] > 0:  # only prefill blocks are hashed here
                 prev = _get_hash(kv, i, kv.pool[off + kv.req[r, R_CNT] - 1])
             for _ in range(n_new):
-                b = _pop_free(kv, i)
                 take = min(bs, remaining)
+                h = prev
+                if take == bs and in_prefill:
+                    chunk = kv.req[r, R_FIRST] + kv.req[r, R_CNT]
+                    h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
+                    prefetch(kv.ht, (i, np.int64(h & np.uint64(kv.ht.shape[1] - 1))))
+                b = _pop_free(kv, i)
                 kv.blk[i, b, B_TOK] = take
                 kv.blk[i, b, B_REF] = 1
                 kv.meta[i, M_MISSES] += 1
                 if take == bs and in_prefill:
-                    chunk = kv.req[r, R_FIRST] + kv.req[r, R_CNT]
-                    h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
                     _set_hash(kv, i, b, h)
                     _ht_put(kv, i, h, b)
                     prev = h
@@ -487,6 +494,8 @@ def append_decode_token_fast(kv, i, r):
     if tok >= bs or (tok == bs - 1 and kv.cfg[CFG_HASH_DECODE] == 1):
         return False
     kv.req[r, R_LAST] = tok + 1
+    if tok + 1 == bs:  # the block is full: the next token allocates, reading its list end
+        prefetch(kv.pool, kv.req[r, R_OFF] + kv.req[r, R_CNT] - 1)
     return True
 
 
