@@ -60,6 +60,9 @@ KVState = namedtuple(
         # its B_POS is that position (a block taken off the list mid-way just leaves a stale
         # entry). Popping walks an array, so the next blocks' records can be prefetched.
         "free_ring",
+        # beside each ring entry, the home slot in ``ht`` of the block's hash when it was
+        # freed (-1 = no hash): the slot a pop will probe, prefetched a few pops ahead
+        "free_slot",
     ],
 )
 
@@ -118,6 +121,7 @@ def new_kv_state(
         ring_size *= 2
     free_ring = np.zeros((n_instances, ring_size), dtype=np.int32)
     free_ring[:, :total_blocks] = ids
+    free_slot = np.full((n_instances, ring_size), -1, dtype=np.int32)
     meta = np.zeros((n_instances, 8), dtype=np.int64)
     meta[:, M_HEAD] = 0
     meta[:, M_TAIL] = total_blocks
@@ -154,6 +158,7 @@ def new_kv_state(
         cpu_meta=cpu_meta,
         cfg=cfg,
         free_ring=free_ring,
+        free_slot=free_slot,
     )
 
 
@@ -292,6 +297,7 @@ def _free_compact(kv, i):
         b = ring[i, p & mask]
         if _free_live(kv, i, b, p):
             ring[i, w & mask] = b
+            kv.free_slot[i, w & mask] = kv.free_slot[i, p & mask]
             kv.blk[i, b, B_POS] = np.int32(w & POS_MASK)
             w += 1
     kv.meta[i, M_TAIL] = w
@@ -306,6 +312,8 @@ def _free_append(kv, i, b):
         _free_compact(kv, i)  # live entries (free blocks) fill at most half of the ring
     t = meta[i, M_TAIL]
     kv.free_ring[i, t & mask] = b
+    h = _get_hash(kv, i, b)
+    kv.free_slot[i, t & mask] = np.int32(h & np.uint64(kv.ht.shape[1] - 1)) if h != 0 else -1
     meta[i, M_TAIL] = t + 1
     meta[i, M_FREE] += 1
     kv.blk[i, b, B_POS] = np.int32(t & POS_MASK)
@@ -339,14 +347,13 @@ def _pop_free(kv, i):
     if h != 0:
         _ht_del(kv, i, h)
         _set_hash(kv, i, b, 0)
-    # free blocks are cold: ask for the records of the blocks a few pops ahead, and for the
-    # hash-table slots (deleted when popped) of nearer ones, whose records were asked for
-    # earlier (a stale entry just makes a useless hint)
+    # free blocks are cold: ask for the records and the hash-table slots (deleted when
+    # popped) of the blocks a few pops ahead (a stale entry just makes a useless hint)
     tail = meta[i, M_TAIL]
     if pos + 1 + LOOK_HASH < tail:
-        hn = _get_hash(kv, i, ring[i, (pos + 1 + LOOK_HASH) & mask])
-        if hn != 0:
-            prefetch(kv.ht, (i, np.int64(hn & np.uint64(kv.ht.shape[1] - 1))))
+        slot = kv.free_slot[i, (pos + 1 + LOOK_HASH) & mask]
+        if slot >= 0:
+            prefetch(kv.ht, (i, slot))
     if pos + 1 + LOOK_RECORD < tail:
         prefetch(kv.blk, (i, ring[i, (pos + 1 + LOOK_RECORD) & mask]))
     return b
@@ -534,8 +541,12 @@ def append_decode_token_fast(kv, i, r):
     if tok >= bs or (tok == bs - 1 and kv.cfg[CFG_HASH_DECODE] == 1):
         return False
     kv.req[r, R_LAST] = tok + 1
-    if tok + 1 == bs:  # the block is full: the next token allocates, reading its list end
+    # the token after the block fills allocates, reading the list end and updating the last
+    # block's record: ask for the list end two tokens before, for the record one before
+    if tok + 2 == bs:
         prefetch(kv.pool, kv.req[r, R_OFF] + kv.req[r, R_CNT] - 1)
+    elif tok + 1 == bs:
+        prefetch(kv.blk, (i, kv.pool[kv.req[r, R_OFF] + kv.req[r, R_CNT] - 1]))
     return True
 
 
