@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from blis_fast.kernels.gorand import int31n, int63, new_source, seed_source
-from blis_fast.kernels.hashing import content_digest
+from blis_fast.kernels.hashing import block_digests, content_digest
 from blis_fast.workload.gomath import go_max, go_min
 from blis_fast.workload.samplers import normalized_exp_intervals, sample_iat, sample_length_at
 from blis_fast.workload.spec import ARRIVAL_FACTORY_POISSON, ARRIVAL_NORMALIZED_EXP
@@ -189,8 +189,7 @@ def _fill_digests(tok, total, bs, g, g_full, g_doff, g_dig, digests, nd):
         c0 = min(g_full[g], nchunks)
         for c in range(c0):
             digests[nd + c] = g_dig[g_doff[g] + c]
-    for c in range(c0, nchunks):
-        digests[nd + c] = content_digest(tok, c * bs, bs)
+    block_digests(tok, c0 * bs, bs, nchunks - c0, digests, nd + c0)
     return nchunks
 
 
@@ -806,8 +805,7 @@ def concurrency_kernel(crng_seed, u_client, u_arrival, ci, s_code, s_off, sp, gr
         nch = total // block_size
         if nd + nch > digests.shape[0]:
             digests = _grow_1d(digests, max(digests.shape[0] + digests.shape[0] // 2, nd + nch))
-        for c in range(nch):
-            digests[nd + c] = content_digest(tok, c * block_size, block_size)
+        block_digests(tok, 0, block_size, nch, digests, nd)
         nd += nch
         rows[i, R_ARR] = u_arrival[i]
         rows[i, R_IN] = plen + ilen
