@@ -24,6 +24,7 @@ from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels import routing as rtk
 from blis_fast.kernels.heap import heap_pop, heap_push, make_tie, tie_instance, tie_is_instance
 from blis_fast.kernels.latency import queueing_time, step_time
+from blis_fast.kernels.prefetch import prefetch
 
 # request states
 ST_NEW, ST_QUEUED, ST_RUNNING, ST_COMPLETED, ST_TIMED_OUT, ST_DROPPED = 0, 1, 2, 3, 4, 5
@@ -55,6 +56,7 @@ REG_NONE, REG_ROUTED, REG_REJECTED_ADMISSION, REG_REJECTED_ROUTING = 0, 1, 2, 3
 # status codes returned by simulate (and, internally, by the event loop)
 STATUS_OK, STATUS_BAD_ALIGNMENT, STATUS_GROW_HEAP, STATUS_GROW_LOG, STATUS_KV_LIST_OVERFLOW = range(5)
 HS_SIZE, HS_SEQ = 0, 1
+LOOK_BATCH = 8  # batch formation prefetches the rows of the request this many places ahead
 
 ReqState = namedtuple("ReqState", [
     # int64 [n, 8]: the fields every step touches, one cache line per request (H_* columns)
@@ -394,6 +396,12 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
         if budget <= 0:
             break
         r = ins.batch[i, q]
+        if q + LOOK_BATCH < ins.batch_len[i]:  # this step's loops read these rows
+            ahead = ins.batch[i, q + LOOK_BATCH]
+            prefetch(rs.hot, ahead)
+            prefetch(input_len, ahead)
+            prefetch(output_len, ahead)
+            prefetch(kv.req, ahead)
         n = input_len[r] - rs.hot[r, H_PI]
         if n > 0:
             if 0 < threshold and threshold < n:
