@@ -137,12 +137,15 @@ def _draw_ids(s, tok, start, count):
     """``count`` token ids ``Intn(128000)`` into ``tok[start:]`` (Go's Int31n, inlined).
 
     Same draws as ``gorand.int31n(s, 128000)`` repeated, with the generator's cursor kept in
-    registers.
+    registers; between wrap-arounds of the two cursors the steps run without wrap checks.
     """
     tap = s[607]
     feed = s[608]
-    for i in range(start, start + count):
-        while True:
+    i = start
+    end = start + count
+    while i < end:
+        seg = min(tap, feed, end - i)  # steps before a cursor wraps (each yields <= 1 id)
+        if seg <= 0:
             tap -= 1
             if tap < 0:
                 tap += 607
@@ -153,8 +156,18 @@ def _draw_ids(s, tok, start, count):
             s[feed] = x
             v = (x & 0x7FFFFFFFFFFFFFFF) >> 32
             if v <= _VMAX_128000:
-                break
-        tok[i] = v % 128000
+                tok[i] = v % 128000
+                i += 1
+            continue
+        for _ in range(seg):
+            tap -= 1
+            feed -= 1
+            x = s[feed] + s[tap]
+            s[feed] = x
+            v = (x & 0x7FFFFFFFFFFFFFFF) >> 32
+            if v <= _VMAX_128000:  # else rejected: the step is spent, no id
+                tok[i] = v % 128000
+                i += 1
     s[607] = tap
     s[608] = feed
 
