@@ -117,11 +117,13 @@ def find_blis() -> str:
 
 
 def run_blis(blis: str, args: list[str], *, env: dict[str, str] | None = None,
-             cwd: str | Path | None = None, timeout_s: float = 600.0) -> ProcessRun:
-    """Run ``blis run <args>`` as a process; wall time and peak RSS of that process."""
+             cwd: str | Path | None = None, timeout_s: float = 600.0,
+             command: str = "run") -> ProcessRun:
+    """Run ``blis <command> <args>`` as a process; wall time and peak RSS of that process (the
+    largest of it and the children it waited for, e.g. a sweep's workers)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
-        proc = subprocess.Popen([blis, "run", *args], stdout=out, stderr=err,
+        proc = subprocess.Popen([blis, command, *args], stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, env=env, cwd=cwd)
         deadline = start + timeout_s
         while True:

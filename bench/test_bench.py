@@ -83,3 +83,15 @@ def test_c_100k_16_instances_peak_rss(tmp_path):
     assert run.exit_code == 0, run.stderr[-2000:]
     peak_mb = run.peak_rss_bytes / MB
     assert peak_mb < case.max_rss_mb, f"peak RSS {peak_mb:.0f} MB, target < {case.max_rss_mb} MB"
+
+
+def test_sweep_1000_configs_two_workers(tmp_path):
+    """1,000 configurations (1,000 requests, 4 instances each) with --workers 2 in under 60 s,
+    every metric present (``bench/sweep_bench.py``)."""
+    import sweep_bench
+
+    run = sweep_bench.run_once(tmp_path, find_blis())
+    assert run.rows == sweep_bench.NUM_CONFIGS
+    assert run.errors == 0
+    assert run.null_metrics == 0
+    assert run.wall_s < sweep_bench.MAX_WALL_S, f"sweep took {run.wall_s:.1f} s"

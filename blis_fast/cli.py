@@ -11,8 +11,10 @@ from click.core import ParameterSource
 from blis_fast import workload_cli
 from blis_fast.errors import BlisError
 from blis_fast.options import REPLAY_ONLY_FLAGS, RUN_OPTIONS, WORKLOAD_FLAGS, build_options
+from blis_fast.sweep import cli as sweep_cli
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 def _add_run_options(func, skip: frozenset[str] = REPLAY_ONLY_FLAGS):
@@ -36,6 +38,7 @@ def main_group() -> None:
 
 
 workload_cli.register(main_group)
+sweep_cli.register(main_group)
 
 
 def _numba_without_scipy() -> None:
@@ -75,7 +78,7 @@ def _given(ctx: click.Context, raw: dict) -> dict:
 
 
 def _add_replay_options(func):
-    return _add_run_options(func, skip=WORKLOAD_FLAGS - {"results-path"})
+    return _add_run_options(func, skip=WORKLOAD_FLAGS - {"results-path", "think-time-ms"})
 
 
 @main_group.command("replay")
@@ -120,7 +123,10 @@ def main(argv: list[str] | None = None) -> None:
         main_group.main(args=argv, prog_name="blis", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            sys.stderr.write("blis: interrupted\n")
+            sys.exit(EXIT_INTERRUPTED)
         sys.stderr.write("blis: aborted\n")
         sys.exit(EXIT_USAGE)
     except click.ClickException as exc:

@@ -102,6 +102,11 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
     # blis replay
     OptionSpec("trace-header", "str", "", "replay: the trace v2 header YAML"),
     OptionSpec("trace-data", "str", "", "replay: the trace v2 data CSV"),
+    OptionSpec("session-mode", "str", "fixed",
+               "replay: fixed (trace arrivals) or closed-loop (follow-ups after completions)"),
+    OptionSpec("think-time-dist", "str", "",
+               "replay closed-loop: think time, lognormal:mu=..,sigma=..[,min=..,max=..] or "
+               "constant:value=<time>"),
 )
 
 WORKLOAD_FLAGS = frozenset({
@@ -110,7 +115,7 @@ WORKLOAD_FLAGS = frozenset({
     "prompt-tokens-max", "output-tokens", "output-tokens-stdev", "output-tokens-min",
     "output-tokens-max", "timeout", "metrics-path"})
 """Flags of ``blis run`` that ``blis replay`` does not take (the trace is the workload)."""
-REPLAY_ONLY_FLAGS = frozenset({"trace-header", "trace-data"})
+REPLAY_ONLY_FLAGS = frozenset({"trace-header", "trace-data", "session-mode", "think-time-dist"})
 
 OPTIONS_BY_FIELD = {spec.field: spec for spec in RUN_OPTIONS}
 

@@ -28,8 +28,10 @@ from blis_fast.config.policy_bundle import (
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.simulate import (
+    DEFAULT_SCORERS,
     EngineConfig,
     Hooks,
+    SessionPlan,
     SimulationResult,
     run_engine,
 )
@@ -59,13 +61,16 @@ from blis_fast.workload.generator import (
     resolve_max_requests,
     resolve_workload_seed,
 )
+from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.replay import (
     load_trace_header,
     load_trace_records,
+    max_injected_arrival,
     replay_horizon,
-    replay_table,
+    replay_workload,
 )
 from blis_fast.workload.request_table import RequestTable
+from blis_fast.workload.samplers import parse_think_time_dist
 from blis_fast.workload.spec import apply_timeout_to_spec
 from blis_fast.workload.spec_yaml import load_workload_spec
 from blis_fast.workload.synthesis import (
@@ -89,7 +94,6 @@ LOG_LEVELS = {
 
 FITNESS_KEYS = ("throughput", "tokens_per_sec", "p99_ttft", "p50_ttft", "mean_ttft", "p99_e2e",
                 "p50_e2e", "mean_e2e")
-WORKLOAD_ISSUE = "the workloads issue (#4)"
 
 
 @dataclass
@@ -101,6 +105,7 @@ class Prepared:
     table: RequestTable
     engine: EngineConfig
     policies: Policies
+    sessions: SessionPlan | None = None  # closed-loop sessions continued by the engine
 
 
 @dataclass
@@ -168,11 +173,11 @@ def _resolve_latency(opts: RunOptions) -> LatencyConfig:
     return resolve_latency(lo)
 
 
-def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int]:
+def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int, SessionPlan | None]:
     """Workload source selection and generation (WL-1, WL-2, DELTA-28/29).
 
-    Returns the requests and the simulation horizon (a spec's horizon applies unless
-    ``--horizon`` was given).
+    Returns the requests, the simulation horizon (a spec's horizon applies unless
+    ``--horizon`` was given) and the closed-loop sessions the engine continues (or None).
     """
     if opts.num_requests < 0:
         _fail(f"--num-requests must be >= 0, got {opts.num_requests}")
@@ -231,27 +236,56 @@ def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int]:
                            block_size=opts.block_size_in_tokens)
     if timeout_applies:
         wl = apply_timeout_to_workload(wl, opts.timeout)
-    if wl.sessions:
-        _fail(f"this workload has {len(wl.sessions)} closed-loop sessions (multi-turn or "
-              f"concurrency clients), whose follow-up rounds are not simulated yet "
-              f"({WORKLOAD_ISSUE})")
-    return wl.table, horizon
+    sessions = SessionPlan(wl.sessions, wl.follow_up_budget) if wl.sessions else None
+    return wl.table, horizon, sessions
 
 
-def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int]:
-    """The requests of a trace v2 and the replay horizon (WL-9.6, WL-9.7)."""
+def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int, SessionPlan | None]:
+    """The requests of a trace v2, the replay horizon (WL-9.6, WL-9.7) and, with
+    ``--session-mode closed-loop``, the sessions the engine continues (DELTA-65)."""
     if not opts.trace_header:
         _fail("--trace-header is required")
     if not opts.trace_data:
         _fail("--trace-data is required")
     load_trace_header(opts.trace_header)
     records = load_trace_records(opts.trace_data)
+    mode = opts.session_mode
+    if mode not in ("fixed", "closed-loop"):
+        _fail(f'--session-mode must be "fixed" or "closed-loop", got {go_quote(mode)}')
+    if opts.think_time_ms < 0:
+        _fail(f"--think-time-ms must be non-negative, got {opts.think_time_ms}")
+    if opts.think_time_ms > 0 and mode != "closed-loop":
+        _fail("--think-time-ms requires --session-mode closed-loop")
+    if opts.think_time_dist and mode != "closed-loop":
+        _fail("--think-time-dist requires --session-mode closed-loop")
+    if opts.given("think_time_ms") and opts.given("think_time_dist"):
+        _fail("--think-time-ms and --think-time-dist are mutually exclusive")
+    think = None
+    try:
+        if opts.given("think_time_dist"):
+            think = parse_think_time_dist(opts.think_time_dist)
+        elif opts.think_time_ms > 0:
+            think = parse_think_time_dist(f"constant:value={opts.think_time_ms}ms")
+    except ValueError as exc:
+        flag = "--think-time-dist" if opts.given("think_time_dist") else "--think-time-ms"
+        _fail(f"{flag}: {exc}")
     if opts.fitness_weights:
         log.warning("--fitness-weights has no effect in replay")
+    closed = mode == "closed-loop"
     notify_if_compiling()
-    table = replay_table(records, opts.seed, opts.block_size_in_tokens)
+    prelim = (opts.horizon if opts.given("horizon")
+              else replay_horizon(max_injected_arrival(records, closed)))
+    replayed = replay_workload(records, opts.seed, opts.block_size_in_tokens,
+                               closed_loop=closed, think_sampler=think, horizon=prelim)
+    table = replayed.table
     horizon = opts.horizon if opts.given("horizon") else replay_horizon(table.arrival_us)
-    return table, horizon
+    sessions = None
+    if closed and not replayed.sessions:
+        log.warning("--session-mode closed-loop: no session records found in trace; all "
+                    "requests injected with fixed timing")
+    elif replayed.sessions:
+        sessions = SessionPlan(replayed.sessions)
+    return table, horizon, sessions
 
 
 @dataclass
@@ -392,10 +426,11 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         _fail("LLM name not provided (--model). Exiting simulation.")
     opts.values["model"] = opts.model.lower()
     latency = _resolve_latency(opts)
+    sessions = None
     if replay:
-        table, horizon = _replay_workload(opts)
+        table, horizon, sessions = _replay_workload(opts)
     else:
-        table, horizon = _generate(opts, opts.horizon)
+        table, horizon, sessions = _generate(opts, opts.horizon)
     if opts.num_instances < 1:
         _fail("num-instances must be >= 1")
     total_blocks = latency.total_kv_blocks
@@ -459,13 +494,23 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         alpha=alpha,
         output_token_time=int(output_token_processing_time(latency.code, alpha)),
         post_decode_overhead=int(post_decode_fixed_overhead(latency.code, alpha)),
+        # a follow-up's input holds its parent's output only when the session accumulates
+        hash_decode_blocks=bool(sessions and any(
+            bp.context_growth == "accumulate" for bp in sessions.blueprints)),
     )
     # diagnostics of a run that passed every check (a refused run prints only its error)
     for msg in latency.warnings:
         log.warning(msg)
     for msg in latency.infos:
         log.info(msg)
-    return Prepared(opts=opts, latency=latency, table=table, engine=engine, policies=pol)
+    log.info("Policy config: admission=%s, routing=%s, priority=%s, scheduler=%s",
+             pol.admission, pol.routing, pol.priority, pol.scheduler)
+    if pol.routing == "weighted":
+        active = pol.scorers or DEFAULT_SCORERS
+        log.info("Weighted routing scorers: %s",
+                 ", ".join(f"{name}:{weight:.1f}" for name, weight in active))
+    return Prepared(opts=opts, latency=latency, table=table, engine=engine, policies=pol,
+                    sessions=sessions)
 
 
 def instance_metrics(res: SimulationResult, table: RequestTable) -> list[InstanceMetrics]:
@@ -527,7 +572,7 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
         return values[cidx] if len(clients) else np.full(len(rows), "", dtype=object)
 
     return RequestColumns(
-        request_id=np.array([f"request_{k}" for k in table.request_numbers[rows]], dtype=object),
+        request_id=np.array(table.id_strings(), dtype=object)[rows],
         arrival_us=table.arrival_us[rows],
         num_prefill_tokens=table.input_len[rows],
         num_decode_tokens=out_len,
@@ -543,13 +588,15 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
     )
 
 
-def trace_outcome(res: SimulationResult) -> TraceOutcome:
-    """Per-request status/TTFT/ITL sums for the trace v2 export (WL-9.5)."""
-    status = np.full(res.state.shape[0], 2, dtype=np.int8)
-    status[res.state == K.ST_COMPLETED] = 0
-    status[res.state == K.ST_TIMED_OUT] = 1
-    return TraceOutcome(status=status, ttft_us=res.ttft_us.astype(np.int64),
-                        itl_sum_us=res.itl_sum_us.astype(np.int64))
+def trace_outcome(res: SimulationResult, n: int | None = None) -> TraceOutcome:
+    """Per-request status/TTFT/ITL sums for the trace v2 export (WL-9.5) of the first ``n``
+    requests (default: all)."""
+    state = res.state[:n]
+    status = np.full(state.shape[0], 2, dtype=np.int8)
+    status[state == K.ST_COMPLETED] = 0
+    status[state == K.ST_TIMED_OUT] = 1
+    return TraceOutcome(status=status, ttft_us=res.ttft_us[:n].astype(np.int64),
+                        itl_sum_us=res.itl_sum_us[:n].astype(np.int64))
 
 
 def execute_run(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
@@ -565,12 +612,18 @@ def execute_replay(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
 def _execute(opts: RunOptions, hooks: Hooks | None, replay: bool) -> RunResult:
     prepared = prepare(opts, hooks, replay=replay)
     started = time.perf_counter()
-    res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model)
+    res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model,
+                     sessions=prepared.sessions)
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
-    if opts.trace_output:
-        export_trace_v2(opts.trace_output, prepared.table, trace_outcome(res), replayed=replay)
-    instances = instance_metrics(res, prepared.table)
-    requests = request_columns(res, prepared.table)
+    table = res.table  # the pre-generated requests, then any closed-loop follow-ups
+    if opts.trace_output and replay:
+        # a replay exports the requests it injected, in injection order (DELTA-64/65)
+        export_trace_v2(opts.trace_output, prepared.table,
+                        trace_outcome(res, prepared.table.n), replayed=True)
+    elif opts.trace_output:
+        export_trace_v2(opts.trace_output, table, trace_outcome(res))
+    instances = instance_metrics(res, table)
+    requests = request_columns(res, table)
     aggregate = aggregate_instances(instances)
     per_instance = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(instances)]
     summary = build_metrics_output("cluster", aggregate)
@@ -579,7 +632,7 @@ def _execute(opts: RunOptions, hooks: Hooks | None, replay: bool) -> RunResult:
         requests=requests,
         admission_rejections=res.rejected_admission,
         routing_rejections=res.rejected_routing,
-        shed_by_tier=_shed_by_tier(res, prepared.table),
+        shed_by_tier=_shed_by_tier(res, table),
         priority_policy=prepared.policies.priority,
         fitness_weights="" if replay else opts.fitness_weights,
         trace_summary=_trace_summary(res) if opts.summarize_trace else None,

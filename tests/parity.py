@@ -22,12 +22,7 @@ REL_TOL = 1e-9
 
 # Cases that wait for a later issue: case id -> the issue(s) that make them pass. The parity
 # test marks them as strict expected failures, so a case that starts passing must leave this list.
-PENDING: dict[str, str] = {
-    "c4-scorer-no-hit-lru-regression-multiturn": "#4 workloads: closed-loop session follow-ups",
-    "concurrency-closed-loop-cli": "#4 workloads: closed-loop session follow-ups",
-    "wl-multimodal-reasoning": "#4 workloads: closed-loop session follow-ups",
-    "wl-multiturn-chat-demo-closed-loop": "#4 workloads: closed-loop session follow-ups",
-}
+PENDING: dict[str, str] = {}
 
 
 @dataclass

@@ -184,3 +184,24 @@ def test_api_errors_are_typed_not_exits() -> None:
         blis_fast.run(model=MODEL, no_such_option=1)
     with pytest.raises(BlisConfigError, match="--num-requests"):
         blis_fast.run(model=MODEL, num_requests="many")
+
+
+def test_policy_diagnostics_are_logged() -> None:
+    """``--log info`` names the policies in force and the weighted-routing profile (CLU-7.30)."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("blis_fast")
+    logger.addHandler(handler)
+    try:
+        blis_fast.run(model="meta-llama/llama-3.1-8b-instruct", num_requests=3, log="info",
+                      routing_policy="weighted", scheduler="sjf")
+    finally:
+        logger.removeHandler(handler)
+    messages = [r.getMessage() for r in records]
+    assert ("Policy config: admission=always-admit, routing=weighted, priority=constant, "
+            "scheduler=sjf") in messages
+    assert ("Weighted routing scorers: precise-prefix-cache:2.0, queue-depth:1.0, "
+            "kv-utilization:1.0") in messages

@@ -13,22 +13,19 @@ the only stderr line; the rules are CLU-9.3..9.8, ENG-10.4, WL-2.4 and DELTA-26/
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _cli import invoke
 
 import blis_fast
-from blis_fast.cli import main
 from blis_fast.data import data_path
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
@@ -62,22 +59,13 @@ def run_cli(args: list[str], tmp_path: Path, *, log_error: bool = True) -> CliRu
         "--output-dir", str(outputs / "parquet"),
         *args,
     ]
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
     old = os.getcwd()
     os.chdir(cwd)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main(argv)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:  # what the console script would print before exiting 1
-                err.write(traceback.format_exc())
-                code = 1
+        run = invoke(argv)
     finally:
         os.chdir(old)
-    return CliRun(code=code, stdout=out.getvalue(), stderr=err.getvalue(), outputs=outputs, cwd=cwd)
+    return CliRun(code=run.code, stdout=run.stdout, stderr=run.stderr, outputs=outputs, cwd=cwd)
 
 
 def assert_refused(run: CliRun, names: tuple[str, ...]) -> None:

@@ -199,6 +199,12 @@ def configs(draw, *, horizon: str = "any", routing: str | None = None,
     if finite:
         limit = 2 * span_us if not pressure else min(2 * span_us, 20_000_000)
         opts["horizon"] = max(1, int((0.05 + 0.95 * draw(st.floats(0.0, 1.0))) * limit))
+    if num_requests is None and not pressure and draw(st.integers(0, 3)) == 0:
+        # closed loop (DELTA-29): virtual users send their next request only after the last one
+        # finished; the engine makes those follow-ups while it runs
+        del opts["rate"]
+        opts["concurrency"] = draw(st.integers(1, 8))
+        opts["think_time_ms"] = draw(st.integers(0, 200))
     return opts
 
 
@@ -219,7 +225,7 @@ def _quiet_run(**opts):
 def test_request_conservation(opts: dict) -> None:
     res = _quiet_run(**opts)
     sim = res.simulation
-    table = res.prepared.table
+    table = sim.table  # closed-loop follow-ups included
     eng = res.prepared.engine
     n = table.n
     state, inst, reg = sim.state, sim.instance, sim.registered
@@ -367,12 +373,12 @@ def test_kv_block_conservation(opts: dict) -> None:
         prepared = prepare(build_options(opts))
     cap = _KVCapture()
     with mock.patch.object(sim_mod, "new_kv_state", cap):
-        sim = run_engine(prepared.table, prepared.engine)
+        sim = run_engine(prepared.table, prepared.engine, sessions=prepared.sessions)
     assert cap.kv is not None
     kv = _kv_view(cap.kv)
     eng = prepared.engine
     total = eng.total_kv_blocks
-    n = prepared.table.n
+    n = sim.table.n  # closed-loop follow-ups included
     holders_all = np.flatnonzero(kv.req_cnt[:n] > 0)
     for i in range(eng.num_instances):
         free = int(kv.free[i])
@@ -419,7 +425,7 @@ def test_kv_block_conservation(opts: dict) -> None:
 @given(opts=configs())
 def test_causality(opts: dict) -> None:
     res = _quiet_run(**opts)
-    sim, table, eng = res.simulation, res.prepared.table, res.prepared.engine
+    sim, table, eng = res.simulation, res.simulation.table, res.prepared.engine
     otp, post = eng.output_token_time, eng.post_decode_overhead
     assert otp >= 0 and post >= 0
 

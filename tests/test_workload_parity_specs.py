@@ -20,8 +20,9 @@ import yaml
 from parity import CASES_DIR, case_flags
 
 from blis_fast.errors import BlisInputError
+from blis_fast.kernels.generation import _skip_ids
 from blis_fast.kernels.gorand import new_source
-from blis_fast.workload.gen_kernel import _skip_ids
+from blis_fast.kernels.samplers import sample_length
 from blis_fast.workload.generator import (
     MAX_INT64,
     apply_timeout_to_workload,
@@ -30,7 +31,6 @@ from blis_fast.workload.generator import (
     resolve_max_requests,
     resolve_workload_seed,
 )
-from blis_fast.workload.samplers import sample_length
 from blis_fast.workload.spec import apply_timeout_to_spec
 from blis_fast.workload.spec_yaml import load_workload_spec
 from blis_fast.workload.synthesis import (
@@ -171,7 +171,7 @@ def test_trace_export_is_byte_identical_without_follow_ups(name, case, flags, tm
     spec, wl = _regenerate(case_dir, flags)
     ref, _header = _read(case_dir)
     if len(ref) != wl.table.n:
-        pytest.skip("trace holds engine-generated follow-ups")
+        pytest.skip("the trace holds engine-generated follow-ups: test_parity compares this case's whole run")
     codes = {"ok": 0, "timeout": 1, "incomplete": 2}
     arrival = np.array([int(r["arrival_time_us"]) for r in ref], dtype=np.int64)
     first = np.array([int(r["first_chunk_time_us"]) for r in ref], dtype=np.int64)

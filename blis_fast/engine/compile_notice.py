@@ -28,7 +28,7 @@ def notify_if_compiling() -> None:
     kernels this process compiles next)."""
     global _engine_warmup
     from blis_fast.kernels.engine import simulate
-    from blis_fast.workload.gen_kernel import generate_kernel
+    from blis_fast.kernels.generation import generate_kernel
 
     engine_ready = _has_cached_overload(simulate)
     if engine_ready and _has_cached_overload(generate_kernel):

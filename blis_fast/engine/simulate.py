@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numba.core.errors import NumbaExperimentalFeatureWarning
 
+from blis_fast.engine.sessions import FollowUp, SessionDriver
 from blis_fast.errors import BlisRuntimeError
 from blis_fast.kernels import engine as K
 from blis_fast.kernels import routing as R
@@ -17,9 +18,13 @@ from blis_fast.kernels.kvcache import (
     C_EVICT,
     C_MIRROR,
     C_MISS,
+    CFG_BS,
+    CFG_TIERED,
     M_HITS,
     M_MISSES,
+    R_OFF,
     new_kv_state,
+    pool_slots,
 )
 from blis_fast.policies import SCORERS_READING_CACHE, scorer_code, scorer_table
 
@@ -121,6 +126,7 @@ class SimulationResult:
     """Raw per-request, per-instance and per-step results of one run."""
 
     config: EngineConfig
+    table: object  # the RequestTable of every simulated request (follow-ups appended)
     # per request
     state: np.ndarray
     instance: np.ndarray
@@ -162,7 +168,7 @@ def id_rank_of(n: int, prefix: str = "request_") -> np.ndarray:
     return _rank_of_ids([f"{prefix}{i}" for i in range(n)])
 
 
-def _rank_of_ids(id_list: list[str]) -> np.ndarray:
+def _rank_of_ids(id_list) -> np.ndarray:
     """Rank of each id in byte-wise string order."""
     n = len(id_list)
     ids = np.array(id_list)
@@ -193,7 +199,18 @@ def instance_rank_of(n: int) -> np.ndarray:
     return id_rank_of(n, prefix="instance_")
 
 
-def _request_metadata(table, cfg: EngineConfig, model: str):
+@dataclass
+class _RequestMeta:
+    """Router-facing request metadata, per client and per request."""
+
+    client_priority: np.ndarray  # int64 SLO priority
+    client_tenant: np.ndarray  # int64 tenant code (-1 = no budget)
+    client_model_bad: np.ndarray  # int8, 1 when the client's model is not the served one
+    tenant_budget: np.ndarray  # float64 in-flight cap per tenant code
+    per_request: tuple  # (priority, sheddable, tenant, model_bad) of the table's rows
+
+
+def _request_metadata(table, cfg: EngineConfig, model: str) -> _RequestMeta:
     """Per-request SLO priority, sheddable flag, tenant code and model-mismatch flag."""
     priorities = dict(SLO_PRIORITIES)
     priorities.update(cfg.slo_priorities)
@@ -210,16 +227,90 @@ def _request_metadata(table, cfg: EngineConfig, model: str):
     capacity = max(1, cfg.num_instances * cfg.max_running_reqs)
     budget = np.array([cfg.tenant_budgets[t] * float(capacity) for t in tenants], np.float64)
     prio = client_prio[cidx]
-    return (prio, (prio < 0).astype(np.int8), client_tenant[cidx], client_model_bad[cidx],
-            budget)
+    return _RequestMeta(client_prio, client_tenant, client_model_bad, budget,
+                        (prio, (prio < 0).astype(np.int8), client_tenant[cidx],
+                         client_model_bad[cidx]))
 
 
-def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
-    """Simulate ``table`` (a RequestTable) under ``cfg``."""
+@dataclass
+class SessionPlan:
+    """The closed-loop part of a workload: session blueprints and the follow-up budget."""
+
+    blueprints: list
+    follow_up_budget: int = -1
+
+
+@dataclass
+class _Capacity:
+    """Room reserved for follow-up requests; a run that outgrows it restarts with more."""
+
+    rows: int = 0  # follow-up requests
+    chunks: int = 0  # their chunk digests
+    pool: int = 0  # their KV block-list slots
+    max_chunks: int = 1  # chunks of the longest request
+
+    def grown(self) -> _Capacity:
+        """Twice the room in every dimension."""
+        return _Capacity(2 * self.rows + 64, 2 * self.chunks + 1024, 2 * self.pool + 1024,
+                         2 * self.max_chunks + 16)
+
+
+class _OutOfRoom(Exception):
+    """Follow-ups outgrew the reserved capacity (the run restarts, deterministically)."""
+
+
+def _initial_capacity(table, sessions: SessionPlan | None) -> _Capacity:
+    """Room for the follow-ups a session plan can bring (exact when rounds are bounded)."""
+    n = table.n
+    chunks = np.diff(table.chunk_offsets) if n else np.zeros(1, np.int64)
+    max_chunks = int(chunks.max(initial=0)) + 1
+    if not sessions or not sessions.blueprints:
+        return _Capacity(0, 0, 0, max_chunks)
+    bounded = sum(max(bp.max_rounds - 1, 0) for bp in sessions.blueprints
+                  if not bp.unlimited_rounds)
+    unbounded = any(bp.unlimited_rounds for bp in sessions.blueprints)
+    if sessions.follow_up_budget >= 0:
+        rows = min(bounded + sessions.follow_up_budget, sessions.follow_up_budget)
+    else:
+        rows = bounded + (max(1024, 2 * n) if unbounded else 0)
+    accumulate = any(bp.context_growth == "accumulate" for bp in sessions.blueprints)
+    per_row = (4 if accumulate else 2) * max(max_chunks, 8)
+    return _Capacity(rows, rows * per_row, rows * (per_row + 2), 4 * max_chunks + 64)
+
+
+def run_engine(table, cfg: EngineConfig, model: str = "",
+               sessions: SessionPlan | None = None) -> SimulationResult:
+    """Simulate ``table`` (a RequestTable) under ``cfg``; ``sessions`` continues closed-loop
+    sessions with follow-ups generated as their requests finish (WL-6.5, CLU-1.15)."""
     from blis_fast.engine.compile_notice import wait_for_engine_compile
 
     wait_for_engine_compile()
-    n = table.n
+    room = _initial_capacity(table, sessions)
+    while True:
+        try:
+            return _run_once(table, cfg, model, sessions, room)
+        except _OutOfRoom:
+            room = room.grown()
+
+
+def _compiled_overload(dispatcher, args):
+    """The machine-code entry point ``dispatcher`` chose for ``args`` (no type resolution)."""
+    sig = tuple(dispatcher.typeof_pyval(a) for a in args)
+    overload = dispatcher.overloads.get(sig)
+    return dispatcher if overload is None else overload.entry_point
+
+
+def _pad(values: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
+    """``values`` as a contiguous ``dtype`` array of length ``n`` (extra rows = ``fill``)."""
+    out = np.full(n, fill, dtype=dtype)
+    out[: values.shape[0]] = values
+    return out
+
+
+def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None,
+              room: _Capacity) -> SimulationResult:
+    n0 = table.n
+    n = n0 + room.rows
     n_inst = cfg.num_instances
     max_batch = max(1, min(cfg.max_running_reqs, max(n, 1)))
     ic = np.zeros(K.IC_SIZE, dtype=np.int64)
@@ -237,25 +328,30 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
     ic[K.IC_OUTPUT_TOKEN_TIME] = cfg.output_token_time
     ic[K.IC_POST_DECODE] = cfg.post_decode_overhead
 
-    input_len = np.ascontiguousarray(table.input_len, dtype=np.int64)
-    output_len = np.ascontiguousarray(table.output_len, dtype=np.int64)
+    arrival = _pad(table.arrival_us, n, np.int64)
+    input_len = _pad(table.input_len, n, np.int64)
+    output_len = _pad(table.output_len, n, np.int64)
+    deadline = _pad(table.deadline_us, n, np.int64)
+    chunk_off = _pad(table.chunk_offsets, n + 1, np.int64, table.chunk_offsets[-1])
+    chunk_dig = _pad(table.chunk_digests, table.chunk_digests.shape[0] + room.chunks,
+                     np.uint64)
     reload_ticks = 0
     if cfg.kv_cpu_blocks > 0:
         reload_ticks = cfg.kv_transfer_base_latency + int(
             math.ceil(float(cfg.block_size) / cfg.kv_transfer_bandwidth))
-    kv = new_kv_state(n_inst, cfg.total_kv_blocks, cfg.block_size,
-                      np.ascontiguousarray(table.chunk_offsets, dtype=np.int64),
-                      np.ascontiguousarray(table.chunk_digests, dtype=np.uint64),
+    kv = new_kv_state(n_inst, cfg.total_kv_blocks, cfg.block_size, chunk_off, chunk_dig,
                       input_len, output_len, cfg.kv_cpu_blocks, reload_ticks,
-                      cfg.hash_decode_blocks, log_changes=_delayed_cache_signal(cfg))
-    rs = K.new_req_state(n, table.max_output_len)
+                      cfg.hash_decode_blocks, log_changes=_delayed_cache_signal(cfg),
+                      pool_extra=room.pool, chunk_capacity=chunk_dig.shape[0])
+    rs = K.new_req_state(n, _pad(table.max_output_len, n, np.int64))
     ins = K.new_inst_state(n_inst, max_batch)
     lg = K.new_step_log(max(1024, 4 * n), max(1024, 2 * n))
     scorers = cfg.routing_scorers or DEFAULT_SCORERS
     total_weight = 0.0
     for _, weight in scorers:
         total_weight += weight
-    prio, sheddable, tenant, model_bad, budget = _request_metadata(table, cfg, model)
+    meta = _request_metadata(table, cfg, model)
+    prio, sheddable, tenant, model_bad = (_pad(a, n, a.dtype) for a in meta.per_request)
     rt = R.new_router_state(
         n_inst, n,
         routing=ROUTING_CODES[cfg.routing_policy],
@@ -273,21 +369,56 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
         tier_shed=(cfg.tier_shed_threshold, cfg.tier_shed_min_priority),
         gaie=(cfg.gaie_qd_threshold, cfg.gaie_kv_threshold),
         req_priority=prio, req_sheddable=sheddable, req_tenant=tenant, req_model_bad=model_bad,
-        tenant_budget=budget,
-        max_chunks=int(np.max(np.diff(table.chunk_offsets))) if n else 1,
+        tenant_budget=meta.tenant_budget,
+        max_chunks=room.max_chunks,
         table_size=kv.ht.shape[1],
     )
-    id_rank = (_rank_of_ids([f"request_{k}" for k in table.request_numbers])
-               if cfg.scheduler not in ("", "fcfs") else np.zeros(n, np.int64))
+    ranked = cfg.scheduler not in ("", "fcfs")
+    ids = table.id_strings()
+    id_rank = _pad(_rank_of_ids(ids), n, np.int64) if ranked else np.zeros(n, np.int64)
+    heap = K.new_heap(3 * n + 4 * n_inst + 16)
+    hs = K.new_loop_state()
+    heap = K.push_cluster_arrivals(heap, hs, arrival, np.arange(n0, dtype=np.int64),
+                                   np.full(n0, -1, np.int64))
+    work = K.new_work(n, max_batch, room.max_chunks)
+    req_session = np.full(n, -1, np.int32)
+    driver = None
+    if sessions and sessions.blueprints:
+        driver = SessionDriver(sessions.blueprints, sessions.follow_up_budget, cfg.block_size)
+        for b, bp in enumerate(sessions.blueprints):
+            req_session[bp.round0_row] = b
+        think = driver.think_times()
+    else:
+        think = np.zeros(1, np.int64)
+    sess_pend = np.zeros((2 * max_batch + 64, K.SP_COLS), np.int64)
+    appended = _FollowUpRows(n0, int(kv.pool.shape[0] - room.pool - 1))
+    hook_args = _hook_args(cfg.hooks)
     with warnings.catch_warnings():
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
-        status, lg = K.simulate(
-            ic, np.ascontiguousarray(cfg.latency_params, dtype=np.float64),
-            np.ascontiguousarray(cfg.alpha, dtype=np.float64),
-            np.ascontiguousarray(table.arrival_us, dtype=np.int64), input_len, output_len,
-            np.ascontiguousarray(table.deadline_us, dtype=np.int64), id_rank, rs, ins, kv, lg,
-            rt, instance_rank_of(n_inst), *_hook_args(cfg.hooks))
+        lat_params = np.ascontiguousarray(cfg.latency_params, dtype=np.float64)
+        alpha = np.ascontiguousarray(cfg.alpha, dtype=np.float64)
+        inst_rank = instance_rank_of(n_inst)
+        simulate = K.simulate
+        while True:
+            args = (ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
+                    rs, ins, kv, lg, rt, inst_rank, *hook_args, heap, hs, work, req_session,
+                    think, sess_pend)
+            status, lg, heap = simulate(*args)
+            if status != K.STATUS_SESSIONS:
+                break
+            if simulate is K.simulate:
+                # re-entries call the compiled overload directly: resolving the argument types
+                # (the function-pointer table especially) costs more than a short re-entry
+                simulate = _compiled_overload(K.simulate, args)
+            rows, seqs = appended.take(driver, sess_pend[: hs[K.HS_PEND]], rs, input_len,
+                                       arrival, output_len, deadline, kv, rt, req_session,
+                                       meta, room)
+            hs[K.HS_PEND] = 0
+            hs[K.HS_TMIN] = K.NO_TICK
+            if ranked and rows.shape[0]:
+                id_rank[: appended.n] = _rank_of_ids(ids + appended.ids)
+            heap = K.push_cluster_arrivals(heap, hs, arrival, rows, seqs)
     if status == K.STATUS_KV_LIST_OVERFLOW:
         raise BlisRuntimeError(
             "a request's KV block list outgrew its preallocated slice after CPU-tier reloads "
@@ -295,6 +426,8 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
     if status != K.STATUS_OK:
         raise BlisRuntimeError(f"simulation kernel failed with status {status}")
 
+    n_used = appended.n
+    final = appended.table(table, sessions) if n_used > n0 else table
     hits = kv.meta[:, M_HITS]
     total = hits + kv.meta[:, M_MISSES] + kv.cpu_meta[:, C_MISS]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -302,18 +435,20 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
         mirrors = kv.cpu_meta[:, C_MIRROR]
         thrash = np.where(mirrors > 0, kv.cpu_meta[:, C_EVICT] / np.maximum(mirrors, 1), 0.0)
     steps = int(lg.sizes[0])
-    completed = rs.state == K.ST_COMPLETED
+    used = slice(0, n_used)
+    completed = rs.state[used] == K.ST_COMPLETED
     return SimulationResult(
         config=cfg,
-        state=rs.state,
-        instance=rs.inst,
-        registered=rs.registered,
-        ttft_us=np.where(rs.has_ttft == 1, rs.ttft, -1),
-        e2e_us=np.where(completed, rs.e2e, -1),
-        itl_sum_us=rs.hot[:, K.H_ITLSUM].copy(),
-        itl_count=rs.hot[:, K.H_ITLCNT].copy(),
-        sched_delay_us=np.where(rs.has_sched == 1, rs.sched_delay, -1),
-        length_capped=rs.capped,
+        table=final,
+        state=rs.state[used],
+        instance=rs.inst[used],
+        registered=rs.registered[used],
+        ttft_us=np.where(rs.has_ttft[used] == 1, rs.ttft[used], -1),
+        e2e_us=np.where(completed, rs.e2e[used], -1),
+        itl_sum_us=rs.hot[used, K.H_ITLSUM].copy(),
+        itl_count=rs.hot[used, K.H_ITLCNT].copy(),
+        sched_delay_us=np.where(rs.has_sched[used] == 1, rs.sched_delay[used], -1),
+        length_capped=rs.capped[used],
         counters=ins.cnt,
         kv_integral=ins.kv_integral,
         wait_queue_sum=ins.wq_sum,
@@ -332,6 +467,106 @@ def run_engine(table, cfg: EngineConfig, model: str = "") -> SimulationResult:
         step_kv_used=lg.kv_used[:steps].copy(),
         step_itl_count=lg.itl_count[:steps].copy(),
     )
+
+
+class _FollowUpRows:
+    """Appends follow-ups to the run's request arrays, in the order they are generated."""
+
+    def __init__(self, n0: int, pool_cursor: int) -> None:
+        self.n = n0
+        self.n0 = n0
+        self.pool_cursor = pool_cursor
+        self.ids: list[str] = []
+        self.follow_ups: list[FollowUp] = []
+
+    def take(self, driver: SessionDriver, outcomes: np.ndarray, rs, input_len, arrival,
+             output_len, deadline, kv, rt, req_session, meta, room: _Capacity):
+        """Play ``OnComplete`` for each recorded outcome; append the follow-ups it returns.
+
+        Returns the new rows and the event sequence numbers reserved for their arrivals.
+        """
+        rows: list[int] = []
+        seqs: list[int] = []
+        capacity = arrival.shape[0]
+        for row, tick, outcome, pi, seq in outcomes.tolist():
+            b = int(req_session[row])
+            fu = driver.on_outcome(b, tick, outcome == K.OUTCOME_COMPLETED, pi,
+                                   int(input_len[row]))
+            if fu is None:
+                continue
+            k = self.n
+            slots = int(pool_slots(fu.input_len, fu.output_len, kv.cfg[CFG_BS],
+                                   kv.cfg[CFG_TIERED] == 1))
+            c0 = int(kv.chunk_off[k])
+            nch = fu.digests.shape[0]
+            if (k >= capacity or c0 + nch > kv.chunk_dig.shape[0] or nch > room.max_chunks
+                    or self.pool_cursor + slots >= kv.pool.shape[0]):
+                raise _OutOfRoom()
+            arrival[k] = fu.arrival_us
+            input_len[k] = fu.input_len
+            output_len[k] = fu.output_len
+            deadline[k] = fu.deadline_us
+            rs.max_out[k] = fu.output_len
+            kv.chunk_dig[c0 : c0 + nch] = fu.digests
+            kv.chunk_off[k + 1] = c0 + nch
+            kv.req[k, R_OFF] = self.pool_cursor
+            self.pool_cursor += slots
+            if k + 1 < capacity:
+                kv.req[k + 1, R_OFF] = self.pool_cursor
+            client = driver.blueprints[b].client_idx
+            rt.req_priority[k] = meta.client_priority[client]
+            rt.req_sheddable[k] = meta.client_priority[client] < 0
+            rt.req_tenant[k] = meta.client_tenant[client]
+            rt.req_model_bad[k] = meta.client_model_bad[client]
+            req_session[k] = b
+            self.n = k + 1
+            self.ids.append(fu.request_id)
+            self.follow_ups.append(fu)
+            rows.append(k)
+            seqs.append(seq)
+        return np.array(rows, np.int64), np.array(seqs, np.int64)
+
+    def table(self, table, sessions: SessionPlan):
+        """The run's requests: the pre-generated rows, then the follow-ups in creation order."""
+        fus = self.follow_ups
+        bps = sessions.blueprints
+        session_names = list(table.sessions)
+        index = {name: k for k, name in enumerate(session_names)}
+        for bp in bps:
+            if bp.session_id not in index:
+                index[bp.session_id] = len(session_names)
+                session_names.append(bp.session_id)
+        digests = np.concatenate([table.chunk_digests, *(f.digests for f in fus)])
+        offsets = np.concatenate([table.chunk_offsets, table.chunk_offsets[-1]
+                                  + np.cumsum([f.digests.shape[0] for f in fus], dtype=np.int64)])
+
+        def column(values, name, dtype):
+            return np.concatenate([getattr(table, name), np.array(values, dtype=dtype)])
+
+        return replace(
+            table,
+            arrival_us=column([f.arrival_us for f in fus], "arrival_us", np.int64),
+            input_len=column([f.input_len for f in fus], "input_len", np.int64),
+            output_len=column([f.output_len for f in fus], "output_len", np.int64),
+            max_output_len=column([f.output_len for f in fus], "max_output_len", np.int64),
+            deadline_us=column([f.deadline_us for f in fus], "deadline_us", np.int64),
+            prefix_length=column([0] * len(fus), "prefix_length", np.int64),
+            client_idx=column([bps[f.blueprint].client_idx for f in fus], "client_idx",
+                              np.int32),
+            chunk_offsets=offsets,
+            chunk_digests=digests,
+            session_idx=column([index[bps[f.blueprint].session_id] for f in fus],
+                               "session_idx", np.int32),
+            round_index=column([f.round_index for f in fus], "round_index", np.int32),
+            text_tokens=column([0] * len(fus), "text_tokens", np.int64),
+            image_tokens=column([0] * len(fus), "image_tokens", np.int64),
+            audio_tokens=column([0] * len(fus), "audio_tokens", np.int64),
+            video_tokens=column([0] * len(fus), "video_tokens", np.int64),
+            reason_ratio=column([0.0] * len(fus), "reason_ratio", np.float64),
+            sessions=session_names,
+            request_numbers=column([-1] * len(fus), "request_numbers", np.int64),
+            extra_ids=list(table.extra_ids) + [f.request_id for f in fus],
+        )
 
 
 def _decision_trace(rt) -> DecisionTrace:

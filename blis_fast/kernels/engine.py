@@ -54,8 +54,16 @@ SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY, SCHED_CUSTOM
 REG_NONE, REG_ROUTED, REG_REJECTED_ADMISSION, REG_REJECTED_ROUTING = 0, 1, 2, 3
 
 # status codes returned by simulate (and, internally, by the event loop)
-STATUS_OK, STATUS_BAD_ALIGNMENT, STATUS_GROW_HEAP, STATUS_GROW_LOG, STATUS_KV_LIST_OVERFLOW = range(5)
-HS_SIZE, HS_SEQ = 0, 1
+(STATUS_OK, STATUS_BAD_ALIGNMENT, STATUS_GROW_HEAP, STATUS_GROW_LOG, STATUS_KV_LIST_OVERFLOW,
+ STATUS_SESSIONS) = range(6)
+# heap/loop state kept between calls (``hs``): heap size, next sequence number, closed-loop
+# session outcomes recorded since the caller last drained them, and the earliest tick at which
+# one of them could bring a follow-up arrival (the loop stops before reaching it)
+HS_SIZE, HS_SEQ, HS_PEND, HS_TMIN, HS_LEN = range(5)
+# columns of the session-outcome buffer: row, tick, outcome, progress index, reserved sequence
+SP_ROW, SP_TICK, SP_OUTCOME, SP_PI, SP_SEQ, SP_COLS = range(6)
+OUTCOME_COMPLETED, OUTCOME_CANCELLED = 0, 1
+NO_TICK = np.int64(2**63 - 1)
 LOOK_BATCH = 8  # batch formation prefetches the rows of the request this many places ahead
 
 ReqState = namedtuple("ReqState", [
@@ -348,6 +356,24 @@ def _reset_runs(rs, r):
     rs.hot[r, H_LASTDEC] = -1
 
 
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _session_outcome(sess_pend, hs, r, tick, outcome, pi, seq, think):
+    """Record a closed-loop session request's terminal outcome for the session driver.
+
+    A completion may bring a follow-up arriving at ``tick + think`` at the earliest; ``seq`` is
+    the sequence number its arrival event takes (the reference pushes it right away).
+    """
+    k = hs[HS_PEND]
+    sess_pend[k, SP_ROW] = r
+    sess_pend[k, SP_TICK] = tick
+    sess_pend[k, SP_OUTCOME] = outcome
+    sess_pend[k, SP_PI] = pi
+    sess_pend[k, SP_SEQ] = seq
+    hs[HS_PEND] = k + 1
+    if outcome == OUTCOME_COMPLETED and tick + think < hs[HS_TMIN]:
+        hs[HS_TMIN] = tick + think
+
+
 # ------------------------------------------------------------------ batch formation
 
 
@@ -584,11 +610,14 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
                 rs, ins, kv, lg, rt, inst_rank, times, ties, kinds, payloads, hs, buf_a, buf_b,
-                cached_buf, scratch, gather, scorer_table, admit_fn, key_fn, key_vec):
+                cached_buf, scratch, gather, scorer_table, admit_fn, key_fn, key_vec,
+                req_session, sess_think, sess_pend):
     """Process events until the heap drains, the horizon is passed, or a buffer must grow.
 
     Compiled without reference counting (the hot path touches only preallocated arrays);
-    returns STATUS_OK when done or STATUS_GROW_* so :func:`simulate` can enlarge a buffer.
+    returns STATUS_OK when done, STATUS_GROW_* so :func:`simulate` can enlarge a buffer, or
+    STATUS_SESSIONS when closed-loop outcomes must become follow-ups before the next event
+    (``req_session[r]`` >= 0 marks a request of a closed-loop session, CLU-1.15).
     """
     n_inst = ic[IC_N_INST]
     horizon = ic[IC_HORIZON]
@@ -601,8 +630,15 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
     size = hs[HS_SIZE]
     seq = hs[HS_SEQ]
     cap = times.shape[0]
+    pend_room = sess_pend.shape[0] - max_batch - 2
     status = STATUS_OK
-    while size > 0:
+    while True:
+        if hs[HS_PEND] > 0 and (size == 0 or times[0] >= hs[HS_TMIN]
+                                or hs[HS_PEND] >= pend_room):
+            status = STATUS_SESSIONS
+            break
+        if size == 0:
+            break
         if size + max_batch + 4 > cap:
             status = STATUS_GROW_HEAP
             break
@@ -694,12 +730,16 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                 rs.registered[r] = REG_NONE
                 _count_done(ins, i, np.int64(K_DROPPED))
                 rtk.on_done(rt, r)
+                if req_session[r] >= 0:
+                    _session_outcome(sess_pend, hs, r, t, OUTCOME_CANCELLED, 0, -1, 0)
             else:
                 ins.cnt[i, K_IN_TOKENS] += input_len[r]
                 if deadline[r] > 0 and deadline[r] <= t:
                     rs.state[r] = ST_TIMED_OUT
                     _count_done(ins, i, np.int64(K_TIMED_OUT))
                     rtk.on_done(rt, r)
+                    if req_session[r] >= 0:
+                        _session_outcome(sess_pend, hs, r, t, OUTCOME_CANCELLED, 0, -1, 0)
                 else:
                     rs.state[r] = ST_QUEUED
                     _wq_push_back(ins, rs, i, r)
@@ -747,6 +787,10 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                         seq += 1
                         _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode)
                         rtk.on_done(rt, r)
+                        if req_session[r] >= 0:
+                            _session_outcome(sess_pend, hs, r, t + d, OUTCOME_COMPLETED,
+                                             rs.hot[r, H_PI], seq, sess_think[req_session[r]])
+                            seq += 1
                     else:
                         ins.batch[i, keep] = r
                         keep += 1
@@ -770,6 +814,8 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
             rs.state[r] = ST_TIMED_OUT
             _count_done(ins, i, np.int64(K_TIMED_OUT))
             rtk.on_done(rt, r)
+            if req_session[r] >= 0:
+                _session_outcome(sess_pend, hs, r, t, OUTCOME_CANCELLED, 0, -1, 0)
             kvc.release(kv, i, r)
             rs.hot[r, H_COMP] = 0
             if was_running:
@@ -793,9 +839,63 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
     return status
 
 
+Heap = namedtuple("Heap", ["times", "ties", "kinds", "payloads"])
+"""The event heap's parallel arrays (key time, tie, kind, payload); see kernels/heap.py."""
+
+Work = namedtuple("Work", ["buf_a", "buf_b", "cached_buf", "scratch", "gather", "key_vec"])
+"""Scratch buffers of the loop: queue reordering, admitted lists, block lists, step gathers."""
+
+
+def new_work(n_requests: int, max_batch: int, max_chunks: int) -> Work:
+    """Scratch buffers for ``n_requests`` rows, a batch of ``max_batch`` and ``max_chunks``."""
+    qbuf = max(n_requests, max_batch) + 1
+    return Work(buf_a=np.empty(qbuf, np.int64), buf_b=np.empty(qbuf, np.int64),
+                cached_buf=np.empty(max_chunks + 1, np.int64),
+                scratch=np.empty(max_chunks + 1, np.int64),
+                gather=np.empty((4, max_batch + 1), np.int64),
+                key_vec=np.zeros(hk.KEY_COLS, np.float64))
+
+
+def new_loop_state() -> np.ndarray:
+    """The ``hs`` vector of an empty heap (no pending session outcomes)."""
+    hs = np.zeros(HS_LEN, np.int64)
+    hs[HS_TMIN] = NO_TICK
+    return hs
+
+
+def new_heap(cap: int) -> Heap:
+    """An empty event heap with room for ``cap`` events."""
+    return Heap(np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int8),
+                np.empty(cap, np.int64))
+
+
 @njit(cache=True)
-def _grow_heap(times, ties, kinds, payloads, size):
-    cap = times.shape[0] * 2
+def push_cluster_arrivals(heap, hs, arrival, rows, seqs):
+    """Schedule ``ClusterArrival`` events for ``rows`` (growing the heap when needed).
+
+    ``seqs[k]`` is the event's sequence number, or -1 to take the next one (the initial
+    workload); follow-ups bring the number reserved when their parent completed.
+    """
+    size = hs[HS_SIZE]
+    if size + rows.shape[0] + 1 > heap.times.shape[0]:
+        cap = max(2 * heap.times.shape[0], size + rows.shape[0] + 16)
+        t2, ti2, k2, p2 = _grow_heap(heap.times, heap.ties, heap.kinds, heap.payloads, size,
+                                     cap)
+        heap = Heap(t2, ti2, k2, p2)
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        seq = seqs[k]
+        if seq < 0:
+            seq = hs[HS_SEQ]
+            hs[HS_SEQ] += 1
+        size = heap_push(heap.times, heap.ties, heap.kinds, heap.payloads, size, arrival[r],
+                         make_tie(False, 0, P_C_ARRIVAL, seq), EV_CLUSTER_ARRIVAL, r)
+    hs[HS_SIZE] = size
+    return heap
+
+
+@njit(cache=True)
+def _grow_heap(times, ties, kinds, payloads, size, cap):
     times2 = np.empty(cap, np.int64)
     ties2 = np.empty(cap, np.int64)
     kinds2 = np.empty(cap, np.int8)
@@ -809,48 +909,26 @@ def _grow_heap(times, ties, kinds, payloads, size):
 
 @njit(cache=True)
 def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
-             rs, ins, kv, lg, rt, inst_rank, scorer_table, admit_fn, key_fn):
-    """Run the whole simulation. Returns (status, step log) — all other results are written
-    into ``rs``, ``ins`` and ``kv`` in place."""
-    n_req = arrival.shape[0]
-    n_inst = ic[IC_N_INST]
-    cap = 3 * n_req + 4 * n_inst + 16
-    times = np.empty(cap, np.int64)
-    ties = np.empty(cap, np.int64)
-    kinds = np.empty(cap, np.int8)
-    payloads = np.empty(cap, np.int64)
-    max_batch = ins.batch.shape[1]
-    qbuf = max(n_req, max_batch) + 1
-    buf_a = np.empty(qbuf, np.int64)
-    buf_b = np.empty(qbuf, np.int64)
-    max_chunks = 1
-    for r in range(n_req):
-        c = kv.chunk_off[r + 1] - kv.chunk_off[r]
-        if c > max_chunks:
-            max_chunks = c
-    cached_buf = np.empty(max_chunks + 1, np.int64)
-    scratch = np.empty(max_chunks + 1, np.int64)
-    gather = np.empty((4, max_batch + 1), np.int64)
-    size = 0
-    seq = 0
-    for r in range(n_req):
-        size = heap_push(times, ties, kinds, payloads, size, arrival[r],
-                         make_tie(False, 0, P_C_ARRIVAL, seq), EV_CLUSTER_ARRIVAL, r)
-        seq += 1
-    key_vec = np.zeros(hk.KEY_COLS, np.float64)
-    hs = np.zeros(2, np.int64)
-    hs[HS_SIZE] = size
-    hs[HS_SEQ] = seq
+             rs, ins, kv, lg, rt, inst_rank, scorer_table, admit_fn, key_fn, heap, hs, work,
+             req_session, sess_think, sess_pend):
+    """Run the simulation from the state in ``heap``/``hs`` until it ends or closed-loop
+    session outcomes need follow-ups. Returns (status, step log, heap); every other result is
+    written into ``rs``, ``ins``, ``kv`` and ``hs`` in place. Call again after
+    STATUS_SESSIONS (once the follow-ups are pushed) to continue."""
+    times, ties, kinds, payloads = heap.times, heap.ties, heap.kinds, heap.payloads
     while True:
         lg.sizes[2] += 1
         status = _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                              id_rank, rs, ins, kv, lg, rt, inst_rank, times, ties, kinds,
-                             payloads, hs, buf_a, buf_b, cached_buf, scratch, gather,
-                             scorer_table, admit_fn, key_fn, key_vec)
+                             payloads, hs, work.buf_a, work.buf_b, work.cached_buf,
+                             work.scratch, work.gather, scorer_table, admit_fn, key_fn,
+                             work.key_vec, req_session, sess_think, sess_pend)
         if status == STATUS_GROW_HEAP:
-            times, ties, kinds, payloads = _grow_heap(times, ties, kinds, payloads, hs[HS_SIZE])
+            times, ties, kinds, payloads = _grow_heap(times, ties, kinds, payloads,
+                                                      hs[HS_SIZE], 2 * times.shape[0])
         elif status == STATUS_GROW_LOG:
             lg = _grow_log(lg, 1, 2 * ins.batch.shape[1] + 1)
         else:
-            _itl_counts_from_marks(lg, np.zeros(n_inst, np.int64))
-            return status, lg
+            if status != STATUS_SESSIONS:  # the run is over: marks become counts
+                _itl_counts_from_marks(lg, np.zeros(ic[IC_N_INST], np.int64))
+            return status, lg, Heap(times, ties, kinds, payloads)

@@ -76,6 +76,16 @@ CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS, CFG_HASH_DECODE, 
 LOG_DELETE = np.uint64(0xFFFFFFFFFFFFFFFF)  # value recorded for a deleted key
 
 
+def pool_slots(input_len, output_len, block_size: int, tiered: bool):
+    """Block-list slots each request gets in ``KVState.pool`` (its blocks, plus slack)."""
+    per_req = (input_len + output_len + block_size - 1) // block_size + 1
+    if tiered:
+        # CPU reloads commit cached blocks without the usual coverage bound (the reference
+        # appends them to the request's list as they come): leave room, and guard the rest
+        per_req = 2 * per_req + 8
+    return per_req
+
+
 def new_kv_state(
     n_instances: int,
     total_blocks: int,
@@ -88,6 +98,8 @@ def new_kv_state(
     reload_ticks: int = 0,
     hash_decode_blocks: bool = False,
     log_changes: bool = False,
+    pool_extra: int = 0,
+    chunk_capacity: int | None = None,
 ) -> KVState:
     """Allocate an empty cache for every instance, sized from the workload.
 
@@ -96,22 +108,24 @@ def new_kv_state(
     request's output (closed-loop sessions) or when the CPU tier mirrors them, so they are
     registered only then (``hash_decode_blocks``, or tiered mode); otherwise skipping them
     changes no output and halves the hash-table traffic.
+
+    Closed-loop runs add requests while the simulation runs: ``pool_extra`` block-list slots
+    are reserved beyond the listed requests' slices and the hash tables are sized for
+    ``chunk_capacity`` chunk digests in all (default: those of ``chunk_offsets``).
     """
     n_req = len(input_len)
     total_chunks = int(chunk_offsets[-1]) if len(chunk_offsets) else 0
+    if chunk_capacity is not None:
+        total_chunks = max(total_chunks, int(chunk_capacity))
     table_entries = max(1, min(total_blocks, total_chunks + 1))
     table_size = 16
     while table_size < 2 * table_entries:
         table_size *= 2
-    per_req = (input_len + output_len + block_size - 1) // block_size + 1
-    if cpu_blocks > 0:
-        # CPU reloads commit cached blocks without the usual coverage bound (the reference
-        # appends them to the request's list as they come): leave room, and guard the rest
-        per_req = 2 * per_req + 8
+    per_req = pool_slots(input_len, output_len, block_size, cpu_blocks > 0)
     req = np.zeros((n_req, 4), dtype=np.int64)
     if n_req:
         req[1:, R_OFF] = np.cumsum(per_req)[:-1]
-    pool = np.zeros(int(per_req.sum()) + 1, dtype=np.int64)
+    pool = np.zeros(int(per_req.sum()) + int(pool_extra) + 1, dtype=np.int64)
     blk = np.zeros((n_instances, total_blocks, 8), dtype=np.int32)
     ids = np.arange(total_blocks, dtype=np.int32)
     blk[:, :, B_POS] = ids

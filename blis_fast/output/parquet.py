@@ -23,6 +23,7 @@ from blis_fast.output.summary import RequestColumns, results_order
 
 __all__ = [
     "ARROW_TYPES",
+    "atomic_write_table",
     "load_schema",
     "schema_fields",
     "write_summary_parquet",
@@ -63,7 +64,8 @@ def load_schema(name: str) -> pa.Schema:
     )
 
 
-def _atomic_write_table(path: str | os.PathLike, table: pa.Table) -> None:
+def atomic_write_table(path: str | os.PathLike, table: pa.Table) -> None:
+    """Write ``table`` as Parquet through a temporary file in the target's directory."""
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     os.close(fd)
@@ -95,7 +97,7 @@ def summary_table(summary_dict: dict) -> pa.Table:
 
 def write_summary_parquet(path: str | os.PathLike, summary_dict: dict) -> None:
     """Write ``summary.parquet`` (one row) atomically."""
-    _atomic_write_table(path, summary_table(summary_dict))
+    atomic_write_table(path, summary_table(summary_dict))
 
 
 def requests_table(columns: RequestColumns) -> pa.Table:
@@ -144,7 +146,7 @@ def requests_table(columns: RequestColumns) -> pa.Table:
 
 def write_requests_parquet(path: str | os.PathLike, columns: RequestColumns) -> None:
     """Write ``requests.parquet`` atomically."""
-    _atomic_write_table(path, requests_table(columns))
+    atomic_write_table(path, requests_table(columns))
 
 
 def decisions_table(columns: dict) -> pa.Table:
@@ -155,4 +157,4 @@ def decisions_table(columns: dict) -> pa.Table:
 
 def write_decisions_parquet(path: str | os.PathLike, columns: dict) -> None:
     """Write ``decisions.parquet`` (one row per admission or routing decision), atomically."""
-    _atomic_write_table(path, decisions_table(columns))
+    atomic_write_table(path, decisions_table(columns))

@@ -6,11 +6,13 @@ Modules:
 * ``spec_yaml`` - strict YAML loading (``load_workload_spec``), yaml.v3 semantics (WL-4.1/4.2);
 * ``synthesis`` - CLI flags / presets / ``--concurrency`` -> spec (WL-2, DELTA-29);
 * ``expand`` - cohorts, inference-perf and ServeGen expansions (WL-7, WL-8, DELTA-53/57);
-* ``samplers`` - length and arrival samplers on the Go RNG port (WL-5.2/5.3, DELTA-59);
-* ``gomath`` / ``gofmt`` - Go ``math`` ports and Go text formatting/parsing;
-* ``gen_kernel`` - the Numba generation kernel (merge of lazily advanced client streams);
+* ``samplers`` - length, arrival and think-time samplers built from a spec (WL-5.2/5.3,
+  DELTA-59); their draws are the kernels of ``blis_fast.kernels.samplers``;
+* ``gofmt`` - Go text formatting/parsing;
 * ``generator`` - ``generate_requests`` / ``generate_workload`` (-> RequestTable, session
-  blueprints, follow-up budget) and the WL-1.2-1.4 precedence helpers;
+  blueprints, follow-up budget) and the WL-1.2-1.4 precedence helpers; the generation kernel
+  itself (a merge of lazily advanced client streams) is ``blis_fast.kernels.generation``;
+* ``scenarios`` - the built-in scenario specs (WL-8.3);
 * ``request_table`` - the RequestTable contract;
 * ``trace_v2`` - ``--trace-output`` files;
 * ``convert`` - ``blis convert`` / ``blis compose`` and the yaml.v3-style writer.

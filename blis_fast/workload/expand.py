@@ -13,8 +13,8 @@ import math
 import os
 
 from blis_fast.errors import BlisInputError
+from blis_fast.kernels.gomath import go_cos, go_f2i
 from blis_fast.workload.gofmt import go_parse_float, go_pct_f
-from blis_fast.workload.gomath import go_cos, go_f2i
 from blis_fast.workload.spec import (
     ActiveWindow,
     ArrivalFactory,

@@ -24,10 +24,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from blis_fast.errors import BlisConfigError, BlisInputError
-from blis_fast.kernels.gorand import subsystem_seed
-from blis_fast.workload import gen_kernel as K
-from blis_fast.workload.expand import expand_cohorts, expand_sources
-from blis_fast.workload.gen_kernel import (
+from blis_fast.kernels import generation as K
+from blis_fast.kernels.generation import (
     CF_P1,
     CF_P2,
     CF_RATE,
@@ -71,6 +69,12 @@ from blis_fast.workload.gen_kernel import (
     STATUS_NEGATIVE_LENGTH,
     STATUS_SAMPLER_ERROR,
 )
+from blis_fast.kernels.gorand import subsystem_seed
+from blis_fast.kernels.samplers import (
+    ARRIVAL_FACTORY_POISSON,
+    ARRIVAL_NORMALIZED_EXP,
+)
+from blis_fast.workload.expand import expand_cohorts, expand_sources
 from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import (
@@ -80,8 +84,6 @@ from blis_fast.workload.samplers import (
     build_sampler,
 )
 from blis_fast.workload.spec import (
-    ARRIVAL_FACTORY_POISSON,
-    ARRIVAL_NORMALIZED_EXP,
     DEFAULT_PREFIX_LENGTH,
     DEFAULT_TIMEOUT_US,
     ClientSpec,
@@ -140,6 +142,10 @@ class SessionBlueprint:
     round0_row: int  # row of the session's round-0 request in the table
     round0_input: np.ndarray | None = None  # int32 token ids (accumulate sessions only; a view)
     round0_output: np.ndarray | None = None  # int32 token ids (a view of a shared buffer)
+    # replay (DELTA-65): think times drawn per follow-up instead of ``think_time_us``, and the
+    # session's Go RNG state after its round-0 draws (used instead of ``seed``)
+    think_sampler: SamplerSpec | None = None
+    rng_state: np.ndarray | None = None
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,11 @@ from blis_fast.config.strict_yaml import as_float, as_int, as_str, decode_struct
 from blis_fast.errors import BlisInputError
 from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
+from blis_fast.kernels.samplers import DIST_SEQUENCE
+from blis_fast.workload.generator import SessionBlueprint
+from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
+from blis_fast.workload.samplers import SamplerSpec
 
 N_COLUMNS = 27
 INT64_MAX = (1 << 63) - 1
@@ -48,6 +52,13 @@ class TraceRecords:
     streaming: list[bool]
     deadline_us: np.ndarray
     arrival_us: np.ndarray
+    session_id: list[str]
+    round_index: np.ndarray
+    text_tokens: np.ndarray
+    image_tokens: np.ndarray
+    audio_tokens: np.ndarray
+    video_tokens: np.ndarray
+    reason_ratio: np.ndarray
 
 
 def load_trace_header(path: str) -> dict:
@@ -86,7 +97,7 @@ def load_trace_records(path: str) -> TraceRecords:
             raise BlisInputError(f"--trace-data {path}: row {row_no}: CSV row has {len(f)} "
                                  f"columns, expected {N_COLUMNS}")
         cols["request_id"].append(_int(f[0], "request_id", row_no, path))
-        _int(f[5], "round_index", row_no, path)
+        cols["round_index"].append(_int(f[5], "round_index", row_no, path))
         cols["prefix_length"].append(_int(f[7], "prefix_length", row_no, path, 0))
         if f[8] not in ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false",
                         "False"):
@@ -96,7 +107,7 @@ def load_trace_records(path: str) -> TraceRecords:
         cols["output_tokens"].append(_int(f[10], "output_tokens", row_no, path, 0))
         for k, name in ((11, "text_tokens"), (12, "image_tokens"), (13, "audio_tokens"),
                         (14, "video_tokens")):
-            _int(f[k], name, row_no, path, 0)
+            cols[name].append(_int(f[k], name, row_no, path, 0))
         try:
             ratio = float(f[15])
         except ValueError:
@@ -105,6 +116,7 @@ def load_trace_records(path: str) -> TraceRecords:
         if not (math.isfinite(ratio) and 0 <= ratio <= 1):
             raise BlisInputError(f"--trace-data {path}: row {row_no}: reason_ratio must be in "
                                  f"[0, 1], got {ratio}")
+        cols["reason_ratio"].append(ratio)
         deadline = _int(f[17], "deadline_us", row_no, path, 0)
         _int(f[18], "server_input_tokens", row_no, path, 0)
         arrival = _int(f[19], "arrival_time_us", row_no, path)
@@ -118,10 +130,12 @@ def load_trace_records(path: str) -> TraceRecords:
         cols["deadline_us"].append(deadline)
         cols["arrival_us"].append(arrival)
         for key, k in (("client_id", 1), ("tenant_id", 2), ("slo_class", 3),
-                       ("prefix_group", 6), ("model", 16)):
+                       ("session_id", 4), ("prefix_group", 6), ("model", 16)):
             cols[key].append(f[k])
     ints = ("request_id", "prefix_length", "input_tokens", "output_tokens", "deadline_us",
-            "arrival_us")
+            "arrival_us", "round_index", "text_tokens", "image_tokens", "audio_tokens",
+            "video_tokens")
+    cols["reason_ratio"] = np.array(cols["reason_ratio"], dtype=np.float64)
     return TraceRecords(**{k: (np.array(v, dtype=np.int64) if k in ints else v)
                            for k, v in cols.items()})
 
@@ -138,39 +152,113 @@ def replay_horizon(arrivals: np.ndarray) -> int:
     return 2 * m
 
 
-def replay_table(rec: TraceRecords, seed: int, block_size: int) -> RequestTable:
-    """The replayed requests, in file order (WL-9.6, DELTA-63)."""
+@dataclass
+class ReplayedWorkload:
+    """The requests a replay injects and, in closed-loop mode, the sessions it continues."""
+
+    table: RequestTable
+    sessions: list = field(default_factory=list)  # SessionBlueprint per closed-loop session
+
+
+def replay_workload(rec: TraceRecords, seed: int, block_size: int, closed_loop: bool = False,
+                    think_sampler: SamplerSpec | None = None,
+                    horizon: int = INT64_MAX) -> ReplayedWorkload:
+    """The requests of ``blis replay`` (WL-9.6, DELTA-63) and, with ``closed_loop``, the session
+    blueprints of DELTA-65: each session's round 0 (sessions in first-appearance order), then
+    the non-session records in file order; later rounds come from the blueprints.
+
+    ``think_sampler`` (``--think-time-dist``/``--think-time-ms``) replaces the think times
+    derived from the trace's arrival gaps; ``horizon`` bounds the follow-ups.
+    """
     n = rec.arrival_us.shape[0]
     if n == 0:
         raise BlisInputError("--trace-data: empty trace")
+    sessions: dict[str, list[int]] = {}
+    if closed_loop:
+        for i, sid in enumerate(rec.session_id):
+            if sid:
+                sessions.setdefault(sid, []).append(i)
+        for sid, rows in sessions.items():
+            rows.sort(key=lambda i: int(rec.round_index[i]))
+            for k, i in enumerate(rows):
+                if int(rec.round_index[i]) != k:
+                    raise BlisInputError(
+                        f"--trace-data: cannot build session blueprints: session {go_quote(sid)} "
+                        f"has non-consecutive round indices (expected {k}, got "
+                        f"{int(rec.round_index[i])})")
+        order = np.array([rows[0] for rows in sessions.values()]
+                         + [i for i, sid in enumerate(rec.session_id) if not sid], dtype=np.int64)
+    else:
+        order = np.arange(n, dtype=np.int64)
+    own = np.zeros(n, dtype=np.int64)
+    own[: len(sessions)] = 1
     group_code: dict[str, int] = {}
     group_len: list[int] = []
     for g, plen in zip(rec.prefix_group, rec.prefix_length.tolist(), strict=True):
         if g and plen > 0 and g not in group_code:
             group_code[g] = len(group_len)
             group_len.append(int(plen))
-    prefix_of = np.array([group_code.get(g, -1) for g in rec.prefix_group], dtype=np.int64)
+    groups = [rec.prefix_group[i] for i in order.tolist()]
+    prefix_of = np.array([group_code.get(g, -1) for g in groups], dtype=np.int64)
     prefix_len = np.array(group_len, dtype=np.int64)
-    offsets, digests = replay_digests(gorand.new_source(seed), prefix_len, prefix_of,
-                                      rec.input_tokens, rec.output_tokens, block_size)
+    inp = rec.input_tokens[order]
+    out = rec.output_tokens[order]
+    offsets, digests, streams, prefix_tok, p_off = replay_digests(
+        gorand.new_source(seed), prefix_len, prefix_of, inp, out, block_size, own)
     plen_row = np.where(prefix_of >= 0, prefix_len[np.maximum(prefix_of, 0)]
                         if len(group_len) else 0, 0)
     clients: list[dict] = []
     client_code: dict[tuple, int] = {}
-    cidx = np.empty(n, dtype=np.int32)
-    for i in range(n):
+    cidx = np.empty(order.shape[0], dtype=np.int32)
+    for k, i in enumerate(order.tolist()):
         key = (rec.client_id[i], rec.tenant_id[i], rec.slo_class[i], rec.model[i],
                rec.prefix_group[i], rec.streaming[i])
         if key not in client_code:
             client_code[key] = len(clients)
             clients.append({"id": key[0], "tenant_id": key[1], "slo_class": key[2],
                             "model": key[3], "prefix_group": key[4], "streaming": key[5]})
-        cidx[i] = client_code[key]
-    input_len = rec.input_tokens + plen_row
-    return RequestTable(
-        arrival_us=rec.arrival_us.copy(), input_len=input_len.astype(np.int64),
-        output_len=rec.output_tokens.copy(), max_output_len=rec.output_tokens.copy(),
-        deadline_us=rec.deadline_us.copy(), prefix_length=rec.prefix_length.copy(),
-        client_idx=cidx, chunk_offsets=offsets, chunk_digests=digests, clients=clients,
-        block_size=block_size, seed=seed, request_numbers=rec.request_id.copy(),
+        cidx[k] = client_code[key]
+    names = list(dict.fromkeys(rec.session_id[i] for i in order.tolist() if rec.session_id[i]))
+    name_code = {name: k for k, name in enumerate(names)}
+    table = RequestTable(
+        arrival_us=rec.arrival_us[order], input_len=(inp + plen_row).astype(np.int64),
+        output_len=out.copy(), max_output_len=out.copy(), deadline_us=rec.deadline_us[order],
+        prefix_length=rec.prefix_length[order], client_idx=cidx, chunk_offsets=offsets,
+        chunk_digests=digests, clients=clients, block_size=block_size, seed=seed,
+        request_numbers=rec.request_id[order],
+        session_idx=np.array([name_code.get(rec.session_id[i], -1) for i in order.tolist()],
+                             dtype=np.int32),
+        round_index=rec.round_index[order].astype(np.int32),
+        text_tokens=rec.text_tokens[order], image_tokens=rec.image_tokens[order],
+        audio_tokens=rec.audio_tokens[order], video_tokens=rec.video_tokens[order],
+        reason_ratio=rec.reason_ratio[order], sessions=names,
     )
+    blueprints = []
+    for k, (sid, rows) in enumerate(sessions.items()):
+        r0 = rows[0]
+        g = prefix_of[k]
+        prefix = prefix_tok[p_off[g]: p_off[g + 1]] if g >= 0 else np.zeros(0, np.int64)
+        think = think_sampler
+        if think is None and len(rows) > 1:
+            gaps = np.maximum(np.diff(rec.arrival_us[rows]), 0)
+            think = SamplerSpec(DIST_SEQUENCE, gaps.astype(np.float64))
+        blueprints.append(SessionBlueprint(
+            session_id=sid, client_id=rec.client_id[r0], client_idx=int(cidx[k]), seed=0,
+            max_rounds=len(rows), unlimited_rounds=False, context_growth="", think_time_us=0,
+            timeout=None, horizon=horizon if horizon > 0 else INT64_MAX,
+            input_sampler=SamplerSpec(DIST_SEQUENCE,
+                                      rec.input_tokens[rows[1:]].astype(np.float64)),
+            output_sampler=SamplerSpec(DIST_SEQUENCE,
+                                       rec.output_tokens[rows[1:]].astype(np.float64)),
+            prefix=prefix, tenant_id=rec.tenant_id[r0], slo_class=rec.slo_class[r0],
+            model=rec.model[r0], round0_row=k, think_sampler=think, rng_state=streams[k]))
+    return ReplayedWorkload(table, blueprints)
+
+
+def max_injected_arrival(rec: TraceRecords, closed_loop: bool) -> np.ndarray:
+    """Arrivals of the records a replay injects up front (closed loop: no rounds >= 1)."""
+    if not closed_loop:
+        return rec.arrival_us
+    keep = np.array([not (sid and r != 0) for sid, r in
+                     zip(rec.session_id, rec.round_index.tolist(), strict=True)], dtype=bool)
+    return rec.arrival_us[keep]

@@ -63,6 +63,9 @@ class RequestTable:
     # int64, the number k of each request's id "request_<k>" (replayed traces keep the
     # trace's ids); None = the row index
     request_numbers: np.ndarray | None = None
+    # ids of the last ``len(extra_ids)`` rows, which are not "request_<k>": the closed-loop
+    # follow-ups the engine appends ("session_<id>_round_<r>_<n>", WL-6.5)
+    extra_ids: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         """Fill absent optional columns, then check dtypes and lengths once."""
@@ -104,6 +107,8 @@ class RequestTable:
             raise ValueError("RequestTable.chunk_offsets must span chunk_digests exactly")
         if self.block_size <= 0:
             raise ValueError("RequestTable.block_size must be positive")
+        if len(self.extra_ids) > n:
+            raise ValueError("RequestTable.extra_ids has more ids than rows")
 
     @property
     def n(self) -> int:
@@ -124,8 +129,17 @@ class RequestTable:
         return self.sessions[k] if k >= 0 else ""
 
     def request_id(self, i: int) -> str:
-        """Reference-style id of row ``i`` (``request_<k>``)."""
+        """Reference-style id of row ``i`` (``request_<k>``, or a follow-up's own id)."""
+        first_extra = self.n - len(self.extra_ids)
+        if i >= first_extra:
+            return self.extra_ids[i - first_extra]
         return f"request_{int(self.request_numbers[i])}"
+
+    def id_strings(self) -> list[str]:
+        """Every row's id, in row order."""
+        first_extra = self.n - len(self.extra_ids)
+        numbered = [f"request_{k}" for k in self.request_numbers[:first_extra].tolist()]
+        return numbered + list(self.extra_ids)
 
     def with_deadlines(self, deadline_us: np.ndarray) -> RequestTable:
         """Copy of the table with the deadline column replaced (other arrays shared)."""

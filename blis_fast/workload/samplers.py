@@ -1,13 +1,12 @@
-"""Length and inter-arrival samplers (WL-5.2, WL-5.3, DELTA-52, DELTA-59) for the Go RNG port.
+"""Building length, arrival and think-time samplers from a spec (WL-5.2, WL-5.3, DELTA-52/59).
 
 A length sampler is described by an integer ``code`` and a float64 parameter vector (see
-:class:`SamplerSpec`); :func:`sample_length` draws one value from a Go ``math/rand`` state
-exactly as the reference's ``LengthSampler.Sample`` does. Building a sampler from a
-:class:`DistSpec` (:func:`build_sampler`) reproduces ``NewLengthSampler``'s checks; a failed
-build is kept as an error message so generation can report it at the moment the reference
-would (the first time that sampler is constructed).
-
-Arrival samplers are parameterised the same way (:func:`arrival_params`, :func:`sample_iat`).
+:class:`SamplerSpec`); the kernels in :mod:`blis_fast.kernels.samplers` draw from it exactly as
+the reference's ``LengthSampler.Sample`` does. Building a sampler from a :class:`DistSpec`
+(:func:`build_sampler`) reproduces ``NewLengthSampler``'s checks; a failed build is kept as an
+error message so generation can report it at the moment the reference would (the first time
+that sampler is constructed). Arrival samplers are parameterised the same way
+(:func:`arrival_params`).
 """
 
 from __future__ import annotations
@@ -17,31 +16,23 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
 
-from blis_fast.kernels.gorand import exp_float64, float64_, new_source, norm_float64
-from blis_fast.workload.gofmt import go_pct_f, go_quote, go_sscanf_int
-from blis_fast.workload.gomath import (
-    go_exp,
+from blis_fast.kernels.gomath import (
     go_f2i,
     go_gamma,
     go_log,
-    go_max,
-    go_min,
-    go_pow,
-    go_round,
 )
-from blis_fast.workload.spec import (
+from blis_fast.kernels.samplers import (
     ARRIVAL_CONSTANT,
     ARRIVAL_GAMMA,
     ARRIVAL_POISSON,
     ARRIVAL_WEIBULL,
     DIST_CONSTANT,
     DIST_EMPIRICAL,
-    DIST_EXPONENTIAL,
-    DIST_GAUSSIAN,
     DIST_LOGNORMAL,
-    DIST_PARETO_LOGNORMAL,
+)
+from blis_fast.workload.gofmt import go_pct_f, go_quote, go_sscanf_int
+from blis_fast.workload.spec import (
     DIST_REQUIRED_PARAMS,
     SAMPLER_CODES,
     DistSpec,
@@ -49,14 +40,11 @@ from blis_fast.workload.spec import (
 
 log = logging.getLogger("blis_fast")
 
-DIST_SEQUENCE = 6
-"""Replays ``params`` in order, wrapping (needs a cursor: used by replay only, not here)."""
 SAMPLER_ABSENT = -1
 """No sampler (distribution type ``""``)."""
 SAMPLER_INVALID = -2
 """The reference's sampler constructor would fail; :attr:`SamplerSpec.error` says how."""
 
-SMALLEST_NONZERO = 5e-324
 MAX_TOKEN_ID = 128000
 
 
@@ -156,146 +144,12 @@ def constant_sampler(value: int) -> SamplerSpec:
     return SamplerSpec(DIST_CONSTANT, np.asarray([float(value)], dtype=np.float64))
 
 
-@njit(cache=True)
-def _clamp_pos(r: int) -> int:
-    return r if r >= 1 else np.int64(1)
 
-
-@njit(cache=True)
-def sample_length_at(s: np.ndarray, code: int, sp: np.ndarray, off: int) -> int:
-    """One length sample; the sampler's parameters start at ``sp[off]``."""
-    if code == DIST_GAUSSIAN:
-        lo = sp[off + 2]
-        hi = sp[off + 3]
-        if lo == hi:
-            return np.int64(lo)  # no draw and no floor
-        v = norm_float64(s) * sp[off + 1] + sp[off]
-        c = go_min(hi, go_max(lo, v))
-        return _clamp_pos(go_f2i(go_round(c)))
-    if code == DIST_EXPONENTIAL:
-        return _clamp_pos(go_f2i(go_round(exp_float64(s) * sp[off])))
-    if code == DIST_CONSTANT:
-        return _clamp_pos(np.int64(sp[off]))
-    if code == DIST_PARETO_LOGNORMAL:
-        if float64_(s) < sp[off + 4]:
-            u = float64_(s)
-            if u == 0.0:
-                u = SMALLEST_NONZERO
-            v = sp[off + 1] / go_pow(u, 1.0 / sp[off])
-        else:
-            z = norm_float64(s)
-            v = go_exp(sp[off + 2] + sp[off + 3] * z)
-        if math.isinf(v) or v != v:
-            return np.int64(1)
-        return _clamp_pos(go_f2i(go_round(v)))
-    if code == DIST_LOGNORMAL:
-        z = norm_float64(s)
-        v = go_exp(sp[off] + sp[off + 1] * z)
-        lo = np.int64(sp[off + 2])
-        hi = np.int64(sp[off + 3])
-        if math.isinf(v) or v != v:
-            if lo > 0:
-                return lo
-            return np.int64(1)
-        r = go_f2i(go_round(v))
-        if lo > 0 and r < lo:
-            r = lo
-        if hi > 0 and r > hi:
-            r = hi
-        return _clamp_pos(r)
-    if code == DIST_EMPIRICAL:
-        n = np.int64(sp[off])
-        if n == 0:
-            return np.int64(1)
-        if n == 1:
-            return np.int64(sp[off + 1])
-        u = float64_(s)
-        base = off + 1 + n
-        lo_i = np.int64(0)
-        hi_i = n
-        while lo_i < hi_i:  # sort.SearchFloat64s: first cdf[i] >= u
-            mid = (lo_i + hi_i) // 2
-            if sp[base + mid] < u:
-                lo_i = mid + 1
-            else:
-                hi_i = mid
-        if lo_i >= n:
-            lo_i = n - 1
-        return np.int64(sp[off + 1 + lo_i])
-    return np.int64(1)
-
-
-@njit(cache=True)
-def sample_length(s: np.ndarray, code: int, params: np.ndarray) -> int:
-    """One draw of the sampler ``(code, params)`` from Go RNG state ``s`` (for the engine)."""
-    return sample_length_at(s, code, params, 0)
 
 
 # --- arrival processes ------------------------------------------------------------------------
-@njit(cache=True)
-def gamma_rand(s: np.ndarray, shape: float, scale: float) -> float:
-    """Go ``gammaRand``: Marsaglia-Tsang, with the U^(1/shape) boost for shape < 1."""
-    boost = 1.0
-    if shape < 1.0:
-        # Go draws U first, then samples Gamma(shape + 1) and scales it by U^(1/shape);
-        # multiplying by the exact 1.0 of the other branch leaves its value unchanged.
-        boost = go_pow(float64_(s), 1.0 / shape)
-        shape = shape + 1.0
-    d = shape - 1.0 / 3.0
-    c = 1.0 / math.sqrt(9.0 * d)
-    while True:
-        x = 0.0
-        v = 0.0
-        while True:
-            x = norm_float64(s)
-            v = 1.0 + c * x
-            if v > 0:
-                break
-        v = v * v * v
-        u = float64_(s)
-        if u < 1.0 - 0.0331 * (x * x) * (x * x):
-            return d * v * scale * boost
-        if go_log(u) < 0.5 * x * x + d * (1.0 - v + go_log(v)):
-            return d * v * scale * boost
 
 
-@njit(cache=True)
-def _iat_floor(x: float) -> int:
-    r = go_f2i(x)
-    return r if r >= 1 else np.int64(1)
-
-
-@njit(cache=True)
-def sample_iat(s: np.ndarray, code: int, iat_const: int, rate: float, p1: float, p2: float) -> int:
-    """One inter-arrival time (µs, >= 1) of a stateless arrival process (WL-5.2)."""
-    if code == ARRIVAL_CONSTANT:
-        return iat_const
-    if code == ARRIVAL_GAMMA:
-        return _iat_floor(gamma_rand(s, p1, p2))
-    if code == ARRIVAL_WEIBULL:
-        u = float64_(s)
-        if u == 0.0:
-            u = SMALLEST_NONZERO
-        return _iat_floor(p2 * go_pow(-go_log(u), 1.0 / p1))
-    # ARRIVAL_POISSON and ARRIVAL_FACTORY_POISSON
-    return _iat_floor(exp_float64(s) / rate)
-
-
-@njit(cache=True)
-def normalized_exp_intervals(s: np.ndarray, count: int, duration_us: int) -> np.ndarray:
-    """NewNormalizedExponentialSampler: ``count`` intervals scaled to sum to ``duration_us``."""
-    rate = float(count) / float(duration_us)
-    raw = np.empty(count, dtype=np.float64)
-    for i in range(count):
-        raw[i] = exp_float64(s) / rate
-    total = 0.0
-    for i in range(count):
-        total += raw[i]
-    scale = float(duration_us) / total
-    out = np.empty(count, dtype=np.int64)
-    for i in range(count):
-        out[i] = _iat_floor(raw[i] * scale)
-    return out
 
 
 def weibull_shape_from_cv(target_cv: float) -> float:
@@ -424,7 +278,6 @@ def parse_think_time_dist(text: str) -> SamplerSpec:
 
 __all__ = [
     "ABSENT",
-    "DIST_SEQUENCE",
     "SAMPLER_ABSENT",
     "SAMPLER_INVALID",
     "SamplerSpec",
@@ -432,35 +285,9 @@ __all__ = [
     "build_sampler",
     "constant_sampler",
     "empirical_params",
-    "gamma_rand",
     "go_pct_f",
-    "normalized_exp_intervals",
     "parse_think_time_dist",
-    "sample_iat",
-    "sample_length",
-    "sample_iats",
-    "sample_length_at",
-    "sample_lengths",
     "weibull_shape_from_cv",
 ]
 
 
-@njit(cache=True)
-def sample_lengths(seed: int, code: int, params: np.ndarray, count: int) -> np.ndarray:
-    """``count`` successive draws of one length sampler from ``NewSource(seed)`` (tests, tools)."""
-    s = new_source(seed)
-    out = np.empty(count, dtype=np.int64)
-    for i in range(count):
-        out[i] = sample_length_at(s, code, params, 0)
-    return out
-
-
-@njit(cache=True)
-def sample_iats(seed: int, code: int, iat_const: int, rate: float, p1: float, p2: float,
-                count: int) -> np.ndarray:  # fmt: skip
-    """``count`` successive inter-arrival times of one arrival process from ``NewSource(seed)``."""
-    s = new_source(seed)
-    out = np.empty(count, dtype=np.int64)
-    for i in range(count):
-        out[i] = sample_iat(s, code, iat_const, rate, p1, p2)
-    return out

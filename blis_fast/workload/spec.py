@@ -12,15 +12,19 @@ import math
 from dataclasses import dataclass, field
 
 from blis_fast.errors import BlisInputError
+from blis_fast.kernels.samplers import (  # the generation kernel's integer codes
+    ARRIVAL_CONSTANT,
+    ARRIVAL_GAMMA,
+    ARRIVAL_POISSON,
+    ARRIVAL_WEIBULL,
+    DIST_CONSTANT,
+    DIST_EMPIRICAL,
+    DIST_EXPONENTIAL,
+    DIST_GAUSSIAN,
+    DIST_LOGNORMAL,
+    DIST_PARETO_LOGNORMAL,
+)
 from blis_fast.workload.gofmt import go_pct_f
-
-# --- integer codes used by the generation kernel -----------------------------------------
-ARRIVAL_CONSTANT = 0
-ARRIVAL_POISSON = 1
-ARRIVAL_GAMMA = 2
-ARRIVAL_WEIBULL = 3
-ARRIVAL_NORMALIZED_EXP = 4  # inference-perf factory (DELTA-52), not expressible in YAML
-ARRIVAL_FACTORY_POISSON = 5  # inference-perf multi-stage factory (DELTA-53)
 
 ARRIVAL_CODES: dict[str, int] = {
     "constant": ARRIVAL_CONSTANT,
@@ -32,13 +36,6 @@ ARRIVAL_CODES: dict[str, int] = {
 
 IMPLEMENTED_ARRIVALS = frozenset(ARRIVAL_CODES)
 """Arrival processes the generator implements (all of them)."""
-
-DIST_GAUSSIAN = 0
-DIST_EXPONENTIAL = 1
-DIST_CONSTANT = 2
-DIST_PARETO_LOGNORMAL = 3
-DIST_EMPIRICAL = 4
-DIST_LOGNORMAL = 5
 
 DIST_CODES: dict[str, int] = {
     "gaussian": DIST_GAUSSIAN,

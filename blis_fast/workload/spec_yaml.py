@@ -27,9 +27,9 @@ from typing import Any
 import yaml
 
 from blis_fast.errors import BlisInputError
+from blis_fast.kernels.gomath import go_f2i
 from blis_fast.workload import spec as S
 from blis_fast.workload.gofmt import go_parse_float, go_quote
-from blis_fast.workload.gomath import go_f2i
 
 # --- schema -----------------------------------------------------------------------------------
 # One entry per Go struct: (Go type name, dataclass, fields). A field is

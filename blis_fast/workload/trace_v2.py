@@ -102,12 +102,13 @@ def _ratio_strings(ratio: np.ndarray) -> np.ndarray:
     return text[inv.reshape(-1)]
 
 
-def build_trace_csv(table: RequestTable, outcome: TraceOutcome) -> str:
+def build_trace_csv(table: RequestTable, outcome: TraceOutcome,
+                    sort_by_arrival: bool = True) -> str:
     """Return the whole trace v2 CSV text (header row included) for ``table`` rows in order.
 
     Per row: client/tenant/SLO/model come from the row's client; ``session_id`` and
     ``round_index`` from the session columns; ``prefix_group`` and ``streaming`` from the
-    client except on rounds >= 1 (session follow-ups carry neither, WL-6.5); prefix length,
+    client except on the engine's session follow-ups (they carry neither, WL-6.5); prefix length,
     multimodal counts and ``reason_ratio`` are per row (DELTA-62: ``input_tokens`` excludes the
     prefix).
     """
@@ -123,9 +124,10 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome) -> str:
     if np.any((status < 0) | (status > 2)):
         raise ValueError("TraceOutcome.status must hold 0, 1 or 2")
 
-    # The reference stable-sorts by arrival before numbering rows; a generated table is
-    # already in that order, so this is a no-op unless a caller built the table otherwise.
-    order = np.argsort(table.arrival_us, kind="stable")
+    # ``blis run`` stable-sorts by arrival before numbering rows (follow-ups come last in the
+    # table); ``blis replay`` exports its requests in injection order (DELTA-64)
+    order = (np.argsort(table.arrival_us, kind="stable") if sort_by_arrival
+             else np.arange(n, dtype=np.int64))
     arrival = table.arrival_us[order]
     prefix = table.prefix_length[order]
     inp = table.input_len[order]
@@ -160,7 +162,10 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome) -> str:
     streaming = np.array(["true" if c.get("streaming", False) else "false" for c in clients],
                          dtype=object)  # fmt: skip
     model = np.array([go_csv_field(str(c.get("model", ""))) for c in clients], dtype=object)
-    followup = rnd >= 1
+    # engine-made session follow-ups (the last rows) carry no prefix group and no streaming
+    engine_made = np.zeros(n, dtype=bool)
+    engine_made[n - len(table.extra_ids):] = bool(table.extra_ids)
+    followup = engine_made[order]
     if followup.any():
         group_col = np.where(followup, "", group[cidx]).astype(object)
         stream_col = np.where(followup, "false", streaming[cidx]).astype(object)
@@ -237,7 +242,7 @@ def export_trace_v2(prefix: str | Path, table: RequestTable, outcome: TraceOutco
     base = str(prefix)
     header = build_trace_header(None if replayed else table.seed,
                                 "replayed" if replayed else "generated")
-    data = build_trace_csv(table, outcome)
+    data = build_trace_csv(table, outcome, sort_by_arrival=not replayed)
     with open(base + ".yaml", "w", encoding="utf-8", newline="") as f:
         f.write(header)
     with open(base + ".csv", "w", encoding="utf-8", newline="") as f:

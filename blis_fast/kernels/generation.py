@@ -19,11 +19,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from blis_fast.kernels.gomath import go_max, go_min
 from blis_fast.kernels.gorand import int31n, int63, new_source, seed_source
 from blis_fast.kernels.hashing import block_digests, content_digest
-from blis_fast.workload.gomath import go_max, go_min
-from blis_fast.workload.samplers import normalized_exp_intervals, sample_iat, sample_length_at
-from blis_fast.workload.spec import ARRIVAL_FACTORY_POISSON, ARRIVAL_NORMALIZED_EXP
+from blis_fast.kernels.samplers import (
+    ARRIVAL_FACTORY_POISSON,
+    ARRIVAL_NORMALIZED_EXP,
+    normalized_exp_intervals,
+    sample_iat,
+    sample_length_at,
+)
 
 STATUS_OK = 0
 STATUS_NEGATIVE_LENGTH = 1

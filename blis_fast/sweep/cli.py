@@ -1,0 +1,129 @@
+"""``blis sweep``, ``blis saturate`` and ``blis plot``. Errors are raised as ``BlisError`` and
+reported by ``blis_fast.cli.main``; hook the commands in with ``register(main_group)``."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from blis_fast.sweep.execute import BACKENDS
+
+_BACKEND_OPTIONS = (
+    click.option("--workers", type=int, default=None,
+                 help="Worker processes (Ray: CPUs of a local Ray) [default: all cores]"),
+    click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True,
+                 help="local: a pool of worker processes; ray: Ray tasks"),
+    click.option("--ray-address", default=None, help="Address of a running Ray cluster"),
+)
+
+
+def _backend_options(func):
+    for option in reversed(_BACKEND_OPTIONS):
+        func = option(func)
+    return func
+
+
+@click.command("sweep")
+@click.argument("spec")
+@click.option("--out", "out_dir", required=True, help="Output directory of the sweep")
+@_backend_options
+@click.option("--resume", is_flag=True, help="Run only the configurations not yet in --out")
+@click.option("--requests", "with_requests", is_flag=True,
+              help="Also write per-request rows, partitioned by configuration id")
+@click.option("--chunk-size", type=int, default=None,
+              help="Configurations per task [default: about 64 tasks, at most 32 each]")
+def sweep_command(spec: str, out_dir: str, workers: int | None, backend: str,
+                  ray_address: str | None, resume: bool, with_requests: bool,
+                  chunk_size: int | None) -> None:
+    """Run every configuration of SPEC (base + grid/zip/random/seeds axes) into --out."""
+    from blis_fast.sweep.run import run_sweep
+
+    try:
+        outcome = run_sweep(spec, out_dir, workers=workers, backend=backend,
+                            ray_address=ray_address, resume=resume, with_requests=with_requests,
+                            chunk_size=chunk_size, progress=sys.stderr)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"blis: sweep interrupted; finished configurations are in {out_dir}, "
+                         "rerun with --resume to complete it\n")
+        raise
+    click.echo(f"{outcome.ran} configuration(s) run ({outcome.errors} failed), "
+               f"{outcome.skipped} already done, {outcome.total} in all: {out_dir}/summary")
+
+
+@click.command("saturate")
+@click.argument("spec")
+@click.option("--slo", "slos", multiple=True, required=True,
+              help="Objective on a summary metric, e.g. 'ttft_p99_ms<=500' (repeatable: all hold)")
+@click.option("--low", type=float, default=1.0, show_default=True, help="Lowest rate (req/s)")
+@click.option("--high", type=float, default=100.0, show_default=True,
+              help="Highest rate (req/s)")
+@click.option("--tolerance", type=float, default=0.5, show_default=True,
+              help="Stop when the rate bracket is this narrow (req/s)")
+@click.option("--out", "out_path", default=None, help="Write the table as Parquet here")
+@_backend_options
+def saturate_command(spec: str, slos: tuple[str, ...], low: float, high: float, tolerance: float,
+                     out_path: str | None, workers: int | None, backend: str,
+                     ray_address: str | None) -> None:
+    """Per configuration of SPEC, bisect the highest request rate at which every SLO holds."""
+    import polars as pl
+
+    from blis_fast.sweep.saturate import find_saturation, parse_slo, write_saturation
+
+    parsed = [parse_slo(s) for s in slos]
+    table = find_saturation(spec, parsed, low, high, tolerance, workers=workers,
+                            backend=backend, ray_address=ray_address, progress=sys.stderr)
+    if out_path:
+        write_saturation(out_path, table)
+    frame = pl.from_arrow(table)
+    options = [f.name for f in table.schema][1:table.schema.get_field_index("max_rate_per_sec")]
+    constant = {c for c in options if frame[c].n_unique() == 1}
+    shown = [c for c in frame.columns if c not in constant and c != "slo"]
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=60):
+        click.echo(f"SLO: {' and '.join(str(s) for s in parsed)}")
+        click.echo(str(frame.select(shown)))
+
+
+@click.command("plot")
+@click.argument("source")
+@click.option("--x", "x", default=None, help="Column on the x axis (e.g. rate)")
+@click.option("--y", "y", default=None, help="Column on the y axis (e.g. ttft_p99_ms)")
+@click.option("--cdf", "cdf", default=None,
+              help="Plot the CDF of a per-request column (e.g. ttft_ms, e2e_ms) instead")
+@click.option("--by", default=None, help="One line per value of this column")
+@click.option("--facet", default=None, help="One panel per value of this column")
+@click.option("--where", "where", multiple=True, help="Keep rows with COLUMN=VALUE (repeatable)")
+@click.option("--logy", is_flag=True, help="Logarithmic y axis")
+@click.option("-o", "--output", "output", required=True, help="Image file to write (.png, .svg)")
+@click.option("--width", type=float, default=8.0, show_default=True, help="Width in inches")
+@click.option("--height", type=float, default=5.0, show_default=True, help="Height in inches")
+@click.option("--dpi", type=int, default=100, show_default=True, help="Pixels per inch")
+def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by: str | None,
+                 facet: str | None, where: tuple[str, ...], logy: bool, output: str,
+                 width: float, height: float, dpi: int) -> None:
+    """Plot a sweep directory (SOURCE) or a Parquet file: y vs x lines, or a CDF."""
+    from blis_fast.errors import BlisConfigError
+    from blis_fast.sweep import plot as P
+
+    if not (width > 0 and height > 0 and dpi > 0):
+        raise BlisConfigError("--width, --height and --dpi must be > 0")
+    if cdf is not None:
+        if x is not None or y is not None:
+            raise BlisConfigError("--cdf plots one column: leave out --x and --y")
+        frame = P.filter_rows(P.load_requests(source), list(where))
+        result = P.plot_cdf(frame, cdf, by, facet, width=width, height=height, dpi=dpi)
+    else:
+        if x is None or y is None:
+            raise BlisConfigError("--x and --y are required (or --cdf COLUMN)")
+        frame = P.filter_rows(P.load_summary(source), list(where))
+        result = P.plot_lines(frame, x, y, by, facet, logy=logy, width=width, height=height,
+                              dpi=dpi)
+    result.save(output)
+    click.echo(f"{output}: {len(result.series)} series")
+
+
+def register(main_group: click.Group) -> None:
+    """Add ``sweep``, ``saturate`` and ``plot`` to the ``blis`` command group."""
+    main_group.add_command(sweep_command)
+    main_group.add_command(saturate_command)
+    main_group.add_command(plot_command)

@@ -1,0 +1,178 @@
+"""``blis plot``: line plots of a sweep's summary (latency or throughput vs load) and request CDFs.
+
+Every plotting function returns the plotted series with the figure, so what is drawn can be
+checked against the data. Line plots average ``y`` over the rows sharing (facet, by, x) — the
+seeds of a sweep, typically; rows with an error are left out. Rendering uses matplotlib's Agg
+canvas directly (no pyplot state, no display needed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from blis_fast.errors import BlisConfigError, BlisInputError
+
+__all__ = ["PlotResult", "load_requests", "load_summary", "plot_cdf", "plot_lines"]
+
+
+@dataclass
+class PlotResult:
+    """A figure and the series drawn on it: name -> (x, y), in drawing order."""
+
+    figure: object
+    series: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def save(self, path: str | Path) -> None:
+        """Write the figure (format from the suffix) at the figure's own size and dpi."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(self.figure)
+        self.figure.savefig(path, dpi=self.figure.dpi)
+
+
+def load_summary(path: str | Path) -> pl.DataFrame:
+    """A sweep's summary rows (``DIR/summary/*.parquet``) or one Parquet file, by config_id."""
+    p = Path(path)
+    if p.is_file():
+        frame = pl.read_parquet(p)
+    else:
+        files = sorted((p / "summary").glob("*.parquet"))
+        if not files:
+            raise BlisInputError(f"{p}: no sweep summary (summary/*.parquet) found")
+        frame = pl.read_parquet(files)
+    return frame.sort("config_id") if "config_id" in frame.columns else frame
+
+
+def load_requests(path: str | Path) -> pl.DataFrame:
+    """Per-request rows: a ``requests.parquet`` file, or a sweep's ``DIR/requests`` partitions
+    joined with the configuration columns of its summary."""
+    p = Path(path)
+    if p.is_file():
+        return pl.read_parquet(p)
+    files = sorted((p / "requests").glob("config_id=*/*.parquet"))
+    if not files:
+        raise BlisInputError(f"{p}: no per-request data (run the sweep with --requests)")
+    requests = pl.read_parquet(files, hive_partitioning=True)
+    return requests.join(load_summary(p), on="config_id", how="left", suffix="_config")
+
+
+def _need(frame: pl.DataFrame, *names: str | None) -> None:
+    for name in names:
+        if name is not None and name not in frame.columns:
+            raise BlisConfigError(f"unknown column {name!r}; columns: {', '.join(frame.columns)}")
+
+
+def filter_rows(frame: pl.DataFrame, where: list[str]) -> pl.DataFrame:
+    """Keep rows matching every ``column=value`` (numbers compared as numbers)."""
+    for cond in where:
+        name, sep, text = cond.partition("=")
+        if not sep:
+            raise BlisConfigError(f"--where {cond!r}: expected COLUMN=VALUE")
+        _need(frame, name)
+        if frame.schema[name].is_numeric():
+            try:
+                value: object = float(text)
+            except ValueError:
+                raise BlisConfigError(f"--where {cond!r}: {name} is numeric") from None
+        else:
+            value = text
+        frame = frame.filter(pl.col(name) == value)
+    return frame
+
+
+def _groups(frame: pl.DataFrame, keys: list[str]) -> list[tuple[str, pl.DataFrame]]:
+    """(``"k1=v1, k2=v2"``, rows) per distinct key values, in sorted key order."""
+    if not keys:
+        return [("", frame)]
+    out = []
+    for values, rows in frame.sort(keys).group_by(keys, maintain_order=True):
+        out.append((", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)), rows))
+    return out
+
+
+def _figure(n_panels: int, width: float, height: float, dpi: int):
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise BlisConfigError("blis plot needs matplotlib: pip install 'blis_fast[plot]'"
+                              ) from None
+
+    cols = min(3, n_panels)
+    rows = -(-n_panels // cols)
+    fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
+    for ax in axes[n_panels:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def _draw(frame: pl.DataFrame, by: str | None, facet: str | None,
+          points: Callable[[pl.DataFrame], tuple[np.ndarray, np.ndarray]], name: str,
+          xlabel: str, ylabel: str, *, step: bool, logy: bool, width: float, height: float,
+          dpi: int) -> PlotResult:
+    """One panel per ``facet`` value, one series per ``by`` value (``name`` without ``by``),
+    ``points(rows)`` each."""
+    panels = _groups(frame, [facet] if facet else [])
+    fig, axes = _figure(len(panels), width, height, dpi)
+    result = PlotResult(fig)
+    for ax, (panel_name, panel) in zip(axes, panels, strict=False):
+        for line_name, rows in _groups(panel, [by] if by else []):
+            xs, ys = points(rows)
+            result.series[", ".join(n for n in (panel_name, line_name) if n) or name] = (xs, ys)
+            if step:
+                ax.step(xs, ys, where="post", label=line_name or name)
+            else:
+                ax.plot(xs, ys, marker="o", label=line_name or name)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if logy:
+            ax.set_yscale("log")
+        if panel_name:
+            ax.set_title(panel_name)
+        if by:
+            ax.legend(fontsize="small")
+        ax.grid(True, alpha=0.3)
+    return result
+
+
+def _nonempty(frame: pl.DataFrame, column: str) -> pl.DataFrame:
+    frame = frame.filter(pl.col(column).is_not_null())
+    if frame.height == 0:
+        raise BlisInputError(f"no rows with a value of {column!r} to plot")
+    return frame
+
+
+def plot_lines(frame: pl.DataFrame, x: str, y: str, by: str | None = None,
+               facet: str | None = None, *, logy: bool = False, width: float = 8.0,
+               height: float = 5.0, dpi: int = 100) -> PlotResult:
+    """``y`` against ``x`` (mean over rows sharing x), one line per ``by``, a panel per ``facet``."""
+    _need(frame, x, y, by, facet)
+    if "error" in frame.columns:
+        frame = frame.filter(pl.col("error").is_null())
+
+    def points(rows: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        means = rows.group_by(x).agg(pl.col(y).mean()).sort(x)
+        return means[x].to_numpy(), means[y].to_numpy()
+
+    return _draw(_nonempty(frame, y), by, facet, points, y, x, y, step=False, logy=logy,
+                 width=width, height=height, dpi=dpi)
+
+
+def plot_cdf(frame: pl.DataFrame, column: str, by: str | None = None,
+             facet: str | None = None, *, width: float = 8.0, height: float = 5.0,
+             dpi: int = 100) -> PlotResult:
+    """Empirical CDF of ``column`` (e.g. ``ttft_ms``): sorted values against i/n."""
+    _need(frame, column, by, facet)
+
+    def points(rows: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        xs = np.sort(rows[column].to_numpy())
+        return xs, np.arange(1, xs.size + 1, dtype=np.float64) / xs.size
+
+    return _draw(_nonempty(frame, column), by, facet, points, column, column,
+                 "fraction of requests", step=True, logy=False, width=width, height=height,
+                 dpi=dpi)

@@ -1,0 +1,155 @@
+"""A sweep's output directory: summary Parquet files, per-configuration requests, the manifest.
+
+Layout under ``--out DIR``::
+
+    manifest.json                                  the spec, versions, runs (start/end, counts)
+    summary/part-<first config id>.parquet         one row per configuration of a chunk
+    requests/config_id=<id>/requests.parquet       per-request rows (``--requests``)
+
+Every summary file has the same Arrow schema (:func:`summary_schema`): ``config_id``, the
+configuration's option columns (typed from the options table), the metric columns of
+``schemas/summary.json`` (nullable: a failed configuration has null metrics) and ``error``.
+Files are written atomically (temporary file + ``os.replace``); a configuration is done when its
+row is in a summary file, which is what ``--resume`` reads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.options import OPTIONS_BY_FIELD
+from blis_fast.output.parquet import atomic_write_table, load_schema
+from blis_fast.output.summary import atomic_write_text
+from blis_fast.sweep.spec import SweepPlan
+from blis_fast.sweep.worker import ConfigResult
+
+__all__ = ["SweepStore", "metric_fields", "option_field", "summary_schema"]
+
+OPTION_ARROW_TYPES: dict[str, pa.DataType] = {
+    "int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(),
+    "floats": pa.list_(pa.float64()),
+}
+"""Arrow type of an option column, by the option's kind in ``blis_fast.options``."""
+
+
+def metric_fields() -> list[pa.Field]:
+    """The metric columns of ``schemas/summary.json`` (minus ``instance_id``), nullable."""
+    return [f.with_nullable(True) for f in load_schema("summary") if f.name != "instance_id"]
+
+
+def option_field(name: str) -> pa.Field:
+    """The column of one ``blis run`` option (non-null: every configuration has a value)."""
+    return pa.field(name, OPTION_ARROW_TYPES[OPTIONS_BY_FIELD[name].kind], nullable=False)
+
+
+def summary_schema(columns: tuple[str, ...]) -> pa.Schema:
+    """Schema of every summary file of a sweep whose configurations set ``columns``."""
+    return pa.schema([pa.field("config_id", pa.string(), nullable=False),
+                      *(option_field(c) for c in columns), *metric_fields(),
+                      pa.field("error", pa.string())])
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+class SweepStore:
+    """Reads and writes one sweep's output directory."""
+
+    def __init__(self, out_dir: str | Path, plan: SweepPlan) -> None:
+        self.root = Path(out_dir)
+        self.plan = plan
+        self.schema = summary_schema(plan.columns)
+        self.summary_dir = self.root / "summary"
+        self.requests_dir = self.root / "requests"
+        self.manifest_path = self.root / "manifest.json"
+        self._values = {c.config_id: c.values for c in plan.configs}
+        self._manifest: dict[str, Any] = {}
+
+    def done_ids(self, resume: bool) -> set[str]:
+        """Configurations already written; refuses a non-empty directory unless resuming.
+
+        Reads only: nothing is created here, so a refused sweep leaves no trace.
+        """
+        if not self.root.exists():
+            return set()
+        if not self.root.is_dir():
+            raise BlisConfigError(f"--out {self.root}: not a directory")
+        if not resume:
+            if any(self.root.iterdir()):
+                raise BlisConfigError(f"--out {self.root}: directory is not empty; pass --resume "
+                                      "to continue the sweep there, or choose another directory")
+            return set()
+        done: set[str] = set()
+        for path in sorted(self.summary_dir.glob("*.parquet")):
+            try:
+                ids = pq.read_table(path, columns=["config_id"]).column(0).to_pylist()
+            except (OSError, pa.ArrowException, KeyError) as exc:
+                raise BlisInputError(f"--resume: cannot read {path}: {exc}") from None
+            done.update(ids)
+        foreign = sorted(done - self._values.keys())
+        if foreign:
+            raise BlisConfigError(
+                f"--resume: {self.root} holds {len(foreign)} configuration(s) that {self.plan.path}"
+                f" does not define (e.g. {foreign[0]}); it is another sweep's directory")
+        return done
+
+    def begin(self, backend: str, workers: int, pending: int) -> None:
+        """Create the directories, drop temporary files of a killed run, record this run."""
+        self.summary_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.summary_dir.glob(".*.tmp"):
+            stale.unlink()
+        if self.manifest_path.exists():
+            self._manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        else:
+            from blis_fast import __version__
+
+            self._manifest = {"spec_path": str(self.plan.path), "spec": self.plan.text,
+                              "blis_fast_version": __version__,
+                              "num_configs": len(self.plan.configs),
+                              "columns": list(self.schema.names), "runs": []}
+        self._manifest["runs"].append({"started_at": _now(), "finished_at": None,
+                                       "backend": backend, "workers": workers,
+                                       "configs_to_run": pending})
+        self._write_manifest()
+
+    def finish(self, written: int, errors: int, interrupted: bool) -> None:
+        """Close this run's manifest entry."""
+        run = self._manifest["runs"][-1]
+        run.update(finished_at=_now(), configs_written=written, errors=errors,
+                   interrupted=interrupted)
+        self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        atomic_write_text(self.manifest_path, json.dumps(self._manifest, indent=2) + "\n")
+
+    def write(self, results: list[ConfigResult]) -> None:
+        """Write a chunk's requests files, then its summary rows (which mark it done)."""
+        for res in results:
+            if res.requests is not None:
+                part = self.requests_dir / f"config_id={res.config_id}"
+                part.mkdir(parents=True, exist_ok=True)
+                atomic_write_table(part / "requests.parquet", res.requests)
+        ordered = sorted(results, key=lambda r: r.config_id)
+        atomic_write_table(self.summary_dir / f"part-{ordered[0].config_id}.parquet",
+                           self.rows_table(ordered))
+
+    def rows_table(self, results: list[ConfigResult]) -> pa.Table:
+        """The summary rows of ``results`` with the sweep's schema."""
+        columns: dict[str, list[Any]] = {name: [] for name in self.schema.names}
+        metric_names = [f.name for f in metric_fields()]
+        for res in results:
+            columns["config_id"].append(res.config_id)
+            for name, value in self._values[res.config_id].items():
+                columns[name].append(value)
+            for name in metric_names:
+                columns[name].append(None if res.metrics is None else res.metrics[name])
+            columns["error"].append(res.error)
+        return pa.Table.from_pydict(columns, schema=self.schema)
