@@ -149,22 +149,11 @@ def _draw_ids(s, tok, start, count):
     i = start
     end = start + count
     while i < end:
-        seg = min(tap, feed, end - i)  # steps before a cursor wraps (each yields <= 1 id)
-        if seg <= 0:
-            tap -= 1
-            if tap < 0:
-                tap += 607
-            feed -= 1
-            if feed < 0:
-                feed += 607
-            x = s[feed] + s[tap]
-            s[feed] = x
-            v = (x & 0x7FFFFFFFFFFFFFFF) >> 32
-            if v <= _VMAX_128000:
-                tok[i] = v % 128000
-                i += 1
-            continue
-        for _ in range(seg):
+        if tap == 0:  # wrap now: the next step reads index 606, as `tap -= 1; tap += 607`
+            tap = 607
+        if feed == 0:
+            feed = 607
+        for _ in range(min(tap, feed, end - i)):  # steps before a cursor wraps, <= 1 id each
             tap -= 1
             feed -= 1
             x = s[feed] + s[tap]
