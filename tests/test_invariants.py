@@ -331,15 +331,36 @@ class _KVView:
         return np.bincount(np.concatenate(lists), minlength=total).astype(np.int64)
 
 
+def _ring_links(kv) -> dict:
+    """Free-list links, head and tail rebuilt from the ring of live entries (``free_ring``)."""
+    n_inst, total = kv.blk.shape[0], kv.blk.shape[1]
+    nxt = np.full((n_inst, total), -1, np.int64)
+    prv = np.full((n_inst, total), -1, np.int64)
+    head = np.full(n_inst, -1, np.int64)
+    tail = np.full(n_inst, -1, np.int64)
+    mask = kv.free_ring.shape[1] - 1
+    for i in range(n_inst):
+        order = []
+        for pos in range(int(kv.meta[i, kvc.M_HEAD]), int(kv.meta[i, kvc.M_TAIL])):
+            b = int(kv.free_ring[i, pos & mask])
+            if kv.blk[i, b, kvc.B_FREE] == 1 and kv.blk[i, b, kvc.B_POS] == pos & kvc.POS_MASK:
+                order.append(b)
+        for a, b in zip(order[:-1], order[1:], strict=True):
+            nxt[i, a], prv[i, b] = b, a
+        if order:
+            head[i], tail[i] = order[0], order[-1]
+    return dict(nxt=nxt, prv=prv, head=head, tail=tail)
+
+
 def _kv_view(kv) -> _KVView:
     meta = kv.meta
     common = dict(head=meta[:, kvc.M_HEAD], tail=meta[:, kvc.M_TAIL], free=meta[:, kvc.M_FREE],
                   pool=kv.pool)
-    if hasattr(kv, "blk"):  # one record per block and per request (B_* / R_* fields)
+    if hasattr(kv, "free_ring"):  # block records (B_*), request records (R_*), a ring free list
         blk, req = kv.blk, kv.req
+        common.update(_ring_links(kv))
         return _KVView(ref=blk[:, :, kvc.B_REF].astype(np.int64),
-                       on_free=blk[:, :, kvc.B_FREE] == 1, nxt=blk[:, :, kvc.B_NXT],
-                       prv=blk[:, :, kvc.B_PRV], req_off=req[:, kvc.R_OFF],
+                       on_free=blk[:, :, kvc.B_FREE] == 1, req_off=req[:, kvc.R_OFF],
                        req_cnt=req[:, kvc.R_CNT], **common)
     return _KVView(ref=kv.ref.astype(np.int64), on_free=kv.onfree == 1, nxt=kv.nxt,
                    prv=kv.prv, req_off=kv.req_off, req_cnt=kv.req_cnt, **common)

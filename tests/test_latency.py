@@ -135,6 +135,40 @@ def test_roofline_against_transcription(roofline8b):
         assert step(roofline8b, None, *reqs) == _roofline_reference(roofline8b, reqs)
 
 
+def test_roofline_decode_sums_match_per_request_functions():
+    """The decode loop's hoisted terms give the per-request functions' float64 sums exactly."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        p = np.zeros(K.RF_SIZE)
+        p[K.RF_D] = rng.choice([1024.0, 4096.0, 7168.0, 3000.3])
+        p[K.RF_L] = float(rng.integers(1, 100))
+        p[K.RF_H] = rng.choice([7.0, 32.0, 64.0])
+        p[K.RF_HKV] = rng.choice([1.0, 8.0])
+        p[K.RF_DHEAD] = p[K.RF_D] / p[K.RF_H]
+        p[K.RF_DKV] = p[K.RF_HKV] * p[K.RF_DHEAD]
+        moe = rng.random() < 0.5
+        p[K.RF_DFF_MOE], p[K.RF_DFF_DENSE] = 1408.0, rng.choice([11008.0, 14336.0])
+        p[K.RF_NMAT] = rng.choice([2.0, 3.0])
+        p[K.RF_N_MOE] = float(rng.integers(1, 60)) if moe else 0.0
+        p[K.RF_N_DENSE] = float(rng.integers(0, 4)) if moe else p[K.RF_L]
+        p[K.RF_E], p[K.RF_K] = (64.0, 6.0) if moe else (0.0, 0.0)
+        p[K.RF_BPP], p[K.RF_WBPP] = rng.choice([1.0, 2.0]), rng.choice([0.5, 1.0, 2.0])
+        p[K.RF_TP] = rng.choice([1.0, 2.0, 8.0])
+        p[K.RF_PEAK_FLOPS], p[K.RF_MFU_DECODE] = 9.895e14, rng.random() + 0.01
+        n = int(rng.integers(1, 200))
+        inp = rng.integers(1, 4000, n)
+        out = rng.integers(0, 2000, n)
+        prog = inp + rng.integers(-50, 2000, n)
+        compute, dynamic = 1e-4, 1e8
+        for i in range(n):
+            if prog[i] >= inp[i] and out[i] > 0:
+                f = K._rf_flops(p, prog[i], 1)
+                compute += f / p[K.RF_TP] / (p[K.RF_PEAK_FLOPS] * p[K.RF_MFU_DECODE])
+                dynamic += K._rf_dynamic_bytes(p, prog[i], 1) / p[K.RF_TP]
+        got = K._rf_add_decodes(p, n, prog, inp, out, 1e-4, 1e8)
+        assert got == (compute, dynamic)
+
+
 def test_roofline_regimes(roofline8b):
     assert step(roofline8b) == 1  # empty batch: 0, floored to 1
     one_decode = step(roofline8b, None, (512, 1, 512, 100))

@@ -301,7 +301,10 @@ def _compiled_overload(dispatcher, args):
 
 
 def _pad(values: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
-    """``values`` as a contiguous ``dtype`` array of length ``n`` (extra rows = ``fill``)."""
+    """``values`` as a contiguous ``dtype`` array of length ``n`` (extra rows = ``fill``); the
+    array itself when it already is one (no room for follow-ups: nothing writes to it)."""
+    if values.shape[0] == n:
+        return np.ascontiguousarray(values, dtype=dtype)
     out = np.full(n, fill, dtype=dtype)
     out[: values.shape[0]] = values
     return out
@@ -374,7 +377,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
         table_size=kv.ht.shape[1],
     )
     ranked = cfg.scheduler not in ("", "fcfs")
-    ids = table.id_strings()
+    ids = table.id_strings() if ranked else []  # 100k strings cost a few garbage collections
     id_rank = _pad(_rank_of_ids(ids), n, np.int64) if ranked else np.zeros(n, np.int64)
     heap = K.new_heap(3 * n + 4 * n_inst + 16)
     hs = K.new_loop_state()

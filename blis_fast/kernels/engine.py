@@ -24,6 +24,7 @@ from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels import routing as rtk
 from blis_fast.kernels.heap import heap_pop, heap_push, make_tie, tie_instance, tie_is_instance
 from blis_fast.kernels.latency import queueing_time, step_time
+from blis_fast.kernels.prefetch import prefetch
 
 # request states
 ST_NEW, ST_QUEUED, ST_RUNNING, ST_COMPLETED, ST_TIMED_OUT, ST_DROPPED = 0, 1, 2, 3, 4, 5
@@ -63,6 +64,7 @@ HS_SIZE, HS_SEQ, HS_PEND, HS_TMIN, HS_LEN = range(5)
 SP_ROW, SP_TICK, SP_OUTCOME, SP_PI, SP_SEQ, SP_COLS = range(6)
 OUTCOME_COMPLETED, OUTCOME_CANCELLED = 0, 1
 NO_TICK = np.int64(2**63 - 1)
+LOOK_BATCH = 8  # batch formation prefetches the rows of the request this many places ahead
 
 ReqState = namedtuple("ReqState", [
     # int64 [n, 8]: the fields every step touches, one cache line per request (H_* columns)
@@ -89,8 +91,11 @@ InstState = namedtuple("InstState", [
 
 StepLog = namedtuple("StepLog", [
     "time", "inst", "dur", "next_same", "queue", "running", "kv_used", "itl_count",
-    "run_start", "run_len", "run_next", "sizes",  # [steps used, runs used, loop entries]
+    "run_start", "run_last", "run_next", "sizes",  # [steps used, runs used, loop entries]
 ])
+# While the kernel runs, itl_count holds marks: +1 at a completed run's first step and
+# +ITL_RUN_END at its last; _itl_counts_from_marks turns them into per-step counts at the end.
+ITL_RUN_END = 1 << 32
 
 
 def new_req_state(n: int, max_output_len: np.ndarray) -> ReqState:
@@ -131,7 +136,7 @@ def new_step_log(step_cap: int, run_cap: int) -> StepLog:
         dur=np.zeros(step_cap, np.int64), next_same=np.full(step_cap, -1, np.int64),
         queue=np.zeros(step_cap, np.int32), running=np.zeros(step_cap, np.int32),
         kv_used=np.zeros(step_cap, np.int64), itl_count=np.zeros(step_cap, np.int64),
-        run_start=np.zeros(run_cap, np.int64), run_len=np.zeros(run_cap, np.int64),
+        run_start=np.zeros(run_cap, np.int64), run_last=np.zeros(run_cap, np.int64),
         run_next=np.full(run_cap, -1, np.int64), sizes=np.zeros(3, np.int64),
     )
 
@@ -167,13 +172,13 @@ def _grow_log(lg, need_steps, need_runs):
     kv_used[:steps] = lg.kv_used[:steps]
     itl_count[:steps] = lg.itl_count[:steps]
     run_start = np.zeros(nr, np.int64)
-    run_len = np.zeros(nr, np.int64)
+    run_last = np.zeros(nr, np.int64)
     run_next = np.full(nr, -1, np.int64)
     run_start[:runs] = lg.run_start[:runs]
-    run_len[:runs] = lg.run_len[:runs]
+    run_last[:runs] = lg.run_last[:runs]
     run_next[:runs] = lg.run_next[:runs]
     return StepLog(time, inst, dur, next_same, queue, running, kv_used, itl_count,
-                   run_start, run_len, run_next, lg.sizes)
+                   run_start, run_last, run_next, lg.sizes)
 
 
 # ------------------------------------------------------------------ wait queue (linked list)
@@ -323,14 +328,25 @@ def _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode):
         ins.cnt[i, K_OUT_TOKENS] += k
     post = post_decode if output_len[r] > 0 else 0
     rs.e2e[r] = rs.first_token[r] + rs.hot[r, H_ITLSUM] + post
-    # the request's ITL samples (its final attempt) join AllITLs
+    # the request's ITL samples (its final attempt) join AllITLs: mark each run's ends
     run = rs.run_head[r]
+    tail = rs.hot[r, H_RUNTAIL]
     while run >= 0:
-        s = lg.run_start[run]
-        for _ in range(lg.run_len[run]):
-            lg.itl_count[s] += 1
-            s = lg.next_same[s]
+        lg.itl_count[lg.run_start[run]] += 1
+        lg.itl_count[rs.hot[r, H_LASTDEC] if run == tail else lg.run_last[run]] += ITL_RUN_END
         run = lg.run_next[run]
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _itl_counts_from_marks(lg, open_runs):
+    """Turn the run marks in ``lg.itl_count`` into per-step ITL sample counts (one pass);
+    ``open_runs`` (zeros, one per instance) holds each instance's count of runs in progress."""
+    for s in range(lg.sizes[0]):
+        i = lg.inst[s]
+        v = lg.itl_count[s]
+        now = open_runs[i] + (v & (ITL_RUN_END - 1))
+        lg.itl_count[s] = now
+        open_runs[i] = now - (v >> 32)
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -406,6 +422,12 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
         if budget <= 0:
             break
         r = ins.batch[i, q]
+        if q + LOOK_BATCH < ins.batch_len[i]:  # this step's loops read these rows
+            ahead = ins.batch[i, q + LOOK_BATCH]
+            prefetch(rs.hot, ahead)
+            prefetch(input_len, ahead)
+            prefetch(output_len, ahead)
+            prefetch(kv.req, ahead)
         n = input_len[r] - rs.hot[r, H_PI]
         if n > 0:
             if 0 < threshold and threshold < n:
@@ -548,15 +570,13 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
             rs.hot[r, H_ITLSUM] += d + otp
             rs.hot[r, H_ITLCNT] += 1
             tail = rs.hot[r, H_RUNTAIL]
-            if tail >= 0 and rs.hot[r, H_LASTDEC] == prev_step:
-                lg.run_len[tail] += 1
-            else:
+            if tail < 0 or rs.hot[r, H_LASTDEC] != prev_step:  # else the run goes on
                 run = lg.sizes[1]
                 lg.sizes[1] = run + 1
                 lg.run_start[run] = s
-                lg.run_len[run] = 1
                 lg.run_next[run] = -1
                 if tail >= 0:
+                    lg.run_last[tail] = rs.hot[r, H_LASTDEC]
                     lg.run_next[tail] = run
                 else:
                     rs.run_head[r] = run
@@ -909,4 +929,6 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
         elif status == STATUS_GROW_LOG:
             lg = _grow_log(lg, 1, 2 * ins.batch.shape[1] + 1)
         else:
+            if status != STATUS_SESSIONS:  # the run is over: marks become counts
+                _itl_counts_from_marks(lg, np.zeros(ic[IC_N_INST], np.int64))
             return status, lg, Heap(times, ties, kinds, payloads)

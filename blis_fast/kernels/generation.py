@@ -21,7 +21,7 @@ from numba import njit
 
 from blis_fast.kernels.gomath import go_max, go_min
 from blis_fast.kernels.gorand import int31n, int63, new_source, seed_source
-from blis_fast.kernels.hashing import content_digest
+from blis_fast.kernels.hashing import block_digests, content_digest
 from blis_fast.kernels.samplers import (
     ARRIVAL_FACTORY_POISSON,
     ARRIVAL_NORMALIZED_EXP,
@@ -142,24 +142,26 @@ def _draw_ids(s, tok, start, count):
     """``count`` token ids ``Intn(128000)`` into ``tok[start:]`` (Go's Int31n, inlined).
 
     Same draws as ``gorand.int31n(s, 128000)`` repeated, with the generator's cursor kept in
-    registers.
+    registers; between wrap-arounds of the two cursors the steps run without wrap checks.
     """
     tap = s[607]
     feed = s[608]
-    for i in range(start, start + count):
-        while True:
+    i = start
+    end = start + count
+    while i < end:
+        if tap == 0:  # wrap now: the next step reads index 606, as `tap -= 1; tap += 607`
+            tap = 607
+        if feed == 0:
+            feed = 607
+        for _ in range(min(tap, feed, end - i)):  # steps before a cursor wraps, <= 1 id each
             tap -= 1
-            if tap < 0:
-                tap += 607
             feed -= 1
-            if feed < 0:
-                feed += 607
             x = s[feed] + s[tap]
             s[feed] = x
             v = (x & 0x7FFFFFFFFFFFFFFF) >> 32
-            if v <= _VMAX_128000:
-                break
-        tok[i] = v % 128000
+            if v <= _VMAX_128000:  # else rejected: the step is spent, no id
+                tok[i] = v % 128000
+                i += 1
     s[607] = tap
     s[608] = feed
 
@@ -194,8 +196,7 @@ def _fill_digests(tok, total, bs, g, g_full, g_doff, g_dig, digests, nd):
         c0 = min(g_full[g], nchunks)
         for c in range(c0):
             digests[nd + c] = g_dig[g_doff[g] + c]
-    for c in range(c0, nchunks):
-        digests[nd + c] = content_digest(tok, c * bs, bs)
+    block_digests(tok, c0 * bs, bs, nchunks - c0, digests, nd + c0)
     return nchunks
 
 
@@ -811,8 +812,7 @@ def concurrency_kernel(crng_seed, u_client, u_arrival, ci, s_code, s_off, sp, gr
         nch = total // block_size
         if nd + nch > digests.shape[0]:
             digests = _grow_1d(digests, max(digests.shape[0] + digests.shape[0] // 2, nd + nch))
-        for c in range(nch):
-            digests[nd + c] = content_digest(tok, c * block_size, block_size)
+        block_digests(tok, 0, block_size, nch, digests, nd)
         nd += nch
         rows[i, R_ARR] = u_arrival[i]
         rows[i, R_IN] = plen + ilen

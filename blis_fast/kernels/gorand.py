@@ -86,13 +86,12 @@ def _poly_reduce(p: np.ndarray) -> np.ndarray:
 
 
 def _poly_sqr_mod(a: np.ndarray) -> np.ndarray:
-    """Square a reduced polynomial modulo the recurrence polynomial (coefficients mod 2^64)."""
-    outer = np.multiply.outer(a, a)
-    padded = np.zeros((_LEN, 2 * _LEN), dtype=np.uint64)
-    padded[:, :_LEN] = outer
-    # Row i shifted right by i: summing columns gives the coefficients of a*a.
-    skew = padded.ravel()[: _LEN * (2 * _LEN - 1)].reshape(_LEN, 2 * _LEN - 1)
-    return _poly_reduce(skew.sum(axis=0, dtype=np.uint64))
+    """Square a reduced polynomial modulo the recurrence polynomial (coefficients mod 2^64).
+
+    ``np.convolve`` of uint64 arrays multiplies and adds with uint64 wrap-around, which is
+    exactly coefficient arithmetic mod 2^64.
+    """
+    return _poly_reduce(np.convolve(a, a))
 
 
 def _x_pow_mod(n: int) -> np.ndarray:

@@ -45,6 +45,37 @@ def content_digest(tokens, start, length) -> np.uint64:
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
+def block_digests(tokens, start, block_size, n_blocks, out, out_start) -> None:
+    """``content_digest`` of ``n_blocks`` consecutive full blocks from ``tokens[start:]`` into
+    ``out[out_start:]``. Four blocks are hashed side by side: each digest is a serial chain,
+    so interleaving four keeps the multiplier busy (the same values, about 1.6x faster)."""
+    init = np.uint64(block_size) * _M3
+    c = 0
+    while c + 4 <= n_blocks:
+        b0 = start + c * block_size
+        b1 = b0 + block_size
+        b2 = b1 + block_size
+        b3 = b2 + block_size
+        h0 = init
+        h1 = init
+        h2 = init
+        h3 = init
+        for j in range(block_size):
+            h0 = splitmix64(h0 ^ np.uint64(tokens[b0 + j]))
+            h1 = splitmix64(h1 ^ np.uint64(tokens[b1 + j]))
+            h2 = splitmix64(h2 ^ np.uint64(tokens[b2 + j]))
+            h3 = splitmix64(h3 ^ np.uint64(tokens[b3 + j]))
+        out[out_start + c] = h0
+        out[out_start + c + 1] = h1
+        out[out_start + c + 2] = h2
+        out[out_start + c + 3] = h3
+        c += 4
+    while c < n_blocks:
+        out[out_start + c] = content_digest(tokens, start + c * block_size, block_size)
+        c += 1
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
 def chain_hash(prev, content) -> np.uint64:
     """Hash of a block given the previous block's hash (``EMPTY_HASH`` for the first block)."""
     h = splitmix64(np.uint64(prev) * _M1 ^ splitmix64(np.uint64(content) + _M2))

@@ -15,16 +15,19 @@ import numpy as np
 from numba import njit
 
 from blis_fast.kernels.hashing import chain_hash
+from blis_fast.kernels.prefetch import prefetch
 
 KVState = namedtuple(
     "KVState",
     [
         # per block, int32 [n_instances, n_blocks, 8]: one 32-byte record per block (a block is
         # touched as a whole, so its fields share a cache line): B_REF reference count,
-        # B_TOK tokens held, B_PRV/B_NXT free-list links (-1 = none), B_FREE 1 when on the
-        # free list (the reference's !InUse), B_HLO/B_HHI the 64-bit block hash (0 = none)
+        # B_TOK tokens held, B_POS position of its free-list entry (see ``free_ring``), B_FREE
+        # 1 when on the free list (the reference's !InUse), B_HLO/B_HHI the 64-bit block hash
+        # (0 = none); field 3 is unused
         "blk",
-        # per instance, [n_instances, 8] int64: head, tail, free count, hits, misses
+        # per instance, [n_instances, 8] int64: free-list head and tail positions, free count,
+        # hits, misses, change-log length and overflow flag, list-overflow flag
         "meta",
         # changes to each instance's prefix hash table since the router last froze a copy of it
         # ([n_instances, log_size, 2]: key, block or LOG_DELETE); only with a cache-signal delay
@@ -52,12 +55,22 @@ KVState = namedtuple(
         # int64 config: block size, total blocks, tiered flag, cpu capacity,
         # ticks per reloaded block (base latency + transfer)
         "cfg",
+        # the free list in LRU order, per instance a ring (int32 [n_instances, 2^k]) of block
+        # ids between positions M_HEAD and M_TAIL; an entry is live iff its block is free and
+        # its B_POS is that position (a block taken off the list mid-way just leaves a stale
+        # entry). Popping walks an array, so the next blocks' records can be prefetched.
+        "free_ring",
+        # beside each ring entry, the home slot in ``ht`` of the block's hash when it was
+        # freed (-1 = no hash): the slot a pop will probe, prefetched a few pops ahead
+        "free_slot",
     ],
 )
 
 M_HEAD, M_TAIL, M_FREE, M_HITS, M_MISSES, M_LOG_LEN, M_LOG_OVERFLOW, M_LIST_OVERFLOW = range(8)
 C_HEAD, C_TAIL, C_USED, C_FREETOP, C_EVICT, C_MIRROR, C_HIT, C_MISS, C_PENDING = range(9)
-B_REF, B_TOK, B_PRV, B_NXT, B_FREE, B_HLO, B_HHI = range(7)
+B_REF, B_TOK, B_POS, B_FREE, B_HLO, B_HHI = 0, 1, 2, 4, 5, 6
+POS_MASK = (1 << 31) - 1  # B_POS holds a position modulo 2^31 (a ring spans far fewer)
+LOOK_RECORD, LOOK_HASH = 16, 8  # blocks ahead whose record / hash slot a loop prefetches
 R_OFF, R_CNT, R_FIRST, R_LAST = range(4)
 CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS, CFG_HASH_DECODE, CFG_LOG = range(7)
 LOG_DELETE = np.uint64(0xFFFFFFFFFFFFFFFF)  # value recorded for a deleted key
@@ -115,13 +128,17 @@ def new_kv_state(
     pool = np.zeros(int(per_req.sum()) + int(pool_extra) + 1, dtype=np.int64)
     blk = np.zeros((n_instances, total_blocks, 8), dtype=np.int32)
     ids = np.arange(total_blocks, dtype=np.int32)
-    blk[:, :, B_PRV] = ids - 1
-    blk[:, :, B_NXT] = ids + 1
-    blk[:, -1, B_NXT] = -1
+    blk[:, :, B_POS] = ids
     blk[:, :, B_FREE] = 1
+    ring_size = 16
+    while ring_size < 2 * total_blocks:
+        ring_size *= 2
+    free_ring = np.zeros((n_instances, ring_size), dtype=np.int32)
+    free_ring[:, :total_blocks] = ids
+    free_slot = np.full((n_instances, ring_size), -1, dtype=np.int32)
     meta = np.zeros((n_instances, 8), dtype=np.int64)
     meta[:, M_HEAD] = 0
-    meta[:, M_TAIL] = total_blocks - 1
+    meta[:, M_TAIL] = total_blocks
     meta[:, M_FREE] = total_blocks
     tiered = cpu_blocks > 0
     cpu_cap = cpu_blocks if tiered else 1
@@ -154,6 +171,8 @@ def new_kv_state(
         cpu_free=cpu_free,
         cpu_meta=cpu_meta,
         cfg=cfg,
+        free_ring=free_ring,
+        free_slot=free_slot,
     )
 
 
@@ -276,55 +295,82 @@ def sync_frozen_copy(kv, i, frozen):
 # ---------------------------------------------------------------- GPU free list
 
 
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _free_live(kv, i, b, pos):
+    """True when the ring entry at ``pos`` holding block ``b`` is the block's current entry."""
+    return kv.blk[i, b, B_FREE] == 1 and kv.blk[i, b, B_POS] == (pos & POS_MASK)
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _free_compact(kv, i):
+    """Squeeze the stale entries out of instance ``i``'s ring, keeping the order."""
+    ring = kv.free_ring
+    mask = ring.shape[1] - 1
+    w = kv.meta[i, M_HEAD]
+    for p in range(kv.meta[i, M_HEAD], kv.meta[i, M_TAIL]):
+        b = ring[i, p & mask]
+        if _free_live(kv, i, b, p):
+            ring[i, w & mask] = b
+            kv.free_slot[i, w & mask] = kv.free_slot[i, p & mask]
+            kv.blk[i, b, B_POS] = np.int32(w & POS_MASK)
+            w += 1
+    kv.meta[i, M_TAIL] = w
+
+
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _free_append(kv, i, b):
+    """Put block ``b`` at the tail (most recently freed end) of the free list."""
     meta = kv.meta
+    mask = kv.free_ring.shape[1] - 1
+    if meta[i, M_TAIL] - meta[i, M_HEAD] > mask:
+        _free_compact(kv, i)  # live entries (free blocks) fill at most half of the ring
+    t = meta[i, M_TAIL]
+    kv.free_ring[i, t & mask] = b
+    h = _get_hash(kv, i, b)
+    kv.free_slot[i, t & mask] = np.int32(h & np.uint64(kv.ht.shape[1] - 1)) if h != 0 else -1
+    meta[i, M_TAIL] = t + 1
     meta[i, M_FREE] += 1
-    kv.blk[i, b, B_NXT] = -1
-    tail = meta[i, M_TAIL]
-    if tail >= 0:
-        kv.blk[i, tail, B_NXT] = b
-        kv.blk[i, b, B_PRV] = tail
-        meta[i, M_TAIL] = b
-    else:
-        meta[i, M_HEAD] = b
-        meta[i, M_TAIL] = b
-        kv.blk[i, b, B_PRV] = -1
+    kv.blk[i, b, B_POS] = np.int32(t & POS_MASK)
     kv.blk[i, b, B_FREE] = 1
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _free_remove(kv, i, b):
-    meta = kv.meta
-    meta[i, M_FREE] -= 1
-    p = kv.blk[i, b, B_PRV]
-    n = kv.blk[i, b, B_NXT]
-    if p >= 0:
-        kv.blk[i, p, B_NXT] = n
-    else:
-        meta[i, M_HEAD] = n
-    if n >= 0:
-        kv.blk[i, n, B_PRV] = p
-    else:
-        meta[i, M_TAIL] = p
-    kv.blk[i, b, B_PRV] = -1
-    kv.blk[i, b, B_NXT] = -1
+    """Take free block ``b`` off the list wherever it is (its ring entry goes stale)."""
+    kv.meta[i, M_FREE] -= 1
     kv.blk[i, b, B_FREE] = 0
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _pop_free(kv, i):
     """Take the LRU head of the free list and drop its hash mapping (ENG-5.4, DELTA-14)."""
-    b = kv.meta[i, M_HEAD]
-    if b < 0:
+    meta = kv.meta
+    if meta[i, M_FREE] == 0:
         return np.int64(-1)
+    ring = kv.free_ring
+    mask = ring.shape[1] - 1
+    pos = meta[i, M_HEAD]
+    b = np.int64(ring[i, pos & mask])
+    while not _free_live(kv, i, b, pos):
+        pos += 1
+        b = np.int64(ring[i, pos & mask])
+    meta[i, M_HEAD] = pos + 1
     _free_remove(kv, i, b)
     kv.blk[i, b, B_TOK] = 0
     h = _get_hash(kv, i, b)
     if h != 0:
         _ht_del(kv, i, h)
         _set_hash(kv, i, b, 0)
-    return np.int64(b)
+    # free blocks are cold: ask for the records and the hash-table slots (deleted when
+    # popped) of the blocks a few pops ahead (a stale entry just makes a useless hint)
+    tail = meta[i, M_TAIL]
+    if pos + 1 + LOOK_HASH < tail:
+        slot = kv.free_slot[i, (pos + 1 + LOOK_HASH) & mask]
+        if slot >= 0:
+            prefetch(kv.ht, (i, slot))
+    if pos + 1 + LOOK_RECORD < tail:
+        prefetch(kv.blk, (i, ring[i, (pos + 1 + LOOK_RECORD) & mask]))
+    return b
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -424,14 +470,8 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 from_free += 1
         if need + from_free > free:
             return False
-    else:
-        cnt = kv.req[r, R_CNT]
-        if cnt > 0:
-            last = kv.pool[off + cnt - 1]
-            if kv.blk[i, last, B_TOK] == bs and free == 0:
-                return False
-        elif free == 0:
-            return False
+    elif free == 0 and (kv.req[r, R_CNT] == 0 or kv.req[r, R_LAST] == bs):
+        return False
 
     remaining = ntok
     while remaining > 0:
@@ -446,7 +486,8 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 latest = kv.pool[off + cnt - 1]
             else:
                 kv.req[r, R_FIRST] = start // bs
-        if latest >= 0 and kv.blk[i, latest, B_TOK] > 0 and kv.blk[i, latest, B_TOK] < bs:
+        # R_LAST equals the latest block's B_TOK here (synced above, kept in step below)
+        if latest >= 0 and kv.req[r, R_LAST] > 0 and kv.req[r, R_LAST] < bs:
             take = min(bs - kv.blk[i, latest, B_TOK], remaining)
             kv.blk[i, latest, B_TOK] += take
             kv.req[r, R_LAST] = kv.blk[i, latest, B_TOK]
@@ -462,17 +503,30 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
         else:
             n_new = (remaining + bs - 1) // bs
             prev = np.uint64(0)
-            if kv.req[r, R_CNT] > 0:
+            if in_prefill and kv.req[r, R_CNT] > 0:  # only prefill blocks are hashed here
                 prev = _get_hash(kv, i, kv.pool[off + kv.req[r, R_CNT] - 1])
-            for _ in range(n_new):
-                b = _pop_free(kv, i)
+            # the full blocks of a prefill are hashed into the table: ask for their slots
+            # LOOK_HASH blocks ahead (the chain is recomputed there, it is cheap)
+            n_hashed = remaining // bs if in_prefill else 0
+            dig0 = kv.chunk_off[r] + kv.req[r, R_FIRST] + kv.req[r, R_CNT]
+            ahead = prev
+            k_ahead = 0
+            ht_mask = np.uint64(kv.ht.shape[1] - 1)
+            for k in range(n_new):
+                while k_ahead < n_hashed and k_ahead <= k + LOOK_HASH:
+                    ahead = chain_hash(ahead, kv.chunk_dig[dig0 + k_ahead])
+                    prefetch(kv.ht, (i, np.int64(ahead & ht_mask)))
+                    k_ahead += 1
                 take = min(bs, remaining)
+                h = prev
+                if take == bs and in_prefill:
+                    chunk = kv.req[r, R_FIRST] + kv.req[r, R_CNT]
+                    h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
+                b = _pop_free(kv, i)
                 kv.blk[i, b, B_TOK] = take
                 kv.blk[i, b, B_REF] = 1
                 kv.meta[i, M_MISSES] += 1
                 if take == bs and in_prefill:
-                    chunk = kv.req[r, R_FIRST] + kv.req[r, R_CNT]
-                    h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
                     _set_hash(kv, i, b, h)
                     _ht_put(kv, i, h, b)
                     prev = h
@@ -501,6 +555,12 @@ def append_decode_token_fast(kv, i, r):
     if tok >= bs or (tok == bs - 1 and kv.cfg[CFG_HASH_DECODE] == 1):
         return False
     kv.req[r, R_LAST] = tok + 1
+    # the token after the block fills allocates, reading the list end and updating the last
+    # block's record: ask for the list end two tokens before, for the record one before
+    if tok + 2 == bs:
+        prefetch(kv.pool, kv.req[r, R_OFF] + kv.req[r, R_CNT] - 1)
+    elif tok + 1 == bs:
+        prefetch(kv.blk, (i, kv.pool[kv.req[r, R_OFF] + kv.req[r, R_CNT] - 1]))
     return True
 
 
@@ -518,6 +578,8 @@ def release(kv, i, r):
     cnt = kv.req[r, R_CNT]
     off = kv.req[r, R_OFF]
     for k in range(cnt - 1, -1, -1):
+        if k >= LOOK_RECORD:
+            prefetch(kv.blk, (i, kv.pool[off + k - LOOK_RECORD]))
         b = kv.pool[off + k]
         kv.blk[i, b, B_REF] -= 1
         if kv.blk[i, b, B_REF] == 0:

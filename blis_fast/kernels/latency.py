@@ -333,6 +333,63 @@ def _rf_dynamic_bytes(p, seq_len, new_tokens) -> float:
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
+def _rf_add_decodes(p, n, progress, input_len, output_len, compute_s, dynamic_bytes):
+    """Add every decode request's compute time and dynamic bytes, in batch order.
+
+    The same float64 operations, in the same order, as ``_rf_flops(p, seq, 1)`` and
+    ``_rf_dynamic_bytes(p, seq, 1)`` per request; the ones that do not depend on the request's
+    sequence length are done once, and a division by a tensor parallelism of exactly 1.0
+    (which returns its dividend unchanged) is skipped.
+    """
+    new_t = 1.0
+    d = p[RF_D]
+    n_layers = p[RF_L]
+    n_heads = p[RF_H]
+    d_head = p[RF_DHEAD]
+    tp = p[RF_TP]
+    # _rf_flops: the terms without the sequence length
+    qkv = 2 * new_t * (d * d + 2 * d * p[RF_DKV])
+    proj = 2 * new_t * d * d
+    gemm0 = (qkv + proj) * n_layers
+    attn_k = 4 * n_heads * new_t
+    vector_k = 5 * n_heads * new_t
+    rope = 2 * new_t * d
+    n_mat = p[RF_NMAT]
+    n_moe = p[RF_N_MOE]
+    n_dense = p[RF_N_DENSE]
+    moe_term = 0.0
+    if n_moe > 0:
+        moe_term = (2 * new_t * (n_mat * d * p[RF_DFF_MOE]) * p[RF_K]) * n_moe
+    dense_term = 0.0
+    if n_dense > 0:
+        dense_term = (2 * new_t * (n_mat * d * p[RF_DFF_DENSE])) * n_dense
+    per_s = p[RF_PEAK_FLOPS] * p[RF_MFU_DECODE]
+    # _rf_dynamic_bytes: the terms without the sequence length
+    bpp = p[RF_BPP]
+    weights = _rf_weights(p, 1)
+    kv_per_token = 2 * n_layers * p[RF_HKV] * d_head * bpp
+    weights_growth = weights + kv_per_token * new_t
+    act = n_layers * d * bpp * new_t
+    for i in range(n):
+        if progress[i] >= input_len[i] and output_len[i] > 0:
+            seq = float(progress[i])
+            gemm = gemm0 + (attn_k * seq * d_head) * n_layers
+            if n_moe > 0:
+                gemm += moe_term
+            if n_dense > 0:
+                gemm += dense_term
+            f = gemm + ((vector_k * seq) + rope) * n_layers
+            dyn = ((weights_growth + kv_per_token * seq) + act) - weights
+            if tp == 1.0:
+                compute_s += f / per_s
+                dynamic_bytes += dyn
+            else:
+                compute_s += f / tp / per_s
+                dynamic_bytes += dyn / tp
+    return compute_s, dynamic_bytes
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
     p = params
     tp = p[RF_TP]
@@ -356,11 +413,9 @@ def _roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np
             f = _rf_flops(p, progress[i], new_tokens[i])
             compute_s += f / tp / (peak_flops * p[RF_MFU_PREFILL])
             dynamic_bytes += _rf_dynamic_bytes(p, progress[i], new_tokens[i]) / tp
-    for i in range(n):  # then decode requests (one token each)
-        if progress[i] >= input_len[i] and output_len[i] > 0:
-            f = _rf_flops(p, progress[i], 1)
-            compute_s += f / tp / (peak_flops * p[RF_MFU_DECODE])
-            dynamic_bytes += _rf_dynamic_bytes(p, progress[i], 1) / tp
+    if n_decode > 0:  # then decode requests (one token each)
+        compute_s, dynamic_bytes = _rf_add_decodes(p, n, progress, input_len, output_len,
+                                                   compute_s, dynamic_bytes)
     total_new = prefill_tokens + n_decode
     weight_bytes = _rf_weights(p, total_new) / tp
     memory_s = (weight_bytes + dynamic_bytes) / peak_bw

@@ -6,7 +6,7 @@ import numpy as np
 from numba import njit
 
 from blis_fast.kernels import gorand
-from blis_fast.kernels.hashing import content_digest
+from blis_fast.kernels.hashing import block_digests
 
 VOCAB = 128000  # sim/simulator.go MaxTokenID
 
@@ -60,6 +60,5 @@ def replay_digests(state, prefix_len, prefix_of, input_tokens, output_tokens, bl
         for k in range(input_tokens[r] + output_tokens[r]):
             tok[plen + k] = gorand.intn(src, VOCAB)
         total = plen + input_tokens[r] + output_tokens[r]
-        for c in range(total // block_size):
-            digests[offsets[r] + c] = content_digest(tok, c * block_size, block_size)
+        block_digests(tok, 0, block_size, total // block_size, digests, offsets[r])
     return offsets, digests, streams, prefixes, p_off
