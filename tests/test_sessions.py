@@ -116,14 +116,14 @@ def test_length_capped_parent_contributes_only_generated_tokens():
 
 def test_follow_up_digests_share_the_parents_full_blocks():
     """With accumulation the next input starts with the parent's tokens: equal block digests."""
-    from blis_fast.kernels.sessions import block_digests
+    from blis_fast.engine.sessions import _digests
 
     r0_in = np.arange(40)
     r0_out = np.arange(500, 530)
     drv = SessionDriver([_blueprint(growth="accumulate", r0_in=r0_in, r0_out=r0_out,
                                     in_len=20, out_len=8)], -1, 16)
     fu = drv.on_outcome(0, 1000, True, 40 + 30 - 1, 40)
-    parent = block_digests(np.concatenate((r0_in, r0_out)), 16)
+    parent = _digests(np.concatenate((r0_in, r0_out)), 16)
     shared = (40 + 29) // 16
     assert np.array_equal(fu.digests[:shared], parent[:shared])
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from blis_fast.kernels.generation import draw_token_ids
 from blis_fast.kernels.gorand import new_source
+from blis_fast.kernels.hashing import block_digests
 from blis_fast.kernels.samplers import DIST_SEQUENCE, sample_length
-from blis_fast.kernels.sessions import block_digests, draw_token_ids
 from blis_fast.workload.spec import DEFAULT_TIMEOUT_US
 
 ACTIVE, COMPLETED, CANCELLED, HORIZON_INTERRUPTED, BUDGET_EXHAUSTED = range(5)
@@ -119,8 +120,11 @@ class SessionDriver:
             return None
         in_len = self._sample(b, 0, bp.input_sampler)
         out_len = self._sample(b, 1, bp.output_sampler)
-        new_ids = draw_token_ids(self._rng[b], in_len)
-        out_ids = draw_token_ids(self._rng[b], out_len)
+        # GenerateRandomTokenIDs: input ids, then output ids, from the session's stream
+        new_ids = np.empty(in_len, dtype=np.int64)
+        draw_token_ids(self._rng[b], new_ids, 0, in_len)
+        out_ids = np.empty(out_len, dtype=np.int64)
+        draw_token_ids(self._rng[b], out_ids, 0, out_len)
         if bp.context_growth == "accumulate":
             tokens = self._accumulate(b, progress_index - input_len, new_ids)
             self._last_input[b] = tokens
@@ -142,7 +146,7 @@ class SessionDriver:
             output_len=int(out_ids.shape[0]),
             deadline_us=session_deadline(arrival, bp.timeout),
             round_index=rnd,
-            digests=block_digests(np.concatenate((tokens, out_ids)), self.block_size),
+            digests=_digests(np.concatenate((tokens, out_ids)), self.block_size),
         )
 
     def _accumulate(self, b: int, actual_out: int, new_ids: np.ndarray) -> np.ndarray:
@@ -163,6 +167,14 @@ class SessionDriver:
         self._context[b] = ctx
         head = [np.asarray(bp.prefix, np.int64)] if len(bp.prefix) else []
         return np.concatenate([*head, ctx, new_ids])
+
+
+def _digests(tokens: np.ndarray, block_size: int) -> np.ndarray:
+    """Content digests of the full blocks of a follow-up's input ++ output."""
+    n = tokens.shape[0] // block_size
+    out = np.empty(n, dtype=np.uint64)
+    block_digests(tokens, 0, block_size, n, out, 0)
+    return out
 
 
 def session_deadline(arrival: int, timeout: int | None) -> int:

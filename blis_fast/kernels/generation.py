@@ -138,7 +138,7 @@ _VMAX_128000 = 2147483647 - (2147483648 % 128000)
 
 
 @njit(cache=True)
-def _draw_ids(s, tok, start, count):
+def draw_token_ids(s, tok, start, count):
     """``count`` token ids ``Intn(128000)`` into ``tok[start:]`` (Go's Int31n, inlined).
 
     Same draws as ``gorand.int31n(s, 128000)`` repeated, with the generator's cursor kept in
@@ -596,7 +596,7 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
                         tok = _grow_1d(tok, max(total, 2 * tok.shape[0]))
                     if body_ctx > 0:
                         tok[plen : plen + body_ctx] = ctx[:body_ctx]
-                    _draw_ids(s, tok, plen + body_ctx, ilen + olen)
+                    draw_token_ids(s, tok, plen + body_ctx, ilen + olen)
                 else:
                     _skip_ids(s, ilen + olen)
                 rv = 0.0
@@ -723,7 +723,7 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
                     break
                 if plen + ilen > tok.shape[0]:
                     tok = _grow_1d(tok, max(plen + ilen, 2 * tok.shape[0]))
-                _draw_ids(s, tok, plen, ilen)
+                draw_token_ids(s, tok, plen, ilen)
                 olen = sample_length_at(s, s_code[s_out], sp, s_off[s_out])
                 if olen < 0:
                     status = STATUS_NEGATIVE_LENGTH
@@ -731,7 +731,7 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
                 total = plen + ilen + olen
                 if total > tok.shape[0]:
                     tok = _grow_1d(tok, max(total, 2 * tok.shape[0]))
-                _draw_ids(s, tok, plen + ilen, olen)
+                draw_token_ids(s, tok, plen + ilen, olen)
             else:
                 ilen = sample_length_at(s, s_code[s_in], sp, s_off[s_in])
                 olen = sample_length_at(s, s_code[s_out], sp, s_off[s_out])
@@ -741,7 +741,7 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
                 total = plen + ilen + olen
                 if total > tok.shape[0]:
                     tok = _grow_1d(tok, max(total, 2 * tok.shape[0]))
-                _draw_ids(s, tok, plen, ilen + olen)
+                draw_token_ids(s, tok, plen, ilen + olen)
             nch = total // bs
             if nd + nch > digests.shape[0]:
                 digests = _grow_1d(digests, _digest_capacity(digests.shape[0], nd + nch, nd, n,
@@ -808,7 +808,7 @@ def concurrency_kernel(crng_seed, u_client, u_arrival, ci, s_code, s_off, sp, gr
             tok = np.empty(max(total, 2 * tok.shape[0]), dtype=np.int64)
         if plen > 0:
             tok[:plen] = prefix_tok[g_off[g] : g_off[g] + plen]
-        _draw_ids(us, tok, plen, ilen + olen)
+        draw_token_ids(us, tok, plen, ilen + olen)
         nch = total // block_size
         if nd + nch > digests.shape[0]:
             digests = _grow_1d(digests, max(digests.shape[0] + digests.shape[0] // 2, nd + nch))

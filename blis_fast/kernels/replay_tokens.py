@@ -6,9 +6,8 @@ import numpy as np
 from numba import njit
 
 from blis_fast.kernels import gorand
+from blis_fast.kernels.generation import draw_token_ids
 from blis_fast.kernels.hashing import block_digests
-
-VOCAB = 128000  # sim/simulator.go MaxTokenID
 
 
 @njit(cache=True)
@@ -29,8 +28,7 @@ def replay_digests(state, prefix_len, prefix_of, input_tokens, output_tokens, bl
     for g in range(n_groups):
         p_off[g + 1] = p_off[g] + prefix_len[g]
     prefixes = np.empty(p_off[n_groups], np.int64)
-    for k in range(p_off[n_groups]):
-        prefixes[k] = gorand.intn(state, VOCAB)
+    draw_token_ids(state, prefixes, 0, p_off[n_groups])
     n = input_tokens.shape[0]
     offsets = np.zeros(n + 1, np.int64)
     max_len = 1
@@ -57,8 +55,7 @@ def replay_digests(state, prefix_len, prefix_of, input_tokens, output_tokens, bl
             plen = prefix_len[g]
             for k in range(plen):
                 tok[k] = prefixes[p_off[g] + k]
-        for k in range(input_tokens[r] + output_tokens[r]):
-            tok[plen + k] = gorand.intn(src, VOCAB)
+        draw_token_ids(src, tok, plen, input_tokens[r] + output_tokens[r])
         total = plen + input_tokens[r] + output_tokens[r]
         block_digests(tok, 0, block_size, total // block_size, digests, offsets[r])
     return offsets, digests, streams, prefixes, p_off
