@@ -59,6 +59,47 @@ def case_flags(args: list[str]) -> dict[str, str]:
     return flags
 
 
+def run_case_params(spec_driven: bool, invalid_reason: str) -> list:
+    """``pytest.param(name, case, flags)`` of every ``blis run`` case whose workload comes from a
+    spec or ``--concurrency`` (``spec_driven``) or from the distribution/preset flags (not);
+    invalid-input cases are skipped with ``invalid_reason``."""
+    import pytest
+
+    params = []
+    for name in all_case_ids():
+        case = load_case(name)
+        if case["subcommand"] != "run":
+            continue
+        flags = case_flags(case["args"])
+        if ("--workload-spec" in flags or "--concurrency" in flags) != spec_driven:
+            continue
+        marks = [pytest.mark.skip(reason=invalid_reason)] if case["exit_code"] != 0 else []
+        params.append(pytest.param(name, case, flags, id=name, marks=marks))
+    return params
+
+
+def case_distribution_params(flags: dict[str, str], **fields):
+    """``DistributionParams`` from a case's length flags (``blis run`` defaults), plus
+    ``fields`` (rate, num_requests) where the case's workload needs them."""
+    from blis_fast.workload.synthesis import DistributionParams
+
+    def flag(name: str, default: int) -> int:
+        return int(flags.get(name, default))
+
+    return DistributionParams(
+        prefix_tokens=flag("--prefix-tokens", 0),
+        prompt_tokens_mean=flag("--prompt-tokens", 512),
+        prompt_tokens_stdev=flag("--prompt-tokens-stdev", 256),
+        prompt_tokens_min=flag("--prompt-tokens-min", 2),
+        prompt_tokens_max=flag("--prompt-tokens-max", 7000),
+        output_tokens_mean=flag("--output-tokens", 512),
+        output_tokens_stdev=flag("--output-tokens-stdev", 256),
+        output_tokens_min=flag("--output-tokens-min", 2),
+        output_tokens_max=flag("--output-tokens-max", 7000),
+        **fields,
+    )
+
+
 def all_case_ids() -> list[str]:
     """Every case folder name, sorted."""
     return sorted(p.name for p in CASES_DIR.iterdir() if (p / "case.json").is_file())

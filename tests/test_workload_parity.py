@@ -9,17 +9,15 @@ and compared with the columns of its ``trace.csv`` that depend only on the workl
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from parity import CASES_DIR, case_flags
+from parity import CASES_DIR, case_distribution_params, run_case_params
 
 from blis_fast.workload.generator import MAX_INT64, apply_timeout, generate_requests
 from blis_fast.workload.synthesis import (
-    DistributionParams,
     lookup_preset,
     synthesize_from_distribution,
     synthesize_from_preset,
@@ -71,29 +69,10 @@ def _presets() -> dict:
     return FALLBACK_PRESETS
 
 
-def _all_cases() -> list[tuple[str, dict]]:
-    out = []
-    for p in sorted(CASES_DIR.glob("*/case.json")):
-        with open(p, encoding="utf-8") as f:
-            out.append((p.parent.name, json.load(f)))
-    return out
-
-
 def _workload_cases() -> list:
-    params = []
-    for name, case in _all_cases():
-        if case["subcommand"] != "run":
-            continue
-        flags = case_flags(case["args"])
-        if "--workload-spec" in flags or "--concurrency" in flags:
-            continue
-        marks = []
-        if case["exit_code"] != 0:
-            # Invalid-input cases: the reference exits 1 before writing any trace; their
-            # rejection is the CLI's business, there is no workload to compare.
-            marks.append(pytest.mark.skip(reason="invalid-input case: no trace written"))
-        params.append(pytest.param(name, case, flags, id=name, marks=marks))
-    return params
+    # Invalid-input cases: the reference exits 1 before writing any trace; their rejection is
+    # the CLI's business, there is no workload to compare.
+    return run_case_params(False, "invalid-input case: no trace written")
 
 
 def _regenerate(case: dict, flags: dict[str, str]):
@@ -105,19 +84,7 @@ def _regenerate(case: dict, flags: dict[str, str]):
     workload = flags.get("--workload", "distribution")
     validate_rate(rate)
     if workload == "distribution":
-        p = DistributionParams(
-            rate=rate,
-            num_requests=num_requests,
-            prefix_tokens=int(flags.get("--prefix-tokens", 0)),
-            prompt_tokens_mean=int(flags.get("--prompt-tokens", 512)),
-            prompt_tokens_stdev=int(flags.get("--prompt-tokens-stdev", 256)),
-            prompt_tokens_min=int(flags.get("--prompt-tokens-min", 2)),
-            prompt_tokens_max=int(flags.get("--prompt-tokens-max", 7000)),
-            output_tokens_mean=int(flags.get("--output-tokens", 512)),
-            output_tokens_stdev=int(flags.get("--output-tokens-stdev", 256)),
-            output_tokens_min=int(flags.get("--output-tokens-min", 2)),
-            output_tokens_max=int(flags.get("--output-tokens-max", 7000)),
-        )
+        p = case_distribution_params(flags, rate=rate, num_requests=num_requests)
         validate_distribution_params(p)
         spec = synthesize_from_distribution(p, seed=seed)
     else:

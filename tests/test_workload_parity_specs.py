@@ -11,13 +11,12 @@ their draws are checked separately against the blueprints' own RNG streams.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from parity import CASES_DIR, case_flags
+from parity import CASES_DIR, case_distribution_params, run_case_params
 
 from blis_fast.errors import BlisInputError
 from blis_fast.kernels.generation import _skip_ids
@@ -34,7 +33,6 @@ from blis_fast.workload.generator import (
 from blis_fast.workload.spec import apply_timeout_to_spec
 from blis_fast.workload.spec_yaml import load_workload_spec
 from blis_fast.workload.synthesis import (
-    DistributionParams,
     synthesize_concurrency,
     validate_distribution_params,
 )
@@ -47,19 +45,7 @@ WORKLOAD_COLUMNS = (
     "arrival_time_us",
 )  # fmt: skip
 def _cases() -> list:
-    params = []
-    for p in sorted(CASES_DIR.glob("*/case.json")):
-        case = json.loads(p.read_text())
-        if case["subcommand"] != "run":
-            continue
-        flags = case_flags(case["args"])
-        if "--workload-spec" not in flags and "--concurrency" not in flags:
-            continue
-        marks = []
-        if case["exit_code"] != 0:
-            marks.append(pytest.mark.skip(reason="invalid input: checked by test_invalid_spec_case"))
-        params.append(pytest.param(p.parent.name, case, flags, id=p.parent.name, marks=marks))
-    return params
+    return run_case_params(True, "invalid input: checked by test_invalid_spec_case")
 
 
 def _regenerate(case_dir: Path, flags: dict[str, str]):
@@ -74,17 +60,7 @@ def _regenerate(case_dir: Path, flags: dict[str, str]):
                                   "--horizon" in flags)  # fmt: skip
         apply = "--timeout" in flags
     else:
-        p = DistributionParams(
-            prefix_tokens=int(flags.get("--prefix-tokens", 0)),
-            prompt_tokens_mean=int(flags.get("--prompt-tokens", 512)),
-            prompt_tokens_stdev=int(flags.get("--prompt-tokens-stdev", 256)),
-            prompt_tokens_min=int(flags.get("--prompt-tokens-min", 2)),
-            prompt_tokens_max=int(flags.get("--prompt-tokens-max", 7000)),
-            output_tokens_mean=int(flags.get("--output-tokens", 512)),
-            output_tokens_stdev=int(flags.get("--output-tokens-stdev", 256)),
-            output_tokens_min=int(flags.get("--output-tokens-min", 2)),
-            output_tokens_max=int(flags.get("--output-tokens-max", 7000)),
-        )
+        p = case_distribution_params(flags)
         validate_distribution_params(p)
         n_given = int(flags["--num-requests"]) if "--num-requests" in flags else 0
         spec = synthesize_concurrency(p, int(flags["--concurrency"]),
