@@ -420,7 +420,8 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
             hs[K.HS_PEND] = 0
             hs[K.HS_TMIN] = K.NO_TICK
             if ranked and rows.shape[0]:
-                id_rank[: appended.n] = _rank_of_ids(ids + appended.ids)
+                id_rank[: appended.n] = _rank_of_ids(
+                    ids + [f.request_id for f in appended.follow_ups])
             heap = K.push_cluster_arrivals(heap, hs, arrival, rows, seqs)
     if status == K.STATUS_KV_LIST_OVERFLOW:
         raise BlisRuntimeError(
@@ -479,7 +480,6 @@ class _FollowUpRows:
         self.n = n0
         self.n0 = n0
         self.pool_cursor = pool_cursor
-        self.ids: list[str] = []
         self.follow_ups: list[FollowUp] = []
 
     def take(self, driver: SessionDriver, outcomes: np.ndarray, rs, input_len, arrival,
@@ -523,7 +523,6 @@ class _FollowUpRows:
             rt.req_model_bad[k] = meta.client_model_bad[client]
             req_session[k] = b
             self.n = k + 1
-            self.ids.append(fu.request_id)
             self.follow_ups.append(fu)
             rows.append(k)
             seqs.append(seq)
