@@ -45,7 +45,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 QUICKSTART_STDOUT = (
-    REPO_ROOT.parent / "shared" / "parity" / "cases" / "quickstart-llama31-8b" / "stdout.txt"
+    REPO_ROOT / "tests" / "reference_cases" / "cases" / "quickstart-llama31-8b" / "stdout.txt"
 )
 MB = 1_000_000  # peak RSS is reported in MB (10^6 bytes)
 
@@ -245,7 +245,7 @@ def machine_info(blis: str) -> dict:
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "blis": blis,
+        "blis": Path(blis).name,  # the executable's name only: no machine path in the results
     }
     try:
         import numba

@@ -10,7 +10,7 @@ import numpy as np
 
 from blis_fast.output.summary import InstanceMetrics, RequestColumns
 
-CASES = Path(__file__).resolve().parents[2] / "shared" / "parity" / "cases"
+CASES = Path(__file__).resolve().parent / "reference_cases" / "cases"
 
 # MetricsOutput field types (sim/metrics_utils.go): every other field is a float64.
 INT_FIELDS = {

@@ -11,7 +11,7 @@ import numpy as np
 from blis_fast.config.latency import LatencyConfig, LatencyOptions
 from blis_fast.kernels import latency as K
 
-CASES_DIR = Path(__file__).resolve().parents[2] / "shared" / "parity" / "cases"
+CASES_DIR = Path(__file__).resolve().parent / "reference_cases" / "cases"
 
 LATENCY_CASES = (
     "quickstart-llama31-8b",

@@ -1,6 +1,6 @@
-"""Run a parity case (../shared/parity/cases/<id>) through the blis CLI and compare its outputs.
+"""Run a reference case (tests/reference_cases/cases/<id>) through the blis CLI and compare its outputs.
 
-Comparison rules are those of ../shared/parity/README.md: stdout JSON objects and
+Comparison rules are those of tests/reference_cases/README.md: stdout JSON objects and
 ``key: value`` lines must match (integers exactly, floats to a relative error of 1e-9, section
 headers in order); the per-request results file must hold the same records (ties in
 ``arrived_at`` may come in any order); a failing case needs a non-zero exit and no output file.
@@ -17,7 +17,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-CASES_DIR = Path(__file__).resolve().parents[2] / "shared" / "parity" / "cases"
+# The repository's copy of the reference cases (tests/reference_cases/README.md).
+CASES_DIR = Path(__file__).resolve().parent / "reference_cases" / "cases"
 REL_TOL = 1e-9
 
 # Cases that wait for a later issue: case id -> the issue(s) that make them pass. The parity

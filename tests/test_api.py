@@ -1,8 +1,8 @@
 """The Python API: ``blis_fast.run(**options)`` reproduces the README quick start.
 
-Reference: ``../shared/parity/cases/quickstart-llama31-8b`` (``blis run --model
+Reference: the case ``tests/reference_cases/cases/quickstart-llama31-8b`` (``blis run --model
 meta-llama/llama-3.1-8b-instruct`` with every other flag at its default). Floats are compared
-with the parity tolerance (relative 1e-9, ``../shared/parity/README.md``), integers exactly.
+with the parity tolerance (relative 1e-9, ``tests/reference_cases/README.md``), integers exactly.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from blis_fast.output.parquet import load_schema, schema_fields
 from blis_fast.runner import RunResult
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
-CASE = Path(__file__).resolve().parents[2] / "shared" / "parity" / "cases" / "quickstart-llama31-8b"
+CASE = Path(__file__).resolve().parent / "reference_cases" / "cases" / "quickstart-llama31-8b"
 REL_TOL = 1e-9
 
 POLARS_TYPES = {"string": pl.String, "int64": pl.Int64, "int32": pl.Int32,

@@ -7,8 +7,8 @@ line naming the flag (or the file / key), no traceback, and no output file or di
 behind (nor anything written into the working directory).
 
 Diagnostics (``level=WARNING ...`` lines) are silenced with ``--log error`` so the error line is
-the only stderr line; the rules are CLU-9.3..9.8, ENG-10.4, WL-2.4 and DELTA-26/28 of
-``../shared/spec``.
+the only stderr line; the rules are CLU-9.3..9.8, ENG-10.4, WL-2.4 and DELTA-26/28 (rule ids:
+``docs/architecture.md``, "Rule ids").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The acceptance tests: every parity case of ../shared/parity/cases through the blis CLI."""
+"""The acceptance tests: every parity case of tests/reference_cases/cases through the blis CLI."""
 
 from __future__ import annotations
 
