@@ -433,6 +433,9 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         table, horizon, sessions = _generate(opts, opts.horizon)
     if opts.num_instances < 1:
         _fail("num-instances must be >= 1")
+    if opts.num_instances > K.MAX_INSTANCES:
+        _fail(f"--num-instances must be <= {K.MAX_INSTANCES} (the most instances an event key "
+              f"can address), got {opts.num_instances}")
     total_blocks = latency.total_kv_blocks
     if total_blocks <= 0:
         _fail(f"--total-kv-blocks must be > 0, got {total_blocks}")

@@ -30,6 +30,16 @@ from blis_fast.policies import SCORERS_READING_CACHE, scorer_code, scorer_table
 
 INT64_MAX = (1 << 63) - 1
 
+KERNEL_FAILURES = {
+    K.STATUS_UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
+                              "was given",
+    K.STATUS_TOO_MANY_INSTANCES: f"the simulation kernel supports at most {K.MAX_INSTANCES} "
+                                 "instances",
+    K.STATUS_SEQ_OVERFLOW: "the run pushed more events than the event key can number "
+                           f"({K.SEQ_LIMIT})",
+}
+"""Messages for the kernel's error statuses (the kernel returns codes, it never raises)."""
+
 ADMISSION_CODES = {"": R.ADM_ALWAYS, "always-admit": R.ADM_ALWAYS,
                    "reject-all": R.ADM_REJECT_ALL, "token-bucket": R.ADM_TOKEN_BUCKET,
                    "tier-shed": R.ADM_TIER_SHED, "gaie-legacy": R.ADM_GAIE_LEGACY,
@@ -428,7 +438,8 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
             "a request's KV block list outgrew its preallocated slice after CPU-tier reloads "
             "(--kv-cpu-blocks); this case is not supported yet")
     if status != K.STATUS_OK:
-        raise BlisRuntimeError(f"simulation kernel failed with status {status}")
+        raise BlisRuntimeError(KERNEL_FAILURES.get(
+            status, f"simulation kernel failed with status {status}"))
 
     n_used = appended.n
     final = appended.table(table, sessions) if n_used > n0 else table

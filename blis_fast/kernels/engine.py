@@ -22,8 +22,16 @@ from numba import njit
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels import routing as rtk
-from blis_fast.kernels.heap import heap_pop, heap_push, make_tie, tie_instance, tie_is_instance
-from blis_fast.kernels.latency import queueing_time, step_time
+from blis_fast.kernels.heap import (
+    MAX_EVENT_SEQ,
+    MAX_INSTANCES,
+    heap_pop,
+    heap_push,
+    make_tie,
+    tie_instance,
+    tie_is_instance,
+)
+from blis_fast.kernels.latency import is_known_backend, queueing_time, step_time
 from blis_fast.kernels.prefetch import prefetch
 
 # request states
@@ -55,7 +63,10 @@ REG_NONE, REG_ROUTED, REG_REJECTED_ADMISSION, REG_REJECTED_ROUTING = 0, 1, 2, 3
 
 # status codes returned by simulate (and, internally, by the event loop)
 (STATUS_OK, STATUS_BAD_ALIGNMENT, STATUS_GROW_HEAP, STATUS_GROW_LOG, STATUS_KV_LIST_OVERFLOW,
- STATUS_SESSIONS) = range(6)
+ STATUS_SESSIONS, STATUS_UNKNOWN_BACKEND, STATUS_TOO_MANY_INSTANCES,
+ STATUS_SEQ_OVERFLOW) = range(9)
+# the last sequence number the loop hands out: room for the pushes of one event after the check
+SEQ_LIMIT = MAX_EVENT_SEQ - (1 << 20)
 # heap/loop state kept between calls (``hs``): heap size, next sequence number, closed-loop
 # session outcomes recorded since the caller last drained them, and the earliest tick at which
 # one of them could bring a follow-up arrival (the loop stops before reaching it)
@@ -645,6 +656,9 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
         if kvc.list_overflowed(kv):
             status = STATUS_KV_LIST_OVERFLOW
             break
+        if seq >= SEQ_LIMIT:
+            status = STATUS_SEQ_OVERFLOW
+            break
         t = times[0]
         if t > horizon:
             break
@@ -916,6 +930,10 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
     written into ``rs``, ``ins``, ``kv`` and ``hs`` in place. Call again after
     STATUS_SESSIONS (once the follow-ups are pushed) to continue."""
     times, ties, kinds, payloads = heap.times, heap.ties, heap.kinds, heap.payloads
+    if not is_known_backend(ic[IC_LATENCY_CODE]):
+        return STATUS_UNKNOWN_BACKEND, lg, heap
+    if ic[IC_N_INST] > MAX_INSTANCES:
+        return STATUS_TOO_MANY_INSTANCES, lg, heap
     while True:
         lg.sizes[2] += 1
         status = _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,

@@ -14,9 +14,14 @@ from numba import njit
 
 # Bit layout of the tie key.
 SEQ_BITS = 40
+INSTANCE_BITS = 18
 PRIO_SHIFT = SEQ_BITS  # 4 bits of priority (offset so cluster priorities are >= 0)
-INST_SHIFT = SEQ_BITS + 4  # 18 bits of instance index
-INSTANCE_BIT = SEQ_BITS + 4 + 18  # bit 62: set for instance events
+INST_SHIFT = SEQ_BITS + 4  # INSTANCE_BITS bits of instance index
+INSTANCE_BIT = SEQ_BITS + 4 + INSTANCE_BITS  # bit 62: set for instance events
+MAX_INSTANCES = 1 << INSTANCE_BITS
+"""Instances a run may have: indices 0..MAX_INSTANCES-1 fit the tie key (checked before a run)."""
+MAX_EVENT_SEQ = 1 << SEQ_BITS
+"""Events a run may push: the loop stops with an error status before a sequence number overflows."""
 
 # heap arrays: times, ties, kinds, payloads (request or instance index)
 
@@ -35,7 +40,7 @@ def make_tie(is_instance, instance, priority, seq):
 @njit(cache=True, _nrt=False, error_model="numpy")
 def tie_instance(tie):
     """Instance index stored in a tie key."""
-    return (tie >> INST_SHIFT) & np.int64((1 << 18) - 1)
+    return (tie >> INST_SHIFT) & np.int64(MAX_INSTANCES - 1)
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")

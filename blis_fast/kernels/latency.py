@@ -634,7 +634,8 @@ def step_time(
     input_len: np.ndarray,
     output_len: np.ndarray,
 ) -> np.int64:
-    """The backend's StepTime (≥ 1 µs) over the first ``n`` scheduled requests."""
+    """The backend's StepTime (≥ 1 µs) over the first ``n`` scheduled requests; -1 for a code
+    no backend has."""
     if code == BLACKBOX:
         return _blackbox_step(params, n, progress, new_tokens, input_len, output_len)
     if code == ROOFLINE:
@@ -643,7 +644,15 @@ def step_time(
         return _crossmodel_step(params, n, progress, new_tokens, input_len, output_len)
     if code == TRAINED_ROOFLINE:
         return _trained_roofline_step(params, n, progress, new_tokens, input_len, output_len)
-    return _trained_physics_step(params, n, progress, new_tokens, input_len, output_len)
+    if code == TRAINED_PHYSICS:
+        return _trained_physics_step(params, n, progress, new_tokens, input_len, output_len)
+    return np.int64(-1)  # unknown backend: the engine refuses such a code before it runs
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def is_known_backend(code: int) -> bool:
+    """True for a backend code :func:`step_time` implements."""
+    return BLACKBOX <= code <= TRAINED_PHYSICS
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
