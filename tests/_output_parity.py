@@ -10,7 +10,12 @@ import numpy as np
 
 from blis_fast.output.summary import InstanceMetrics, RequestColumns
 
-CASES = Path(__file__).resolve().parent / "reference_cases" / "cases"
+try:
+    from tests.parity import CASES_DIR as CASES
+    from tests.parity import adopted_case_ids
+except ImportError:
+    from parity import CASES_DIR as CASES
+    from parity import adopted_case_ids
 
 # MetricsOutput field types (sim/metrics_utils.go): every other field is a float64.
 INT_FIELDS = {
@@ -34,8 +39,8 @@ REQ_BOOL = {"length_capped"}
 
 
 def case_dirs() -> list[Path]:
-    """All parity case folders (empty when the shared folder is absent)."""
-    return sorted(p for p in CASES.glob("*") if p.is_dir()) if CASES.is_dir() else []
+    """The folders of the parity cases of implemented families."""
+    return [CASES / name for name in adopted_case_ids()]
 
 
 def results_cases() -> list[Path]:

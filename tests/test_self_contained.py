@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RELATIVE_UP = re.compile(r"(?:\.\./)+[A-Za-z0-9_.-]+")
 MACHINE_PATHS = re.compile(r"(?<![\w.])/(?:work|root|home|Users)/[A-Za-z0-9_.-]+")
 SHARED_NAMES = re.compile(r"\bshared/(?:parity|spec|seeds|DESIGN\.md|STYLE\.md|hooks)\b")
+# the same folder built in code: ``... / "shared" / "parity"`` or ``.parent / "shared"``
+SHARED_IN_CODE = re.compile(r"""(?:parent|parents\[\d\])\s*/\s*["']shared["']|["']shared["']\s*/\s*["'](?:parity|spec|seeds)["']""")
 
 
 def _tracked_files() -> list[Path]:
@@ -44,14 +46,15 @@ def escaping_references(file: Path, text: str) -> list[str]:
     found = [m.group(0) for m in RELATIVE_UP.finditer(text) if _outside(file, m.group(0))]
     found += [m.group(0) for m in MACHINE_PATHS.finditer(text)]
     found += [m.group(0) for m in SHARED_NAMES.finditer(text)]
+    found += [m.group(0) for m in SHARED_IN_CODE.finditer(text)]
     return found
 
 
 def test_no_tracked_file_names_a_path_outside_the_repository():
     offenders = []
     for file in _tracked_files():
-        if not file.is_file():
-            continue
+        if not file.is_file() or file == Path(__file__).resolve():
+            continue  # this file spells the patterns out in its own checks
         data = file.read_bytes()
         if b"\0" in data[:8192]:
             continue  # binary (PNG, Parquet)
@@ -71,3 +74,7 @@ def test_the_scanner_sees_what_it_must(tmp_path):
     assert escaping_references(inside, "in shared/spec/engine.md") == ["shared/spec"]
     assert escaping_references(inside, "the repo's ../README.md, /tmp/x, ../docs/a.md") == []
     assert escaping_references(ROOT / "a.md", "the shared prefix, a shared/other") == []
+    built = 'CASES = ROOT.parent / "shared" / "parity" / "cases"'
+    assert escaping_references(inside, built) == ['parent / "shared"']
+    assert escaping_references(inside, 'x = "shared" / "spec"') == ['"shared" / "spec"']
+    assert escaping_references(inside, 'client.prefix_group = "shared"') == []
