@@ -3,7 +3,9 @@
 Comparison rules are those of tests/reference_cases/README.md: stdout JSON objects and
 ``key: value`` lines must match (integers exactly, floats to a relative error of 1e-9, section
 headers in order); the per-request results file must hold the same records (ties in
-``arrived_at`` may come in any order); a failing case needs a non-zero exit and no output file.
+``arrived_at`` may come in any order); a case's extra ``outputs`` files (``calibrate --report``)
+are compared too, less their ``ignore_keys``; a failing case needs a non-zero exit and no output
+file.
 """
 
 from __future__ import annotations
