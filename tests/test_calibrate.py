@@ -249,3 +249,23 @@ def test_replay_then_calibrate_reproduces_the_reference_report(case_copy):
     assert result.code == 0, result.stderr
     assert (case_copy / "r.json").read_bytes() == (
         CASES_DIR / "cal-header-warmup-rtt" / "calibration.json").read_bytes()
+
+
+@pytest.mark.parametrize(("column", "text"), [
+    (0, "1_0"), (19, "99999999999999999999"), (20, " 5"), (9, "+0x10"),
+])
+def test_trace_integers_parse_like_go_atoi(tmp_path, column, text):
+    """The trace loader (shared with replay) refuses what Go's strconv.Atoi/ParseInt refuse,
+    with one error naming the file: underscores, spaces, other bases, values beyond int64."""
+    import csv
+
+    from blis_fast.workload.replay import load_trace_records
+
+    src = CASES_DIR / "cal-warmup-zero-flag" / "observed.csv"
+    rows = list(csv.reader(src.open(newline="")))
+    rows[1][column] = text
+    path = tmp_path / "t.csv"
+    with path.open("w", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(rows)
+    with pytest.raises(BlisError, match=r"--trace-data .*row 2: invalid"):
+        load_trace_records(str(path))

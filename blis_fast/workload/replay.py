@@ -20,7 +20,7 @@ from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
 from blis_fast.kernels.samplers import DIST_SEQUENCE
 from blis_fast.workload.generator import SessionBlueprint
-from blis_fast.workload.gofmt import go_quote
+from blis_fast.workload.gofmt import go_atoi, go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import SamplerSpec
 
@@ -79,13 +79,10 @@ def load_trace_header(path: str) -> dict:
 
 
 def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) -> int:
-    s = text
-    if not s or s.strip() != s:
+    """One integer column as Go's ``strconv.Atoi``/``ParseInt(s, 10, 64)`` reads it."""
+    v = go_atoi(text)
+    if v is None:
         raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}")
-    try:
-        v = int(s, 10)
-    except ValueError:
-        raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}") from None
     if minimum is not None and v < minimum:
         raise BlisInputError(f"--trace-data {path}: row {row}: {what} must be >= {minimum}, got {v}")
     return v
