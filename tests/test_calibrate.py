@@ -222,9 +222,12 @@ def test_plot_draws_every_pair():
     src = CASES_DIR / "cal-header-warmup-rtt"
     result = calibrate(str(src / "observed.yaml"), str(src / "observed.csv"),
                        str(src / "sim.json"))
-    plot = plot_calibration(result.pairs)
+    plot = plot_calibration(result.pairs, result.report)
     n = result.report["metrics"]["ttft"]["count"]
     assert n == 25
+    scatter_ttft = plot.figure.axes[0]
+    assert scatter_ttft.collections[0].get_offsets().shape == (n, 2)  # one point per pair
+    assert scatter_ttft.get_title() == "TTFT per request (25 pairs, MAPE 92.6%, r 0.331)"
     real, sim_ms = plot.series["ttft scatter"]
     assert real.size == sim_ms.size == n
     np.testing.assert_array_equal(real, np.array(result.pairs.ttft.real) / 1000)

@@ -77,14 +77,14 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
     from blis_fast.calibrate.report import report_text, summary_lines
     from blis_fast.errors import BlisConfigError
 
+    warm_up = _int_flag("warmup-requests", warmup_requests)
+    rtt_us = _int_flag("network-rtt-us", network_rtt_us)
+    bandwidth = _float_flag("network-bandwidth-mbps", network_bandwidth_mbps)
     given = {"trace-header": trace_header, "trace-data": trace_data,
              "sim-results": sim_results, "report": report}
     for name in _REQUIRED:
         if not given[name]:
             raise BlisConfigError(f"--{name} is required")
-    warm_up = _int_flag("warmup-requests", warmup_requests)
-    rtt_us = _int_flag("network-rtt-us", network_rtt_us)
-    bandwidth = _float_flag("network-bandwidth-mbps", network_bandwidth_mbps)
     plot_format = None
     if plot_path:
         from blis_fast.calibrate.plot import check_plot_path
@@ -98,7 +98,7 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
     if plot_format is not None:
         from blis_fast.calibrate.plot import plot_calibration, render_plot
 
-        image = render_plot(plot_calibration(result.pairs), plot_format)
+        image = render_plot(plot_calibration(result.pairs, result.report), plot_format)
     with _info_logging():
         for line in result.pairs.warnings:
             log.warning(line)

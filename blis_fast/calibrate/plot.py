@@ -45,10 +45,11 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return xs, np.arange(1, xs.size + 1, dtype=np.float64) / xs.size
 
 
-def plot_calibration(pairs: CalibrationPairs, *, width: float = 10.0, height: float = 8.0,
-                     dpi: int = 100) -> PlotResult:
+def plot_calibration(pairs: CalibrationPairs, report: dict | None = None, *,
+                     width: float = 10.0, height: float = 8.0, dpi: int = 100) -> PlotResult:
     """The 2x2 figure; ``series`` holds every drawn (x, y) in ms, e.g. ``"ttft scatter"`` =
-    (real, sim) per pair and ``"ttft real cdf"`` = (sorted real, i/n)."""
+    (real, sim) per pair and ``"ttft real cdf"`` = (sorted real, i/n). With the ``report``,
+    the scatter titles also give each metric's MAPE and Pearson r."""
     fig = _figure_class()(figsize=(width, height), dpi=dpi, layout="constrained")
     axes = fig.subplots(2, 2)
     result = PlotResult(fig)
@@ -65,7 +66,11 @@ def plot_calibration(pairs: CalibrationPairs, *, width: float = 10.0, height: fl
                     label="sim = real")
         ax.set_xlabel(f"real {label} (ms)")
         ax.set_ylabel(f"sim {label} (ms)")
-        ax.set_title(f"{label} per request ({real.size} pairs)")
+        title = f"{label} per request ({real.size} pairs"
+        if report is not None and name in report["metrics"]:
+            q = report["metrics"][name]["request_level"]
+            title += f", MAPE {q['mape'] * 100:.1f}%, r {q['pearson_r']:.3f}"
+        ax.set_title(title + ")")
         ax.legend(fontsize="small")
         ax.grid(True, alpha=0.3)
         ax = axes[1, col]
