@@ -50,23 +50,23 @@ def _float_flag(name: str, text: str) -> float:
 
 
 @click.command("calibrate")
-@click.option("--trace-header", default="", help="Observed trace header YAML (from blis observe; "
+@click.option("--trace-header", default="", metavar="FILE", help="Observed trace header YAML (from blis observe; "
               "required)")
-@click.option("--trace-data", default="", help="Observed trace data CSV (from blis observe; "
+@click.option("--trace-data", default="", metavar="FILE", help="Observed trace data CSV (from blis observe; "
               "required)")
-@click.option("--sim-results", default="", help="SimResult JSON (from blis replay "
+@click.option("--sim-results", default="", metavar="FILE", help="SimResult JSON (from blis replay "
               "--results-path; required)")
-@click.option("--report", default="", help="Calibration report JSON to write (required)")
-@click.option("--warmup-requests", default="-1", show_default=True,
+@click.option("--report", default="", metavar="FILE", help="Calibration report JSON to write (required)")
+@click.option("--warmup-requests", default="-1", metavar="INT", show_default=True,
               help="Exclude request ids below this (-1: the header's warm_up_requests; 0: none)")
-@click.option("--network-rtt-us", default="-1", show_default=True,
+@click.option("--network-rtt-us", default="-1", metavar="INT", show_default=True,
               help="RTT in µs added to the sim latencies (-1: the header's "
               "network.measured_rtt_ms)")
-@click.option("--network-bandwidth-mbps", default="0", show_default=True,
+@click.option("--network-bandwidth-mbps", default="0", metavar="FLOAT", show_default=True,
               help="Bandwidth for the upload/download delay of 4 bytes per token (0: none)")
-@click.option("--itl-data", default="", help="ITL chunk CSV (from blis observe --record-itl): "
+@click.option("--itl-data", default="", metavar="FILE", help="ITL chunk CSV (from blis observe --record-itl): "
               "adds the itl metric")
-@click.option("--plot", "plot_path", default="",
+@click.option("--plot", "plot_path", default="", metavar="FILE",
               help="Also draw sim vs real (per-request scatter and CDFs of TTFT and E2E) to "
               "this image file (.png, .svg, .pdf)")
 def calibrate_command(trace_header: str, trace_data: str, sim_results: str, report: str,
