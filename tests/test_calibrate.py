@@ -195,6 +195,7 @@ BASE = ["calibrate", "--trace-header", "observed.yaml", "--trace-data", "observe
     (["--report", "r.json", "--itl-data", "none.csv"], "--itl-data"),
     (["--report", "r.json", "--plot", "p.xyz"], "--plot"),
     (["--report", "no/such/dir/r.json"], "--report"),
+    (["--report", "r.json", "--plot", "no/such/dir/p.png"], "--plot"),
 ])
 def test_bad_flags_exit_2_with_one_line_and_no_file(case_copy, extra, message):
     before = sorted(p.name for p in case_copy.iterdir())

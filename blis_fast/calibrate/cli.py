@@ -64,8 +64,8 @@ def _float_flag(name: str, text: str) -> float:
               "network.measured_rtt_ms)")
 @click.option("--network-bandwidth-mbps", default="0", metavar="FLOAT", show_default=True,
               help="Bandwidth for the upload/download delay of 4 bytes per token (0: none)")
-@click.option("--itl-data", default="", metavar="FILE", help="ITL chunk CSV (from blis observe --record-itl): "
-              "adds the itl metric")
+@click.option("--itl-data", default="", metavar="FILE",
+              help="ITL chunk CSV (from blis observe --record-itl): adds the itl metric")
 @click.option("--plot", "plot_path", default="", metavar="FILE",
               help="Also draw sim vs real (per-request scatter and CDFs of TTFT and E2E) to "
               "this image file (.png, .svg, .pdf)")
@@ -99,16 +99,16 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
         from blis_fast.calibrate.plot import plot_calibration, render_plot
 
         image = render_plot(plot_calibration(result.pairs, result.report), plot_format)
+    _write("report", report, text.encode("utf-8"))
+    if image is not None:
+        try:
+            _write("plot", plot_path, image)
+        except BaseException:
+            os.unlink(report)  # all or nothing: no report without its asked-for plot
+            raise
     with _info_logging():
         for line in result.pairs.warnings:
             log.warning(line)
-        _write("report", report, text.encode("utf-8"))
-        if image is not None:
-            try:
-                _write("plot", plot_path, image)
-            except BaseException:
-                os.unlink(report)  # all or nothing: no report without its asked-for plot
-                raise
         for line in summary_lines(result.report, result.pairs, report):
             log.info(line)
         if image is not None:
