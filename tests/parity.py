@@ -3,7 +3,9 @@
 Comparison rules are those of tests/reference_cases/README.md: stdout JSON objects and
 ``key: value`` lines must match (integers exactly, floats to a relative error of 1e-9, section
 headers in order); the per-request results file must hold the same records (ties in
-``arrived_at`` may come in any order); a failing case needs a non-zero exit and no output file.
+``arrived_at`` may come in any order); a case's extra ``outputs`` files (``calibrate --report``)
+are compared too, less their ``ignore_keys``; a failing case needs a non-zero exit and no output
+file.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ REL_TOL = 1e-9
 PENDING_FAMILIES: dict[str, str] = {
     "as-": "issue 15 (autoscaler)",
     "pd-": "issue 14 (P/D disaggregation)",
-    "cal-": "issue 12 (calibrate)",
     "obs-": "issue 12 (observe)",
 }
 """Case-id prefixes of whole families waiting for a feature (every case of the family)."""
@@ -134,7 +135,8 @@ def run_case(case_id: str, workdir: Path) -> CaseRun:
 
     src = CASES_DIR / case_id
     case = load_case(case_id)
-    outputs = {"stdout.txt", "stderr.txt", "results.json", "trace.yaml", "trace.csv", "case.json"}
+    outputs = {"stdout.txt", "stderr.txt", "results.json", "trace.yaml", "trace.csv", "case.json",
+               *case.get("outputs", [])}
     for item in src.iterdir():
         if item.name not in outputs:
             if item.is_dir():
@@ -271,6 +273,66 @@ def compare_results(actual: object, expected: object) -> list[str]:
     return [f"results: type {type(actual).__name__} != {type(expected).__name__}"]
 
 
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _drop_keys(obj: object, keys: set[str]) -> object:
+    """``obj`` without the dict keys in ``keys``, at any depth."""
+    if isinstance(obj, dict):
+        return {k: _drop_keys(v, keys) for k, v in obj.items() if k not in keys}
+    if isinstance(obj, list):
+        return [_drop_keys(v, keys) for v in obj]
+    return obj
+
+
+def compare_lines(actual: str, expected: str, name: str, ignore_keys: set[str]) -> list[str]:
+    """Differences between two text files, line by line: the text with numbers masked must be
+    equal and the numbers equal (integers exactly, floats to REL_TOL); ``key: value`` lines of
+    an ignored key are dropped from both sides."""
+
+    def kept(text: str) -> list[str]:
+        return [line for line in text.splitlines()
+                if line.strip().split(":", 1)[0] not in ignore_keys]
+
+    a_lines, e_lines = kept(actual), kept(expected)
+    errors: list[str] = []
+    if len(a_lines) != len(e_lines):
+        errors.append(f"{name}: {len(a_lines)} lines != {len(e_lines)} expected")
+    for n, (la, le) in enumerate(zip(a_lines, e_lines, strict=False), start=1):
+        if _NUMBER.sub("#", la) != _NUMBER.sub("#", le):
+            errors.append(f"{name} line {n}: {la!r} != {le!r}")
+            continue
+        for va, ve in zip(_NUMBER.findall(la), _NUMBER.findall(le), strict=True):
+            _close(_parse_value(va), _parse_value(ve), f"{name} line {n}", errors)
+    return errors
+
+
+def compare_outputs(case: dict, src: Path, workdir: Path) -> list[str]:
+    """Differences in the case's extra ``outputs`` files (tests/reference_cases/README.md,
+    "Cases with more outputs"): a failing case must leave none of them behind; otherwise each
+    must exist and match the case's copy, ``.json`` files like results.json and other files
+    line by line, after dropping the ``ignore_keys`` from both sides."""
+    names = case.get("outputs", [])
+    if case["exit_code"] != 0:
+        return [f"output file {name} written by a failing run" for name in names
+                if (workdir / name).exists()]
+    ignore = set(case.get("ignore_keys", []))
+    errors: list[str] = []
+    for name in names:
+        actual_path = workdir / name
+        if not actual_path.is_file():
+            errors.append(f"{name} was not written")
+            continue
+        actual, expected = actual_path.read_text(), (src / name).read_text()
+        if name.endswith(".json"):
+            diffs = compare_results(_drop_keys(json.loads(actual), ignore),
+                                    _drop_keys(json.loads(expected), ignore))
+            errors += [f"{name}: {d}" for d in diffs]
+        else:
+            errors += compare_lines(actual, expected, name, ignore)
+    return errors
+
+
 MARCH_REFERENCE = "blis@9afd96ff"
 # A failing case only counts when blis_fast refuses the input for the case's reason: the
 # command and every flag must exist (click's messages for unknown ones are excluded).
@@ -332,7 +394,7 @@ def check_case(case_id: str, workdir: Path) -> list[str]:
         if UNKNOWN_INTERFACE.search(run.stderr):
             errors.append(f"refused for a missing command or flag, not the case's reason: "
                           f"{run.stderr.strip()!r}")
-        return errors
+        return errors + compare_outputs(case, src, workdir)
     if run.exit_code != 0:
         return [f"exit code {run.exit_code}: {run.stderr.strip()[-500:]}"]
     expected_stdout = (src / "stdout.txt").read_text()
@@ -351,6 +413,7 @@ def check_case(case_id: str, workdir: Path) -> list[str]:
             if march:
                 expected = _adopt_march_metrics(expected)
             errors += compare_results(json.loads(actual_path.read_text()), expected)
+    errors += compare_outputs(case, src, workdir)
     if (src / "trace.csv").is_file():
         exp_yaml = (src / "trace.yaml").read_text()
         exp_csv = (src / "trace.csv").read_text()

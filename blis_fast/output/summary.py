@@ -383,19 +383,25 @@ def results_text(metrics_dict: dict, requests: RequestColumns | None) -> str:
     return head[:-2] + ',\n  "requests": [\n' + _request_rows(requests) + "\n  ]\n}"
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` (mode 0644) through a temporary file in the same directory,
+    so a failure never leaves a partial file behind."""
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass", newline="") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8, newlines untranslated) to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8", errors="surrogatepass"))
 
 
 def write_results_file(

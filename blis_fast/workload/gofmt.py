@@ -5,7 +5,8 @@
 * ``go_g``      - ``strconv.FormatFloat(v, 'g', -1, 64)`` (also what ``%v`` prints);
 * ``go_f``      - ``strconv.FormatFloat(v, 'f', -1, 64)`` (shortest digits, no exponent);
 * ``go_parse_float`` - ``strconv.ParseFloat(s, 64)`` (``None`` where Go returns an error);
-* ``go_sscanf_int``  - ``fmt.Sscanf(s, "%d", &n)`` for an ``int`` (value or error text).
+* ``go_sscanf_int``  - ``fmt.Sscanf(s, "%d", &n)`` for an ``int`` (value or error text);
+* ``go_atoi``        - ``strconv.Atoi(s)`` for a 64-bit ``int`` (``None`` where Go errs).
 """
 
 from __future__ import annotations
@@ -133,6 +134,18 @@ def go_parse_float(s: str) -> float | None:
     if math.isinf(v):
         return None  # out of range: Go returns ±Inf with ErrRange
     return v
+
+
+_ATOI = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
+def go_atoi(s: str) -> int | None:
+    """Go ``strconv.Atoi(s)`` (optional sign, ASCII digits, no spaces or underscores, int64
+    range); ``None`` where Go returns an error."""
+    if not _ATOI.fullmatch(s):
+        return None
+    v = int(s)
+    return v if -(1 << 63) <= v < (1 << 63) else None
 
 
 _SCAN_SPACE = " \t\n\r\v\f\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"

@@ -20,7 +20,7 @@ from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
 from blis_fast.kernels.samplers import DIST_SEQUENCE
 from blis_fast.workload.generator import SessionBlueprint
-from blis_fast.workload.gofmt import go_quote
+from blis_fast.workload.gofmt import go_atoi, go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import SamplerSpec
 
@@ -59,6 +59,13 @@ class TraceRecords:
     audio_tokens: np.ndarray
     video_tokens: np.ndarray
     reason_ratio: np.ndarray
+    # Observed-trace columns (``blis observe``): read for ``blis calibrate``, unused by replay.
+    server_input_tokens: np.ndarray
+    send_us: np.ndarray
+    first_chunk_us: np.ndarray
+    last_chunk_us: np.ndarray
+    num_chunks: np.ndarray
+    status: list[str]
 
 
 def load_trace_header(path: str) -> dict:
@@ -72,13 +79,10 @@ def load_trace_header(path: str) -> dict:
 
 
 def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) -> int:
-    s = text
-    if not s or s.strip() != s:
+    """One integer column as Go's ``strconv.Atoi``/``ParseInt(s, 10, 64)`` reads it."""
+    v = go_atoi(text)
+    if v is None:
         raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}")
-    try:
-        v = int(s, 10)
-    except ValueError:
-        raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}") from None
     if minimum is not None and v < minimum:
         raise BlisInputError(f"--trace-data {path}: row {row}: {what} must be >= {minimum}, got {v}")
     return v
@@ -118,12 +122,14 @@ def load_trace_records(path: str) -> TraceRecords:
                                  f"[0, 1], got {ratio}")
         cols["reason_ratio"].append(ratio)
         deadline = _int(f[17], "deadline_us", row_no, path, 0)
-        _int(f[18], "server_input_tokens", row_no, path, 0)
+        cols["server_input_tokens"].append(_int(f[18], "server_input_tokens", row_no, path, 0))
         arrival = _int(f[19], "arrival_time_us", row_no, path)
-        for k, name in ((20, "send_time_us"), (21, "first_chunk_time_us"),
-                        (22, "last_chunk_time_us")):
-            _int(f[k], name, row_no, path)
-        _int(f[23], "num_chunks", row_no, path, 0)
+        for k, name, key in ((20, "send_time_us", "send_us"),
+                             (21, "first_chunk_time_us", "first_chunk_us"),
+                             (22, "last_chunk_time_us", "last_chunk_us")):
+            cols[key].append(_int(f[k], name, row_no, path))
+        cols["num_chunks"].append(_int(f[23], "num_chunks", row_no, path, 0))
+        cols["status"].append(f[24])
         if deadline > 0 and arrival > 0 and deadline < arrival:
             raise BlisInputError(f"--trace-data {path}: row {row_no}: deadline_us {deadline} "
                                  f"is before arrival_time_us {arrival}")
@@ -134,7 +140,8 @@ def load_trace_records(path: str) -> TraceRecords:
             cols[key].append(f[k])
     ints = ("request_id", "prefix_length", "input_tokens", "output_tokens", "deadline_us",
             "arrival_us", "round_index", "text_tokens", "image_tokens", "audio_tokens",
-            "video_tokens")
+            "video_tokens", "server_input_tokens", "send_us", "first_chunk_us", "last_chunk_us",
+            "num_chunks")
     cols["reason_ratio"] = np.array(cols["reason_ratio"], dtype=np.float64)
     return TraceRecords(**{k: (np.array(v, dtype=np.int64) if k in ints else v)
                            for k, v in cols.items()})

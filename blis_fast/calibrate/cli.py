@@ -1,0 +1,131 @@
+"""The ``blis calibrate`` command: flags of the reference (CAL-1.1, April) plus ``--plot``.
+
+The report goes to ``--report`` (nothing on stdout); the summary is logged on stderr after it.
+Errors are raised as ``BlisError`` and printed by ``blis_fast.cli`` (one line, exit 2); no
+file is written unless every check passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import click
+
+log = logging.getLogger("blis_fast")
+
+_REQUIRED = ("trace-header", "trace-data", "sim-results", "report")
+
+
+@contextlib.contextmanager
+def _info_logging():
+    """Show info lines for the command's duration (calibrate's summary is logged at info)."""
+    previous = log.level
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.setLevel(previous)
+
+
+def _int_flag(name: str, text: str) -> int:
+    from blis_fast.errors import BlisConfigError
+    from blis_fast.options import parse_go_int
+
+    try:
+        return parse_go_int(text)
+    except ValueError:
+        raise BlisConfigError(f"--{name}: invalid integer {text!r}") from None
+
+
+def _float_flag(name: str, text: str) -> float:
+    from blis_fast.errors import BlisConfigError
+    from blis_fast.workload.gofmt import go_parse_float
+
+    value = go_parse_float(text.strip())
+    if value is None:
+        raise BlisConfigError(f"--{name}: invalid number {text!r}")
+    return value
+
+
+@click.command("calibrate")
+@click.option("--trace-header", default="", metavar="FILE", help="Observed trace header YAML (from blis observe; "
+              "required)")
+@click.option("--trace-data", default="", metavar="FILE", help="Observed trace data CSV (from blis observe; "
+              "required)")
+@click.option("--sim-results", default="", metavar="FILE", help="SimResult JSON (from blis replay "
+              "--results-path; required)")
+@click.option("--report", default="", metavar="FILE", help="Calibration report JSON to write (required)")
+@click.option("--warmup-requests", default="-1", metavar="INT", show_default=True,
+              help="Exclude request ids below this (-1: the header's warm_up_requests; 0: none)")
+@click.option("--network-rtt-us", default="-1", metavar="INT", show_default=True,
+              help="RTT in µs added to the sim latencies (-1: the header's "
+              "network.measured_rtt_ms)")
+@click.option("--network-bandwidth-mbps", default="0", metavar="FLOAT", show_default=True,
+              help="Bandwidth for the upload/download delay of 4 bytes per token (0: none)")
+@click.option("--itl-data", default="", metavar="FILE",
+              help="ITL chunk CSV (from blis observe --record-itl): adds the itl metric")
+@click.option("--plot", "plot_path", default="", metavar="FILE",
+              help="Also draw sim vs real (per-request scatter and CDFs of TTFT and E2E) to "
+              "this image file (.png, .svg, .pdf)")
+def calibrate_command(trace_header: str, trace_data: str, sim_results: str, report: str,
+                      warmup_requests: str, network_rtt_us: str, network_bandwidth_mbps: str,
+                      itl_data: str, plot_path: str) -> None:
+    """Compare the latencies of an observed trace with a replay's SimResults."""
+    from blis_fast.calibrate.calibration import calibrate
+    from blis_fast.calibrate.report import report_text, summary_lines
+    from blis_fast.errors import BlisConfigError
+
+    warm_up = _int_flag("warmup-requests", warmup_requests)
+    rtt_us = _int_flag("network-rtt-us", network_rtt_us)
+    bandwidth = _float_flag("network-bandwidth-mbps", network_bandwidth_mbps)
+    given = {"trace-header": trace_header, "trace-data": trace_data,
+             "sim-results": sim_results, "report": report}
+    for name in _REQUIRED:
+        if not given[name]:
+            raise BlisConfigError(f"--{name} is required")
+    plot_format = None
+    if plot_path:
+        from blis_fast.calibrate.plot import check_plot_path
+
+        plot_format = check_plot_path(plot_path)
+    result = calibrate(trace_header, trace_data, sim_results, warmup_requests=warm_up,
+                       network_rtt_us=rtt_us, network_bandwidth_mbps=bandwidth,
+                       itl_data=itl_data or None)
+    text = report_text(result.report)
+    image = None
+    if plot_format is not None:
+        from blis_fast.calibrate.plot import plot_calibration, render_plot
+
+        image = render_plot(plot_calibration(result.pairs, result.report), plot_format)
+    _write("report", report, text.encode("utf-8"))
+    if image is not None:
+        try:
+            _write("plot", plot_path, image)
+        except BaseException:
+            os.unlink(report)  # all or nothing: no report without its asked-for plot
+            raise
+    with _info_logging():
+        for line in result.pairs.warnings:
+            log.warning(line)
+        for line in summary_lines(result.report, result.pairs, report):
+            log.info(line)
+        if image is not None:
+            log.info(f"Plot written to {plot_path}")
+
+
+def _write(flag: str, path: str, data: bytes) -> None:
+    """Write an output file atomically; an OS error names the flag and the path."""
+    from blis_fast.errors import BlisInputError
+    from blis_fast.output.summary import atomic_write_bytes
+
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as exc:
+        raise BlisInputError(f"--{flag} {path}: cannot write: {exc.strerror or exc}") from None
+
+
+def register(main_group: click.Group) -> None:
+    """Add ``calibrate`` to the ``blis`` command group."""
+    main_group.add_command(calibrate_command)
