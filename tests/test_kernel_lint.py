@@ -1,0 +1,106 @@
+"""The kernel contract, checked on the source (AST) of every module in ``blis_fast/kernels/``.
+
+Every jitted function (``njit``, ``cfunc``) is compiled with ``cache=True`` (a run never
+recompiles what an earlier run compiled), never with ``fastmath`` (it reorders float arithmetic
+and changes results against the reference), and contains no ``print``, ``raise``, ``assert`` or
+``open``: kernels report failures with status codes, and Python does the talking. Jitted code
+lives only in ``blis_fast/kernels/``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "blis_fast"
+KERNELS = PACKAGE / "kernels"
+JIT_DECORATORS = {"njit", "jit", "cfunc", "vectorize", "guvectorize", "generated_jit"}
+FORBIDDEN_CALLS = {"print", "open", "input", "exec", "eval"}
+
+
+def _decorator_name(node: ast.expr) -> str | None:
+    """``njit`` for ``@njit``, ``@njit(...)``, ``@numba.njit`` and ``@numba.njit(...)``."""
+    target = node.func if isinstance(node, ast.Call) else node
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    return None
+
+
+def _keywords(node: ast.expr) -> dict[str, ast.expr]:
+    return {k.arg: k.value for k in node.keywords if k.arg} if isinstance(node, ast.Call) else {}
+
+
+def jitted_functions(path: Path) -> list[tuple[ast.FunctionDef, ast.expr]]:
+    """(function, its jit decorator) for every jitted function of one module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.FunctionDef):
+            for deco in node.decorator_list:
+                if _decorator_name(deco) in JIT_DECORATORS:
+                    found.append((node, deco))
+    return found
+
+
+def contract_violations(path: Path) -> list[str]:
+    """Every breach of the kernel contract in one module, as ``file:line: message``."""
+    out = []
+    for fn, deco in jitted_functions(path):
+        where = f"{path.name}:{fn.lineno} {fn.name}"
+        kw = _keywords(deco)
+        cache = kw.get("cache")
+        if not (isinstance(cache, ast.Constant) and cache.value is True):
+            out.append(f"{where}: not compiled with cache=True")
+        if "fastmath" in kw and not (isinstance(kw["fastmath"], ast.Constant)
+                                     and kw["fastmath"].value is False):
+            out.append(f"{where}: fastmath changes results")
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Raise):
+                out.append(f"{where}: raises (return a status code instead)")
+            elif isinstance(node, ast.Assert):
+                out.append(f"{where}: asserts (return a status code instead)")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in FORBIDDEN_CALLS):
+                out.append(f"{where}: calls {node.func.id}()")
+    return out
+
+
+KERNEL_MODULES = sorted(KERNELS.glob("*.py"))
+
+
+@pytest.mark.parametrize("path", KERNEL_MODULES, ids=[p.name for p in KERNEL_MODULES])
+def test_kernel_module_keeps_the_contract(path):
+    assert contract_violations(path) == []
+
+
+def test_jitted_code_lives_only_in_kernels():
+    outside = [f"{p.relative_to(PACKAGE)}:{fn.lineno} {fn.name}"
+               for p in sorted(PACKAGE.rglob("*.py")) if KERNELS not in p.parents
+               for fn, _ in jitted_functions(p)]
+    assert outside == []
+
+
+def test_the_lint_sees_each_breach(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from numba import njit, cfunc\n"
+        "import numba\n"
+        "@njit\n"
+        "def a(x):\n    return x\n"
+        "@numba.njit(cache=True, fastmath=True)\n"
+        "def b(x):\n    print(x)\n    return x\n"
+        "@cfunc('int64(int64)', cache=False)\n"
+        "def c(x):\n    if x < 0:\n        raise ValueError('no')\n    assert x\n    return x\n"
+        "@njit(cache=True)\n"
+        "def good(x):\n    return x + 1\n"
+    )
+    found = contract_violations(bad)
+    assert any("a: not compiled with cache=True" in v for v in found)
+    assert any("b: fastmath" in v for v in found) and any("b: calls print()" in v for v in found)
+    assert any("c: not compiled with cache=True" in v for v in found)
+    assert any("c: raises" in v for v in found) and any("c: asserts" in v for v in found)
+    assert not any(" good:" in v for v in found)
+    assert len(KERNEL_MODULES) >= 10  # the glob sees the real kernels
