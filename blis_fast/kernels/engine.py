@@ -456,7 +456,7 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
             rs.hot[r, H_COMP] += n
         if rs.hot[r, H_PI] >= input_len[r] and output_len[r] > 0:
             if not (max_len > 0 and rs.hot[r, H_PI] + 1 > max_len - 1):
-                if not kvc.append_decode_token_fast(kv, i, r):
+                if not kvc.append_decode_token_fast(kv, i, r, rs.hot[r, H_PI]):
                     ok, budget, pre = _preempt_for_tokens(ins, rs, kv, i, r, np.int64(1),
                                                           input_len, budget, cached_buf, scratch)
                     preemption = preemption or pre
@@ -782,7 +782,8 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                     if rs.hot[r, H_PI] >= input_len[r] + max(output_len[r], 1) - 1:
                         rs.state[r] = ST_COMPLETED
                         if output_len[r] > 0 and rs.hot[r, H_PI] < input_len[r] + output_len[r]:
-                            if not kvc.append_decode_token_fast(kv, i, r) and not kvc.allocate(
+                            if not kvc.append_decode_token_fast(
+                                    kv, i, r, rs.hot[r, H_PI]) and not kvc.allocate(
                                     kv, i, r, rs.hot[r, H_PI], rs.hot[r, H_PI] + 1,
                                     np.int64(0) > 0, input_len[r], cached_buf, np.int64(0),
                                     scratch):

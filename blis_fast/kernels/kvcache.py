@@ -1,10 +1,13 @@
 """Block KV cache with prefix caching, LRU free list and optional CPU tier (ENG-5, DELTA-13/14).
 
 All instances' caches live in 2-D arrays indexed ``[instance, block]``. A block's token
-contents are never stored: a request's block list always covers consecutive block-aligned
-chunks of its token sequence (input ++ output), starting at chunk ``R_FIRST``, so the
-``j``-th block of a request holds chunk ``R_FIRST + j`` and its hash is
-``chain_hash(prev block's hash, chunk digest)`` exactly where the reference hashes the tokens.
+contents are never stored, only where they come from: the reference writes the tokens at
+positions ``[start, end)`` of the request's sequence (input ++ output) after the end of its
+block list, and hashes a block when it fills. A block filled by one block-aligned run holds
+that chunk, and its hash is ``chain_hash(prev block's hash, chunk digest)``. A CPU-tier reload
+can leave the list out of step with the next tokens (ENG-5.10.4: commits a failed allocation
+keeps, a queued request that keeps its committed blocks); the blocks written then hold
+unaligned runs, or runs from two places, and get a digest of those runs instead.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from blis_fast.kernels.hashing import chain_hash
+from blis_fast.kernels.hashing import chain_hash, splitmix64
 from blis_fast.kernels.prefetch import prefetch
 
 KVState = namedtuple(
@@ -34,10 +37,12 @@ KVState = namedtuple(
         "ht_log",
         # prefix hash table per instance (open addressing, linear probing; key 0 = empty)
         "ht",  # uint64 [n_instances, table_size, 2]: key, value side by side (one cache line)
-        # per request, int64 [n_requests, 4]: R_OFF offset of its block list in ``pool``,
-        # R_CNT blocks held (0 = no RequestMap entry), R_FIRST chunk index of its first block,
-        # R_LAST tokens in its last block. R_LAST is authoritative: the decode fast path bumps
-        # only it, and the last block's B_TOK is brought up to date before any other use.
+        # per request, int64 [n_requests, 8]: R_OFF offset of its block list in ``pool``,
+        # R_CNT blocks held (0 = no RequestMap entry), R_LAST tokens in its last block, and
+        # where the last block's tokens come from: R_RUN0 tokens written before its current
+        # run (0 when one run fills it), R_SEG sequence position of that run's first token,
+        # R_MIX digest of the earlier runs. R_LAST is authoritative: the decode fast path
+        # bumps only it, and the last block's B_TOK is brought up to date before any other use.
         "req",
         "pool",  # int64 block ids
         # request digests (from the RequestTable)
@@ -71,9 +76,11 @@ C_HEAD, C_TAIL, C_USED, C_FREETOP, C_EVICT, C_MIRROR, C_HIT, C_MISS, C_PENDING =
 B_REF, B_TOK, B_POS, B_FREE, B_HLO, B_HHI = 0, 1, 2, 4, 5, 6
 POS_MASK = (1 << 31) - 1  # B_POS holds a position modulo 2^31 (a ring spans far fewer)
 LOOK_RECORD, LOOK_HASH = 16, 8  # blocks ahead whose record / hash slot a loop prefetches
-R_OFF, R_CNT, R_FIRST, R_LAST = range(4)
+R_OFF, R_CNT, R_SEG, R_LAST, R_RUN0, R_MIX = range(6)
+REQ_FIELDS = 8
 CFG_BS, CFG_BLOCKS, CFG_TIERED, CFG_CPU_CAP, CFG_RELOAD_TICKS, CFG_HASH_DECODE, CFG_LOG = range(7)
 LOG_DELETE = np.uint64(0xFFFFFFFFFFFFFFFF)  # value recorded for a deleted key
+_RUN_SALT = np.uint64(0xD6E8FEB86659FD93)  # keeps run digests apart from chunk digests
 
 
 def pool_slots(input_len, output_len, block_size: int, tiered: bool):
@@ -122,7 +129,7 @@ def new_kv_state(
     while table_size < 2 * table_entries:
         table_size *= 2
     per_req = pool_slots(input_len, output_len, block_size, cpu_blocks > 0)
-    req = np.zeros((n_req, 4), dtype=np.int64)
+    req = np.zeros((n_req, REQ_FIELDS), dtype=np.int64)
     if n_req:
         req[1:, R_OFF] = np.cumsum(per_req)[:-1]
     pool = np.zeros(int(per_req.sum()) + int(pool_extra) + 1, dtype=np.int64)
@@ -426,11 +433,73 @@ def cached_blocks(kv, i, r, input_len, out):
     return count
 
 
+# ---------------------------------------------------------------- block contents
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _chunk_digest(kv, r, c):
+    """Content digest of chunk ``c`` of request ``r``; the sequence's last, partial chunk has
+    none, so it gets a value of its own (no other request holds those tokens)."""
+    k = kv.chunk_off[r] + c
+    if k < kv.chunk_off[r + 1]:
+        return kv.chunk_dig[k]
+    return splitmix64((np.uint64(r) << np.uint64(24)) ^ np.uint64(c) ^ _RUN_SALT)
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _run_digest(kv, r, pos, length):
+    """Digest of the tokens at positions ``[pos, pos + length)`` of request ``r``'s sequence
+    that do not form one aligned chunk: a function of the chunks they lie in and the offset."""
+    bs = kv.cfg[CFG_BS]
+    h = splitmix64(np.uint64(length) * _RUN_SALT ^ np.uint64(pos % bs))
+    for c in range(pos // bs, (pos + length - 1) // bs + 1):
+        h = splitmix64(h ^ _chunk_digest(kv, r, c))
+    return h
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _block_digest(kv, r, pos):
+    """Content digest of a full block written in one run from sequence position ``pos``."""
+    bs = kv.cfg[CFG_BS]
+    if pos % bs == 0:
+        return kv.chunk_dig[kv.chunk_off[r] + pos // bs]
+    return _run_digest(kv, r, pos, bs)
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _last_block_digest(kv, r):
+    """Content digest of request ``r``'s last block, now full (R_LAST == block size)."""
+    run0 = kv.req[r, R_RUN0]
+    if run0 == 0:
+        return _block_digest(kv, r, kv.req[r, R_SEG])
+    run = _run_digest(kv, r, kv.req[r, R_SEG], kv.cfg[CFG_BS] - run0)
+    return splitmix64(np.uint64(kv.req[r, R_MIX]) ^ run)
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _next_pos(kv, r):
+    """Sequence position that continues the run the last block of request ``r`` ends with."""
+    return kv.req[r, R_SEG] + kv.req[r, R_LAST] - kv.req[r, R_RUN0]
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _start_run(kv, r, pos):
+    """Tokens from ``pos`` go on in the partly filled last block, which ends elsewhere: close
+    its current run (fold it into R_MIX) and start a new one."""
+    mix = np.uint64(0)
+    if kv.req[r, R_RUN0] > 0:
+        mix = np.uint64(kv.req[r, R_MIX])
+    run = _run_digest(kv, r, kv.req[r, R_SEG], kv.req[r, R_LAST] - kv.req[r, R_RUN0])
+    kv.req[r, R_MIX] = np.int64(splitmix64(mix ^ run) >> np.uint64(1))
+    kv.req[r, R_RUN0] = kv.req[r, R_LAST]
+    kv.req[r, R_SEG] = pos
+
+
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _commit(kv, i, r, blocks, lo, hi):
+    """Append cached blocks ``blocks[lo:hi]`` (block ``k`` holds chunk ``k``) to the list."""
     off = kv.req[r, R_OFF]
-    if kv.req[r, R_CNT] == 0:
-        kv.req[r, R_FIRST] = 0
+    bs = kv.cfg[CFG_BS]
     for k in range(lo, hi):
         b = blocks[k]
         kv.blk[i, b, B_REF] += 1
@@ -443,11 +512,16 @@ def _commit(kv, i, r, blocks, lo, hi):
         kv.pool[off + kv.req[r, R_CNT]] = b
         kv.req[r, R_CNT] += 1
         kv.req[r, R_LAST] = kv.blk[i, b, B_TOK]
+        kv.req[r, R_SEG] = k * bs
+        kv.req[r, R_RUN0] = 0
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
-    """GPU-tier AllocateKVBlocks with the check-then-act pre-check (DELTA-13)."""
+    """GPU-tier AllocateKVBlocks with the check-then-act pre-check (DELTA-13).
+
+    Writes the tokens at sequence positions ``[start, end)`` after the end of the block list,
+    wherever that list ends (see the module docstring)."""
     bs = kv.cfg[CFG_BS]
     off = kv.req[r, R_OFF]
     ntok = end - start
@@ -474,30 +548,30 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
         return False
 
     remaining = ntok
+    pos = start  # sequence position of the next token written
     while remaining > 0:
         cnt = kv.req[r, R_CNT]
         latest = np.int64(-1)
         if cnt > 0:
             latest = kv.pool[off + cnt - 1]
-        else:
-            if n_cached > 0:
-                _commit(kv, i, r, cached, np.int64(0), n_cached)
-                cnt = kv.req[r, R_CNT]
-                latest = kv.pool[off + cnt - 1]
-            else:
-                kv.req[r, R_FIRST] = start // bs
+        elif n_cached > 0:
+            _commit(kv, i, r, cached, np.int64(0), n_cached)
+            cnt = kv.req[r, R_CNT]
+            latest = kv.pool[off + cnt - 1]
         # R_LAST equals the latest block's B_TOK here (synced above, kept in step below)
         if latest >= 0 and kv.req[r, R_LAST] > 0 and kv.req[r, R_LAST] < bs:
             take = min(bs - kv.blk[i, latest, B_TOK], remaining)
+            if pos != _next_pos(kv, r):
+                _start_run(kv, r, pos)
             kv.blk[i, latest, B_TOK] += take
             kv.req[r, R_LAST] = kv.blk[i, latest, B_TOK]
             remaining -= take
+            pos += take
             if kv.blk[i, latest, B_TOK] == bs and (in_prefill or kv.cfg[CFG_HASH_DECODE] == 1):
                 prev = np.uint64(0)
                 if cnt >= 2:
                     prev = _get_hash(kv, i, kv.pool[off + cnt - 2])
-                chunk = kv.req[r, R_FIRST] + cnt - 1
-                h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
+                h = chain_hash(prev, _last_block_digest(kv, r))
                 _set_hash(kv, i, latest, h)
                 _ht_put(kv, i, h, latest)
         else:
@@ -506,9 +580,10 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
             if in_prefill and kv.req[r, R_CNT] > 0:  # only prefill blocks are hashed here
                 prev = _get_hash(kv, i, kv.pool[off + kv.req[r, R_CNT] - 1])
             # the full blocks of a prefill are hashed into the table: ask for their slots
-            # LOOK_HASH blocks ahead (the chain is recomputed there, it is cheap)
-            n_hashed = remaining // bs if in_prefill else 0
-            dig0 = kv.chunk_off[r] + kv.req[r, R_FIRST] + kv.req[r, R_CNT]
+            # LOOK_HASH blocks ahead (the chain is recomputed there, it is cheap; only for
+            # block-aligned tokens, the usual case)
+            n_hashed = remaining // bs if in_prefill and pos % bs == 0 else 0
+            dig0 = kv.chunk_off[r] + pos // bs
             ahead = prev
             k_ahead = 0
             ht_mask = np.uint64(kv.ht.shape[1] - 1)
@@ -520,8 +595,7 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 take = min(bs, remaining)
                 h = prev
                 if take == bs and in_prefill:
-                    chunk = kv.req[r, R_FIRST] + kv.req[r, R_CNT]
-                    h = chain_hash(prev, kv.chunk_dig[kv.chunk_off[r] + chunk])
+                    h = chain_hash(prev, _block_digest(kv, r, pos))
                 b = _pop_free(kv, i)
                 kv.blk[i, b, B_TOK] = take
                 kv.blk[i, b, B_REF] = 1
@@ -536,14 +610,18 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
                 kv.pool[off + kv.req[r, R_CNT]] = b
                 kv.req[r, R_CNT] += 1
                 kv.req[r, R_LAST] = take
+                kv.req[r, R_SEG] = pos
+                kv.req[r, R_RUN0] = 0
                 remaining -= take
+                pos += take
     return True
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def append_decode_token_fast(kv, i, r):
-    """Decode allocation when the request's last block has room for the token (and filling it
-    needs no hash): only the block's token count changes, exactly as the general path would.
+def append_decode_token_fast(kv, i, r, pos):
+    """Decode allocation of the token at sequence position ``pos`` when the request's last
+    block has room for it, continues its run there, and filling it needs no hash: only the
+    block's token count changes, exactly as the general path would.
 
     Returns False when the general :func:`allocate` is needed (new block or block hashing).
     Inlined so the hot decode path does not copy the cache state into a call.
@@ -553,6 +631,8 @@ def append_decode_token_fast(kv, i, r):
     tok = kv.req[r, R_LAST]
     bs = kv.cfg[CFG_BS]
     if tok >= bs or (tok == bs - 1 and kv.cfg[CFG_HASH_DECODE] == 1):
+        return False
+    if kv.req[r, R_SEG] + tok - kv.req[r, R_RUN0] != pos:
         return False
     kv.req[r, R_LAST] = tok + 1
     # the token after the block fills allocates, reading the list end and updating the last
@@ -586,6 +666,7 @@ def release(kv, i, r):
             _free_append(kv, i, b)
     kv.req[r, R_CNT] = 0
     kv.req[r, R_LAST] = 0
+    kv.req[r, R_RUN0] = 0
 
 
 # ---------------------------------------------------------------- CPU tier
