@@ -173,11 +173,13 @@ def _resolve_latency(opts: RunOptions) -> LatencyConfig:
     return resolve_latency(lo)
 
 
-def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int, SessionPlan | None]:
+def _generate(opts: RunOptions, horizon: int
+              ) -> tuple[RequestTable, int, SessionPlan | None, bool]:
     """Workload source selection and generation (WL-1, WL-2, DELTA-28/29).
 
     Returns the requests, the simulation horizon (a spec's horizon applies unless
-    ``--horizon`` was given) and the closed-loop sessions the engine continues (or None).
+    ``--horizon`` was given), the closed-loop sessions the engine continues (or None) and
+    whether some input repeats an earlier request's output (accumulating multi-turn clients).
     """
     if opts.num_requests < 0:
         _fail(f"--num-requests must be >= 0, got {opts.num_requests}")
@@ -237,7 +239,7 @@ def _generate(opts: RunOptions, horizon: int) -> tuple[RequestTable, int, Sessio
     if timeout_applies:
         wl = apply_timeout_to_workload(wl, opts.timeout)
     sessions = SessionPlan(wl.sessions, wl.follow_up_budget) if wl.sessions else None
-    return wl.table, horizon, sessions
+    return wl.table, horizon, sessions, wl.outputs_reenter_inputs
 
 
 def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int, SessionPlan | None]:
@@ -427,10 +429,11 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
     opts.values["model"] = opts.model.lower()
     latency = _resolve_latency(opts)
     sessions = None
+    outputs_reenter = False  # replayed inputs never repeat outputs (follow-ups: ``sessions``)
     if replay:
         table, horizon, sessions = _replay_workload(opts)
     else:
-        table, horizon, sessions = _generate(opts, opts.horizon)
+        table, horizon, sessions, outputs_reenter = _generate(opts, opts.horizon)
     if opts.num_instances < 1:
         _fail("num-instances must be >= 1")
     if opts.num_instances > K.MAX_INSTANCES:
@@ -497,8 +500,10 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         alpha=alpha,
         output_token_time=int(output_token_processing_time(latency.code, alpha)),
         post_decode_overhead=int(post_decode_fixed_overhead(latency.code, alpha)),
-        # a follow-up's input holds its parent's output only when the session accumulates
-        hash_decode_blocks=bool(sessions and any(
+        # the reference hashes every block output tokens fill; a later request can match one
+        # only if its input repeats that output: rounds of an accumulating multi-turn client,
+        # open loop (pre-generated) or closed loop (follow-ups built at completion)
+        hash_decode_blocks=outputs_reenter or bool(sessions and any(
             bp.context_growth == "accumulate" for bp in sessions.blueprints)),
     )
     # diagnostics of a run that passed every check (a refused run prints only its error)

@@ -84,7 +84,8 @@ class EngineConfig:
     alpha: np.ndarray = field(default_factory=lambda: np.zeros(3))
     output_token_time: int = 0
     post_decode_overhead: int = 0
-    hash_decode_blocks: bool = False  # register decode-filled blocks (sessions; always if tiered)
+    hash_decode_blocks: bool = False  # register decode-filled blocks (accumulating sessions;
+    # always if tiered)
     seed: int = 42  # the run's --seed: the router's random stream derives from it
     routing_scorers: tuple[tuple[str, float], ...] = ()  # weighted routing; () = default profile
     snapshot_refresh_interval: int = 0

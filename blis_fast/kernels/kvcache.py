@@ -110,11 +110,12 @@ def new_kv_state(
 ) -> KVState:
     """Allocate an empty cache for every instance, sized from the workload.
 
-    Blocks completed by output tokens join the hash chain in the reference (ENG-5.4). Their
-    hashes can only ever be looked up when a later request's input contains an earlier
-    request's output (closed-loop sessions) or when the CPU tier mirrors them, so they are
-    registered only then (``hash_decode_blocks``, or tiered mode); otherwise skipping them
-    changes no output and halves the hash-table traffic.
+    Blocks completed by output tokens join the hash chain in the reference, for every
+    request (ENG-5.4). Their hashes can only ever be looked up when a later request's input
+    contains an earlier request's output (accumulating multi-turn sessions, open or closed
+    loop) or when the CPU tier mirrors them, so they are registered only then
+    (``hash_decode_blocks``, or tiered mode); otherwise skipping them changes no output and
+    halves the hash-table traffic.
 
     Closed-loop runs add requests while the simulation runs: ``pool_extra`` block-list slots
     are reserved beyond the listed requests' slices and the hash tables are sized for

@@ -162,6 +162,15 @@ class GeneratedWorkload:
     follow_up_budget: int = -1
     clients: list[ClientSpec] = field(default_factory=list)
 
+    @property
+    def outputs_reenter_inputs(self) -> bool:
+        """Whether some request's input repeats an earlier request's output tokens: a multi-turn
+        client accumulates context, in open loop (later rounds are drawn so, WL-6.2) or closed
+        loop (follow-ups are built so at completion, WL-6.5). Only then can the prefix cache
+        ever match a block that output tokens filled."""
+        return any(_has_multi_turn(c) and c.reasoning.multi_turn.context_growth == "accumulate"
+                   for c in self.clients)
+
 
 # --- Python side ------------------------------------------------------------------------------
 def _windows_overlap(a: LifecycleSpec | None, b: LifecycleSpec | None) -> bool:
