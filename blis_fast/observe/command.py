@@ -72,7 +72,7 @@ class ObserveOptions:
     record_itl: bool = False
     itl_output: str = ""
     output_dir: str = ""
-    interrupt_grace_s: float = 10.0
+    drain_timeout: float = 10.0
     given: frozenset[str] = frozenset()
 
     def is_given(self, name: str) -> bool:
@@ -125,6 +125,8 @@ def validate_flags(o: ObserveOptions) -> None:
         _fail(f"--min-tokens must be >= 0, got {o.min_tokens}")
     if o.timeout <= 0 or o.timeout > 86400:
         _fail(f"--timeout must be between 1 and 86400 seconds (1 day), got {o.timeout}")
+    if not (o.drain_timeout >= 0 and math.isfinite(o.drain_timeout)):
+        _fail(f"--drain-timeout must be a finite value >= 0, got {o.drain_timeout:g}")
     if (o.min_tokens > 0 and not o.unconstrained_output and not o.workload_spec
             and not o.workload and o.is_given("output_tokens")
             and o.min_tokens > o.output_tokens):
@@ -327,7 +329,7 @@ async def _observe(o: ObserveOptions, w: Workload) -> ObserveResult:
             max_concurrency=max_conc, warmup=o.warmup_requests, no_streaming=o.no_streaming,
             unconstrained=o.unconstrained_output, min_tokens=o.min_tokens,
             record_itl=o.record_itl, tokens_per_word=tpw, prefixes=prefixes,
-            prefix_lengths=w.group_lengths, grace_s=o.interrupt_grace_s,
+            prefix_lengths=w.group_lengths, grace_s=o.drain_timeout,
         )  # fmt: skip
         t0 = time.perf_counter()
         res = await Dispatcher(client, w.jobs, cfg, w.driver, w.blueprint_jobs).run()
@@ -414,6 +416,8 @@ _OPTIONS: tuple[tuple[str, object, object, str], ...] = (
     ("rtt-ms", _FLOAT, 0.0, "Measured network round-trip time (recorded in the header)"),
     ("itl-output", str, "", "ITL CSV path [default: <trace-data minus .csv>.itl.csv]"),
     ("output-dir", str, "", "Also write observed_requests.parquet here"),
+    ("drain-timeout", _FLOAT, 10.0, "After Ctrl-C, seconds to let in-flight requests finish "
+                                    "before aborting them"),
 )
 _BOOL_FLAGS = (
     ("no-streaming", "Never stream (stream false on every request)"),
