@@ -195,15 +195,24 @@ class RealClient:
             return req.max_output_tokens if req.max_output_tokens > 0 else DEFAULT_MAX_OUTPUT_TOKENS
         return MAX_INT32 if self.api_format != "chat" else 0
 
-    async def send(self, req: PendingRequest, timeout_s: float | None = None) -> RequestRecord:
+    def encode(self, req: PendingRequest) -> bytes | str:
+        """The request body as JSON bytes, or the marshal error text (done ahead of the send
+        time so pacing does not pay for it)."""
+        try:
+            return json.dumps(self.body(req)).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            return f"marshal error: {exc}"
+
+    async def send(self, req: PendingRequest, timeout_s: float | None = None,
+                   encoded: bytes | str | None = None) -> RequestRecord:
         """Send one request and return its record; never raises (an interrupt while the
-        request is in flight is recorded as ``error`` with a ``context canceled`` text)."""
+        request is in flight is recorded as ``error`` with a ``context canceled`` text).
+        ``encoded`` is :meth:`encode`'s result when the caller prepared it already."""
         rec = RequestRecord(request_id=req.request_id)
         url = self.endpoint
-        try:
-            data = json.dumps(self.body(req)).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            rec.status, rec.error_message = "error", f"marshal error: {exc}"
+        data = self.encode(req) if encoded is None else encoded
+        if isinstance(data, str):
+            rec.status, rec.error_message = "error", data
             return rec
         assert self._session is not None, "RealClient used outside 'async with'"
         kwargs = {}

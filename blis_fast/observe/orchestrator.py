@@ -124,10 +124,10 @@ class Dispatcher:
             unconstrained=c.unconstrained, min_tokens=c.min_tokens, deadline_us=job.deadline_us,
         )  # fmt: skip
 
-    async def _run_one(self, job: Job, idx: int) -> None:
+    async def _run_one(self, job: Job, pending: PendingRequest, encoded: bytes | str) -> None:
+        idx = pending.request_id
         try:
-            pending = self._pending(job, idx)
-            record = await self.client.send(pending)
+            record = await self.client.send(pending, encoded=encoded)
             if idx >= self.cfg.warmup:
                 self.observed.append(Observed(pending, record, job))
                 if self.cfg.record_itl and record.status == "ok" and record.chunk_timestamps:
@@ -186,13 +186,16 @@ class Dispatcher:
                     await self.wake.wait()
                     continue
                 return
+            # prompt and body are built before the wait, so the send happens on time
+            pending = self._pending(job, -1)
+            encoded = self.client.encode(pending)
             delay = self.start_mono + job.arrival_us / 1e6 - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             await self.sem.acquire()
-            idx = self.dispatched
+            pending.request_id = self.dispatched
             self.dispatched += 1
-            task = asyncio.get_running_loop().create_task(self._run_one(job, idx))
+            task = asyncio.get_running_loop().create_task(self._run_one(job, pending, encoded))
             self.inflight.add(task)
             task.add_done_callback(self.inflight.discard)
 

@@ -189,11 +189,15 @@ class RecordServer:
             return keep
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Cache-Control: no-cache\r\nConnection: close\r\n\r\n")
-        for ev in sse_events(body, chat, n, reason, usage):
-            if self.token_delay_s > 0:
+        events = [b"data: " + json.dumps(ev).encode() + b"\n\n"
+                  for ev in sse_events(body, chat, n, reason, usage)]  # fmt: skip
+        if self.token_delay_s > 0:
+            for ev in events:
                 await asyncio.sleep(self.token_delay_s)
-            writer.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
-            await writer.drain()
+                writer.write(ev)
+                await writer.drain()
+        else:
+            writer.write(b"".join(events))
         writer.write(b"data: [DONE]\n\n")
         await writer.drain()
         return False
