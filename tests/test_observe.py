@@ -289,3 +289,31 @@ def test_missing_output_directory_is_refused_before_sending(tmp_path):
         code, err, _ = _observe(url, tmp_path, "--trace-data", str(tmp_path / "no" / "t.csv"))
     assert code == 2 and "--trace-data" in err and err.count("\n") == 1
     assert (tmp_path / "received.jsonl").read_text() == ""
+
+
+# ---- token ids kept for prompts ----------------------------------------------------------------
+@pytest.mark.parametrize("case", ["obs-chat-spec-two-clients-prefix",
+                                  "obs-multiturn-closed-loop-3-rounds"])
+def test_kept_token_ids_hash_to_the_table_digests(case):
+    """The ids observe builds prompts from are the generator's own: their full blocks digest
+    to the table's chunk digests, and keeping them changes nothing else."""
+    import numpy as np
+
+    from blis_fast.kernels.hashing import block_digests
+    from blis_fast.workload.generator import generate_workload
+    from blis_fast.workload.spec_yaml import load_workload_spec
+
+    spec = load_workload_spec(str(ROOT / "tests/reference_cases/cases" / case / "spec.yaml"))
+    kept = generate_workload(spec, max_requests=spec.num_requests, keep_token_ids=True)
+    plain = generate_workload(spec, max_requests=spec.num_requests)
+    t = kept.table
+    assert plain.input_ids is None
+    assert np.array_equal(t.chunk_digests, plain.table.chunk_digests)
+    assert np.array_equal(t.arrival_us, plain.table.arrival_us)
+    bs = t.block_size
+    for i, ids in enumerate(kept.input_ids):
+        assert len(ids) == t.input_len[i]
+        n = len(ids) // bs
+        out = np.empty(n, dtype=np.uint64)
+        block_digests(np.asarray(ids, dtype=np.int64), 0, bs, n, out, 0)
+        assert np.array_equal(out, t.chunks(i)[:n])
