@@ -5,7 +5,11 @@
 Runs one observation in-process (the recording server in a child process) and prints JSON:
 rows recorded vs requests the server received, and the pacing error of every send
 (``send_time_us - (dispatch start + planned arrival)``) as p50/p99/max in milliseconds.
-``test_observe_pacing`` (marker ``bench``) asserts the targets: no row lost, p99 < 5 ms.
+``bench/test_observe_bench.py`` (marker ``bench``) asserts the targets: no row lost,
+p99 < 5 ms. Measured on the shared 2-core VM (load average ~4.5 from other jobs): 500/500
+rows, p99 5.6-6.9 ms at normal priority while a bare asyncio sleep loop alone had p99
+4.0-4.9 ms; under ``nice -n -10`` p99 4.5-4.8 ms. The p99 is the machine's scheduling delay
+plus about 1-2 ms of the client's own work.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ Answers follow the protocol the parity cases were recorded with:
   completion has ``max_tokens`` tokens if > 0, else ``min_tokens`` if > 0, else 16, capped at
   4096; ``finish_reason`` is ``length`` when ``max_tokens`` (or the cap) set the count.
   Streaming sends one SSE event per token (chat first sends a role-only delta), then a usage
-  event with empty ``choices`` if ``stream_options.include_usage``, then ``data: [DONE]``,
-  and closes the connection. Non-streaming sends one JSON body with ``usage``.
+  event with empty ``choices`` if ``stream_options.include_usage``, then ``data: [DONE]``
+  (chunked transfer encoding, connection kept open). Non-streaming sends one JSON body with
+  ``usage``.
 * ``GET /v1/models`` one model; ``GET /metrics`` a few fixed ``vllm:*`` lines; other paths 404;
   a POST body that is not a JSON object 400.
 ``--token-delay-ms`` (default 0) waits that long before each streamed token, to make streams
@@ -187,20 +188,23 @@ class RecordServer:
             await self._reply(writer, 200, "application/json",
                               json.dumps(whole_answer(body, chat, n, reason, usage)), keep)
             return keep
+        # HTTP/1.1 chunked stream: the connection stays open for the client's next request
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                     b"Cache-Control: no-cache\r\nConnection: close\r\n\r\n")
+                     b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
+                     + (b"Connection: keep-alive\r\n\r\n" if keep else b"Connection: close\r\n\r\n"))
         events = [b"data: " + json.dumps(ev).encode() + b"\n\n"
                   for ev in sse_events(body, chat, n, reason, usage)]  # fmt: skip
+        events.append(b"data: [DONE]\n\n")
         if self.token_delay_s > 0:
             for ev in events:
                 await asyncio.sleep(self.token_delay_s)
-                writer.write(ev)
+                writer.write(b"%x\r\n%s\r\n" % (len(ev), ev))
                 await writer.drain()
         else:
-            writer.write(b"".join(events))
-        writer.write(b"data: [DONE]\n\n")
+            writer.write(b"".join(b"%x\r\n%s\r\n" % (len(ev), ev) for ev in events))
+        writer.write(b"0\r\n\r\n")
         await writer.drain()
-        return False
+        return keep
 
     @staticmethod
     async def _reply(writer: asyncio.StreamWriter, code: int, ctype: str, text: str,
