@@ -8,10 +8,12 @@ itself never fails on server behaviour: failures become trace rows.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -372,11 +374,28 @@ def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
 
 def run_observe(o: ObserveOptions) -> ObserveResult:
     """Validate, generate, observe, write. Raises ``BlisError`` for bad input only."""
+    import asyncio
+
     validate_flags(o)
     w = build_workload(o)
     r = asyncio.run(_observe(o, w))
-    write_outputs(o, w, r)
+    with _signals_ignored():  # a second Ctrl-C must not cut the files short
+        write_outputs(o, w, r)
     return r
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    """Ignore SIGINT/SIGTERM for the duration (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 # ---- click --------------------------------------------------------------------------------
