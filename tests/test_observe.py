@@ -68,6 +68,8 @@ class Misbehaving:
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.received = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
 
     def __enter__(self) -> str:
         threading.Thread(target=self._run, daemon=True).start()
@@ -112,6 +114,16 @@ class Misbehaving:
             pass
         finally:
             writer.close()
+
+    async def _slow(self, writer, body) -> None:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        await asyncio.sleep(0.2)
+        self.in_flight -= 1
+        payload = json.dumps({"usage": {"prompt_tokens": 5, "completion_tokens": 3},
+                              "choices": [{"finish_reason": "length"}]}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+        await writer.drain()
 
     async def _stall(self, writer, body) -> None:
         await asyncio.sleep(30)
@@ -201,6 +213,19 @@ def test_server_failures_become_rows(tmp_path, mode, streaming, status, prefix, 
         assert r["output_tokens"] == "0"
     if streaming:  # failed requests get no ITL rows (OBS-8.4)
         assert (tmp_path / "t.itl.csv").read_text() == "request_id,chunk_index,timestamp_us\n"
+
+
+def test_max_concurrency_bounds_requests_in_flight(tmp_path):
+    # 8 requests due within 40 ms, each answered after 200 ms: with 2 slots the server never
+    # sees more than 2 at once, and the later ones are sent late (slot wait, OBS-5.3/5.4)
+    server = Misbehaving("slow")
+    with server as url:
+        code, err, rows = _observe(url, tmp_path, "--max-concurrency", "2", "--rate", "200", n=8)
+    assert code == 0, err
+    assert [r["status"] for r in rows] == ["ok"] * 8
+    assert server.max_in_flight == 2
+    sends = sorted(int(r["send_time_us"]) for r in rows)
+    assert sends[-1] - sends[0] >= 3 * 200_000 * 0.9  # four waves of two
 
 
 def test_garbage_stream_counts_data_lines_until_done(tmp_path):
