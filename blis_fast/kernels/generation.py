@@ -534,7 +534,7 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
     ctx = np.empty(1024, dtype=np.int64)
     want_ids = keep_ids != 0
     in_ids = np.empty(4096 if want_ids else 0, dtype=np.int32)
-    in_off = np.zeros(cap0 + 1, dtype=np.int64)
+    in_off = np.zeros(cap0 + 1 if want_ids else 1, dtype=np.int64)
     n_ids = 0
     p_ids = np.empty(1024 if want_ids else 0, dtype=np.int32)  # pending rounds' ids, append-only
     p_idoff = np.zeros(256, dtype=np.int64)
@@ -554,7 +554,8 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
             rows = _grow_2d(rows, cap)
             ratio = _grow_1d(ratio, cap)
             offsets = _grow_1d(offsets, cap + 1)
-            in_off = _grow_1d(in_off, cap + 1)
+            if want_ids:
+                in_off = _grow_1d(in_off, cap + 1)
         if ref >= 0:
             # a pending session round: copy it out
             ln = pdlen[ref]
@@ -568,7 +569,7 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
             offsets[n + 1] = nd
             if want_ids:
                 in_ids, n_ids = _put_ids(in_ids, n_ids, p_ids, p_idoff[ref], p_idlen[ref])
-            in_off[n + 1] = n_ids
+                in_off[n + 1] = n_ids
             n += 1
             if nfree == free.shape[0]:
                 free = _grow_1d(free, 2 * nfree)
@@ -648,7 +649,7 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
                         offsets[n + 1] = nd
                         if want_ids:
                             in_ids, n_ids = _put_ids(in_ids, n_ids, tok, 0, plen + ilen)
-                        in_off[n + 1] = n_ids
+                            in_off[n + 1] = n_ids
                         n += 1
                     else:
                         if nfree > 0:
@@ -800,7 +801,7 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
             offsets[n + 1] = nd
             if want_ids:
                 in_ids, n_ids = _put_ids(in_ids, n_ids, tok, 0, plen + ilen)
-            in_off[n + 1] = n_ids
+                in_off[n + 1] = n_ids
             n += 1
             cl_count[k] += 1
 
@@ -816,7 +817,7 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
     return (np.int64(status), np.int64(err_k), np.int64(err_s), rows[:n], ratio[:n],
             offsets[: n + 1], digests,
             sess_val[:ns], sess_r0[: 3 * ns], r0_tok[:nr0], first_in, fcap_tok, g_off,
-            prefix_tok, in_ids[:n_ids], in_off[: n + 1])  # fmt: skip
+            prefix_tok, in_ids[:n_ids], in_off[: n + 1] if want_ids else in_off)  # fmt: skip
 
 
 @njit(cache=True)
