@@ -20,6 +20,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import parity_observe
+
 # The repository's copy of the reference cases (tests/reference_cases/README.md).
 CASES_DIR = Path(__file__).resolve().parent / "reference_cases" / "cases"
 REL_TOL = 1e-9
@@ -29,7 +31,6 @@ REL_TOL = 1e-9
 PENDING_FAMILIES: dict[str, str] = {
     "as-": "issue 15 (autoscaler)",
     "pd-": "issue 14 (P/D disaggregation)",
-    "obs-": "issue 12 (observe)",
 }
 """Case-id prefixes of whole families waiting for a feature (every case of the family)."""
 
@@ -129,14 +130,19 @@ def pending_reason(case_id: str) -> str | None:
     return None
 
 
-def run_case(case_id: str, workdir: Path) -> CaseRun:
-    """Copy the case's inputs into ``workdir`` and run ``blis <subcommand> <args>`` there."""
+def run_case(case_id: str, workdir: Path, args: list[str] | None = None,
+             exclude: set[str] | frozenset[str] = frozenset()) -> CaseRun:
+    """Copy the case's inputs into ``workdir`` and run ``blis <subcommand> <args>`` there.
+
+    ``args`` replaces the case's arguments (e.g. with a server URL filled in); files named in
+    ``exclude`` are expected outputs and are not copied.
+    """
     from blis_fast.cli import main
 
     src = CASES_DIR / case_id
     case = load_case(case_id)
     outputs = {"stdout.txt", "stderr.txt", "results.json", "trace.yaml", "trace.csv", "case.json",
-               *case.get("outputs", [])}
+               *case.get("outputs", []), *exclude}
     for item in src.iterdir():
         if item.name not in outputs:
             if item.is_dir():
@@ -150,7 +156,7 @@ def run_case(case_id: str, workdir: Path) -> CaseRun:
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                main([case["subcommand"], *case["args"]])
+                main([case["subcommand"], *(case["args"] if args is None else args)])
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
     finally:
@@ -379,6 +385,8 @@ def _adopt_march_trace(yaml_text: str, csv_text: str, seed: int, timeout_s: int)
 def check_case(case_id: str, workdir: Path) -> list[str]:
     """Run one case and return every difference from the reference's outputs."""
     case = load_case(case_id)
+    if parity_observe.handles(case):
+        return parity_observe.check_observe_case(case_id, workdir)
     src = CASES_DIR / case_id
     march = case["reference"].startswith(MARCH_REFERENCE)
     run = run_case(case_id, workdir)

@@ -36,6 +36,7 @@ class FollowUp:
     deadline_us: int
     round_index: int
     digests: np.ndarray  # uint64 content digests of the full blocks of input ++ output
+    input_ids: np.ndarray | None = None  # int64 input token ids (prefix and context included)
 
 
 @dataclass
@@ -94,12 +95,16 @@ class SessionDriver:
         return int(sample_length(self._rng[b], sampler.code, sampler.params))
 
     def on_outcome(self, b: int, tick: int, completed: bool, progress_index: int,
-                   input_len: int) -> FollowUp | None:
+                   input_len: int, output_ids: np.ndarray | None = None) -> FollowUp | None:
         """``OnComplete`` for a request of session ``b`` that ended at ``tick``.
 
         ``completed`` is False for a timeout or a drop (the session is cancelled);
-        ``progress_index`` and ``input_len`` are the finished request's.
+        ``progress_index`` and ``input_len`` are the finished request's. ``output_ids``
+        replaces the finished request's drawn output ids in an accumulated context
+        (``blis observe`` passes ``1..k`` for the k tokens a real server returned, OBS-5.6).
         """
+        if output_ids is not None:
+            self._last_output[b] = np.asarray(output_ids, np.int64)
         if self.state[b] != ACTIVE:
             return None
         if not completed:
@@ -147,6 +152,7 @@ class SessionDriver:
             deadline_us=session_deadline(arrival, bp.timeout),
             round_index=rnd,
             digests=_digests(np.concatenate((tokens, out_ids)), self.block_size),
+            input_ids=tokens,
         )
 
     def _accumulate(self, b: int, actual_out: int, new_ids: np.ndarray) -> np.ndarray:

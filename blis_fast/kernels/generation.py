@@ -127,6 +127,16 @@ def _compact_pool(pdig, pdoff, pdlen, plive, npend, need):
 
 
 @njit(cache=True)
+def _put_ids(buf, used, src, start, count):
+    """Append ``src[start:start+count]`` to the int32 id buffer ``buf`` (grown as needed)."""
+    if used + count > buf.shape[0]:
+        buf = _grow_1d(buf, max(used + count, 2 * buf.shape[0]))
+    for j in range(count):
+        buf[used + j] = src[start + j]
+    return buf, used + count
+
+
+@njit(cache=True)
 def _in_window(t, w0, w1, win_start, win_end):
     for w in range(w0, w1):
         if win_start[w] <= t < win_end[w]:
@@ -403,18 +413,22 @@ def _error_result(status, k, sampler, g_off, prefix_tok):
     z = np.zeros(0, dtype=np.int64)
     return (np.int64(status), np.int64(k), np.int64(sampler), np.zeros((0, N_R), dtype=np.int64),
             np.zeros(0), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint64), z, z,
-            np.zeros(0, dtype=np.int32), z, z, g_off, prefix_tok)  # fmt: skip
+            np.zeros(0, dtype=np.int32), z, z, g_off, prefix_tok, np.zeros(0, dtype=np.int32),
+            np.zeros(1, dtype=np.int64))  # fmt: skip
 
 
 # --- the kernel -------------------------------------------------------------------------------
 @njit(cache=True)
 def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, win_end,
-                    horizon, block_size, fcap_total, max_requests):  # fmt: skip
+                    horizon, block_size, fcap_total, max_requests, keep_ids):  # fmt: skip
     """Replay the reference's draws and emit the first ``max_requests`` rows in final order.
 
     Returns (status, err_client, err_sampler, rows, ratio, offsets, digest_buffer, sess_val,
-    sess_r0, r0_tok, first_in, fcap_tok, g_off, prefix_tok); the digests are
-    ``digest_buffer[:offsets[-1]]``.
+    sess_r0, r0_tok, first_in, fcap_tok, g_off, prefix_tok, in_ids, in_off); the digests are
+    ``digest_buffer[:offsets[-1]]``. With ``keep_ids`` != 0 the input token ids of every row
+    are kept (``in_ids[in_off[i]:in_off[i + 1]]``, group prefix included; empty for rows the
+    conversion drops) for ``blis observe``, which builds prompts from them (OBS-4.3);
+    otherwise ``in_off`` stays zero.
     """
     wg = new_source(wg_seed)
     bs = block_size
@@ -518,6 +532,14 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
     fcap_tok = np.zeros(fcap_total, dtype=np.int64)
     tok = np.empty(8192, dtype=np.int64)
     ctx = np.empty(1024, dtype=np.int64)
+    want_ids = keep_ids != 0
+    in_ids = np.empty(4096 if want_ids else 0, dtype=np.int32)
+    in_off = np.zeros(cap0 + 1 if want_ids else 1, dtype=np.int64)
+    n_ids = 0
+    p_ids = np.empty(1024 if want_ids else 0, dtype=np.int32)  # pending rounds' ids, append-only
+    p_idoff = np.zeros(256, dtype=np.int64)
+    p_idlen = np.zeros(256, dtype=np.int64)
+    np_ids = 0
     n = 0
     nd = 0
     ns = 0
@@ -532,6 +554,8 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
             rows = _grow_2d(rows, cap)
             ratio = _grow_1d(ratio, cap)
             offsets = _grow_1d(offsets, cap + 1)
+            if want_ids:
+                in_off = _grow_1d(in_off, cap + 1)
         if ref >= 0:
             # a pending session round: copy it out
             ln = pdlen[ref]
@@ -543,6 +567,9 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
             rows[n] = prow[ref]
             ratio[n] = pratio[ref]
             offsets[n + 1] = nd
+            if want_ids:
+                in_ids, n_ids = _put_ids(in_ids, n_ids, p_ids, p_idoff[ref], p_idlen[ref])
+                in_off[n + 1] = n_ids
             n += 1
             if nfree == free.shape[0]:
                 free = _grow_1d(free, 2 * nfree)
@@ -620,6 +647,9 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
                         row = rows[n]
                         ratio[n] = rv
                         offsets[n + 1] = nd
+                        if want_ids:
+                            in_ids, n_ids = _put_ids(in_ids, n_ids, tok, 0, plen + ilen)
+                            in_off[n + 1] = n_ids
                         n += 1
                     else:
                         if nfree > 0:
@@ -632,6 +662,8 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
                                 pdoff = _grow_1d(pdoff, 2 * npend)
                                 pdlen = _grow_1d(pdlen, 2 * npend)
                                 plive = _grow_1d(plive, 2 * npend)
+                                p_idoff = _grow_1d(p_idoff, 2 * npend)
+                                p_idlen = _grow_1d(p_idlen, 2 * npend)
                             slot = npend
                             npend += 1
                         plive[slot] = False
@@ -645,6 +677,11 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
                                                  pdig, npd)  # fmt: skip
                         pdlen[slot] = npd - pdoff[slot]
                         pratio[slot] = rv
+                        p_idoff[slot] = np_ids
+                        if want_ids and keep:
+                            p_ids, np_ids = _put_ids(p_ids, np_ids, tok, 0,
+                                                     plen + body_ctx + ilen)  # fmt: skip
+                        p_idlen[slot] = np_ids - p_idoff[slot]
                         row = prow[slot]
                         h, hn = _h_push(h, hn, cur, k, seq, slot)
                         seq += 1
@@ -762,6 +799,9 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
             row[R_DROP] = 0
             ratio[n] = 0.0
             offsets[n + 1] = nd
+            if want_ids:
+                in_ids, n_ids = _put_ids(in_ids, n_ids, tok, 0, plen + ilen)
+                in_off[n + 1] = n_ids
             n += 1
             cl_count[k] += 1
 
@@ -777,13 +817,16 @@ def generate_kernel(wg_seed, group_len, ci, cf, s_code, s_off, sp, win_start, wi
     return (np.int64(status), np.int64(err_k), np.int64(err_s), rows[:n], ratio[:n],
             offsets[: n + 1], digests,
             sess_val[:ns], sess_r0[: 3 * ns], r0_tok[:nr0], first_in, fcap_tok, g_off,
-            prefix_tok)  # fmt: skip
+            prefix_tok, in_ids[:n_ids], in_off[: n + 1] if want_ids else in_off)  # fmt: skip
 
 
 @njit(cache=True)
 def concurrency_kernel(crng_seed, u_client, u_arrival, ci, s_code, s_off, sp, group_len, g_off,
-                       prefix_tok, block_size):  # fmt: skip
-    """DELTA-47 seeds: per user, a user stream from ``crng``, one request, a blueprint seed."""
+                       prefix_tok, block_size, keep_ids):  # fmt: skip
+    """DELTA-47 seeds: per user, a user stream from ``crng``, one request, a blueprint seed.
+
+    With ``keep_ids`` != 0 each seed's input token ids are kept as in ``generate_kernel``.
+    """
     crng = new_source(crng_seed)
     m = u_client.shape[0]
     rows = np.zeros((m, N_R), dtype=np.int64)
@@ -791,6 +834,9 @@ def concurrency_kernel(crng_seed, u_client, u_arrival, ci, s_code, s_off, sp, gr
     bp_seed = np.zeros(m, dtype=np.int64)
     digests = np.empty(1024, dtype=np.uint64)
     tok = np.empty(8192, dtype=np.int64)
+    in_ids = np.empty(0, dtype=np.int32)
+    in_off = np.zeros(m + 1, dtype=np.int64)
+    n_ids = 0
     nd = 0
     for i in range(m):
         k = u_client[i]
@@ -800,7 +846,7 @@ def concurrency_kernel(crng_seed, u_client, u_arrival, ci, s_code, s_off, sp, gr
         ilen = sample_length_at(us, s_code[s_in], sp, s_off[s_in])
         olen = sample_length_at(us, s_code[s_out], sp, s_off[s_out])
         if ilen < 0 or olen < 0:
-            return STATUS_NEGATIVE_LENGTH, rows, offsets, digests[:0], bp_seed
+            return STATUS_NEGATIVE_LENGTH, rows, offsets, digests[:0], bp_seed, in_ids, in_off
         g = ci[k, CI_GROUP]
         plen = group_len[g] if g >= 0 else 0
         total = plen + ilen + olen
@@ -821,8 +867,11 @@ def concurrency_kernel(crng_seed, u_client, u_arrival, ci, s_code, s_off, sp, gr
         rows[i, R_CLIENT] = k
         rows[i, R_SESS] = -1
         offsets[i + 1] = nd
+        if keep_ids != 0:
+            in_ids, n_ids = _put_ids(in_ids, n_ids, tok, 0, plen + ilen)
+        in_off[i + 1] = n_ids
         bp_seed[i] = int63(crng)
-    return STATUS_OK, rows, offsets, digests[:nd], bp_seed
+    return STATUS_OK, rows, offsets, digests[:nd], bp_seed, in_ids[:n_ids], in_off
 
 
 @njit(cache=True)

@@ -161,6 +161,9 @@ class GeneratedWorkload:
     sessions: list[SessionBlueprint] = field(default_factory=list)
     follow_up_budget: int = -1
     clients: list[ClientSpec] = field(default_factory=list)
+    # the input token ids of each table row (group prefix included), only when asked for
+    # with ``keep_token_ids`` (``blis observe`` builds its prompts from them, OBS-4.3)
+    input_ids: list[np.ndarray] | None = None
 
     @property
     def outputs_reenter_inputs(self) -> bool:
@@ -325,6 +328,8 @@ class _Raw:
     group_len: np.ndarray
     samplers: _Samplers
     ci: np.ndarray
+    in_ids: np.ndarray
+    in_off: np.ndarray
 
 
 def _wrap64(v: int) -> int:
@@ -347,7 +352,7 @@ def _working_spec(spec: WorkloadSpec) -> tuple[WorkloadSpec, list[ClientSpec]]:
 
 
 def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
-         conversion: bool) -> _Raw:  # fmt: skip
+         conversion: bool, keep_ids: bool = False) -> _Raw:  # fmt: skip
     """GenerateRequests: every client's requests, merged in arrival order and truncated."""
     work, clients = _working_spec(spec)
     k_n = len(clients)
@@ -458,9 +463,10 @@ def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
         ci, cf, s_code, s_off, sp,
         np.asarray(win_start, dtype=np.int64), np.asarray(win_end, dtype=np.int64),
         np.int64(horizon), np.int64(block_size), np.int64(fcap_total), np.int64(max_requests),
+        np.int64(1 if keep_ids else 0),
     )  # fmt: skip
     (status, err_k, err_s, rows, ratio, offsets, digests, sess_val, sess_r0, r0_tok,
-     first_in, fcap_tok, g_off, prefix_tok) = res  # fmt: skip
+     first_in, fcap_tok, g_off, prefix_tok, in_ids, in_off) = res  # fmt: skip
     if status == STATUS_SAMPLER_ERROR:
         raise smp.error(clients[err_k], err_s)
     if status == STATUS_NEGATIVE_LENGTH:
@@ -472,7 +478,7 @@ def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
         digests = digests[:nd]
     return _Raw(work, clients, rows, ratio, offsets, digests, sess_val, sess_r0, r0_tok,
                 first_in, fcap_tok, fcap_off, g_off, prefix_tok, group_of,
-                np.asarray(group_len, dtype=np.int64), smp, ci)  # fmt: skip
+                np.asarray(group_len, dtype=np.int64), smp, ci, in_ids, in_off)  # fmt: skip
 
 
 def _assemble(raw: _Raw, rows, ratio, offsets, digests, sess_names, block_size) -> RequestTable:
@@ -553,16 +559,23 @@ def generate_workload(
     horizon: int = MAX_INT64,
     max_requests: int = 0,
     block_size: int = 16,
+    keep_token_ids: bool = False,
 ) -> GeneratedWorkload:
     """The reference's ``GenerateWorkload`` (WL-6.4, DELTA-47/49): requests and blueprints.
 
     The table holds the pre-generated requests (round 0 of closed-loop sessions, every
     round of open-loop sessions, non-session requests, concurrency seeds) sorted by arrival.
-    ``spec`` is not modified.
+    ``spec`` is not modified. ``keep_token_ids`` also returns each row's input token ids.
     """
     if not _check_args(spec, horizon, max_requests, block_size):
-        return GeneratedWorkload(_empty_table(spec, block_size), [], -1, [])
-    raw = _run(spec, horizon, max_requests, block_size, conversion=True)
+        return GeneratedWorkload(_empty_table(spec, block_size), [], -1, [],
+                                 [] if keep_token_ids else None)  # fmt: skip
+    raw = _run(spec, horizon, max_requests, block_size, conversion=True,
+               keep_ids=keep_token_ids)  # fmt: skip
+
+    def ids_of(ids: np.ndarray, off: np.ndarray, rows_idx) -> list[np.ndarray]:
+        return [ids[off[p] : off[p + 1]] for p in rows_idx]
+
     clients = raw.clients
     vals = raw.sess_val
     has_cl = any(is_closed_loop(c) for c in clients)
@@ -570,7 +583,8 @@ def generate_workload(
     if not has_cl and not has_conc:
         table = _assemble(raw, raw.rows, raw.ratio, raw.offsets, raw.digests,
                           lambda s: f"sess_{int(vals[s])}", block_size)  # fmt: skip
-        return GeneratedWorkload(table, [], -1, clients)
+        ids = ids_of(raw.in_ids, raw.in_off, range(table.n)) if keep_token_ids else None
+        return GeneratedWorkload(table, [], -1, clients, ids)
 
     rows = raw.rows
     is_r0 = (rows[:, R_SESS] >= 0) & (rows[:, R_ROUND] == 0)
@@ -648,10 +662,11 @@ def generate_workload(
     if s_code.shape[0] == 0:
         s_code = np.full(1, SAMPLER_ABSENT, dtype=np.int64)
         s_off = np.zeros(1, dtype=np.int64)
-    st, c_rows, c_off, c_dig, c_bp = K.concurrency_kernel(
+    st, c_rows, c_off, c_dig, c_bp, c_ids, c_idoff = K.concurrency_kernel(
         np.int64(_wrap64(raw.spec.seed + CONCURRENCY_SEED_OFFSET)),
         np.asarray(u_client, dtype=np.int64), np.asarray(u_arrival, dtype=np.int64),
         ci2, s_code, s_off, sp, raw.group_len, raw.g_off, raw.prefix_tok, np.int64(block_size),
+        np.int64(1 if keep_token_ids else 0),
     )  # fmt: skip
     if st == STATUS_NEGATIVE_LENGTH:
         raise BlisInputError("a length distribution produced a negative token count")
@@ -690,6 +705,11 @@ def generate_workload(
         return f"sess_{int(vals[s])}"
 
     table = _assemble(raw, all_rows, all_ratio, csr_off, new_dig, name, block_size)
+    row_ids = None
+    if keep_token_ids:
+        merged = (ids_of(raw.in_ids, raw.in_off, kept_pos.tolist())
+                  + ids_of(c_ids, c_idoff, range(m)))  # fmt: skip
+        row_ids = [merged[o] for o in order.tolist()]
 
     # row of each session's round 0 in the final table
     final_pos = np.empty(order.shape[0], dtype=np.int64)
@@ -739,7 +759,7 @@ def generate_workload(
     budget = -1
     if max_requests > 0 and total_users > 0:
         budget = max(0, int(max_requests) - table.n)
-    return GeneratedWorkload(table, blueprints, budget, clients)
+    return GeneratedWorkload(table, blueprints, budget, clients, row_ids)
 
 
 # --- deadlines after generation (DELTA-28) ----------------------------------------------------

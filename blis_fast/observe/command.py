@@ -1,0 +1,474 @@
+"""``blis observe``: send a generated workload to a real server and record a trace (OBS-1..8).
+
+Flags, their defaults and the order of the checks are the April reference's (``--min-tokens``,
+no prewarm/scrape/goodput flags). Every check runs before anything is sent or written; a
+refusal is one ``BlisConfigError``/``BlisInputError`` line (exit 2 from the CLI). The run
+itself never fails on server behaviour: failures become trace rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from blis_fast.errors import BlisConfigError, BlisInputError
+
+if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba out of it
+    from blis_fast.observe.client import RealClient
+    from blis_fast.observe.orchestrator import DispatchResult, Job
+
+log = logging.getLogger("blis_fast.observe")
+
+MAX_INT64 = (1 << 63) - 1
+RATIO_TIMEOUT_S = 30.0
+
+
+@dataclass
+class ObserveOptions:
+    """The flags of ``blis observe`` (April reference names and defaults) plus ``given``."""
+
+    server_url: str = ""
+    model: str = ""
+    trace_header: str = ""
+    trace_data: str = ""
+    workload_spec: str = ""
+    workload: str = ""
+    defaults_filepath: str = ""
+    rate: float = 0.0
+    concurrency: int = 0
+    think_time_ms: int = 0
+    think_time_dist: str = ""
+    seed: int = 42
+    horizon: int = 0
+    num_requests: int = 0
+    prompt_tokens: int = 512
+    prompt_tokens_stdev: int = 256
+    prompt_tokens_min: int = 2
+    prompt_tokens_max: int = 7000
+    output_tokens: int = 512
+    output_tokens_stdev: int = 256
+    output_tokens_min: int = 2
+    output_tokens_max: int = 7000
+    prefix_tokens: int = 0
+    api_key: str = ""
+    server_type: str = "vllm"
+    api_format: str = "completions"
+    no_streaming: bool = False
+    unconstrained_output: bool = False
+    min_tokens: int = 0
+    timeout: int = 300
+    max_concurrency: int = 256
+    warmup_requests: int = 0
+    rtt_ms: float = 0.0
+    record_itl: bool = False
+    itl_output: str = ""
+    output_dir: str = ""
+    drain_timeout: float = 10.0
+    given: frozenset[str] = frozenset()
+
+    def is_given(self, name: str) -> bool:
+        return name in self.given
+
+
+def _fail(msg: str) -> None:
+    raise BlisConfigError(msg)
+
+
+def validate_flags(o: ObserveOptions) -> None:
+    """The flag checks of ``runObserve`` in the reference's order (OBS-1.2, April level)."""
+    for flag, value in (("server-url", o.server_url), ("model", o.model),
+                        ("trace-header", o.trace_header), ("trace-data", o.trace_data)):
+        if not value:
+            _fail(f"--{flag} is required")
+    if o.itl_output and not o.record_itl:
+        log.warning("--itl-output is set but --record-itl is not enabled; no ITL data will be written")
+    if not o.workload and not o.workload_spec and not o.is_given("rate") and o.concurrency <= 0:
+        _fail("Either --workload, --workload-spec, --rate, or --concurrency is required")
+    if o.workload:
+        if o.workload_spec:
+            _fail("--workload and --workload-spec are mutually exclusive")
+        if o.concurrency > 0:
+            _fail("--workload and --concurrency are mutually exclusive; use --workload-spec with "
+                  "clients[].concurrency for closed-loop preset workloads")
+        if not o.is_given("rate"):
+            _fail(f'--workload "{o.workload}" requires --rate (preset synthesis needs a request rate)')
+    if o.concurrency > 0 and o.is_given("rate"):
+        _fail("--concurrency and --rate are mutually exclusive; use one or the other")
+    if o.concurrency < 0:
+        _fail(f"--concurrency must be >= 0, got {o.concurrency}")
+    if o.think_time_ms < 0:
+        _fail(f"--think-time-ms must be >= 0, got {o.think_time_ms}")
+    if o.is_given("think_time_ms") and o.is_given("think_time_dist"):
+        _fail("--think-time-ms and --think-time-dist are mutually exclusive")
+    if o.think_time_dist and o.concurrency <= 0:
+        _fail("--think-time-dist requires --concurrency")
+    if o.max_concurrency <= 0:
+        _fail(f"--max-concurrency must be > 0, got {o.max_concurrency}")
+    if o.warmup_requests < 0:
+        _fail(f"--warmup-requests must be >= 0, got {o.warmup_requests}")
+    if o.is_given("rate") and not (o.rate > 0 and math.isfinite(o.rate)):
+        _fail(f"--rate must be a finite value > 0, got {o.rate:g}")
+    if o.api_format not in ("completions", "chat"):
+        _fail(f"--api-format must be 'completions' or 'chat', got \"{o.api_format}\"")
+    if not (o.rtt_ms >= 0 and math.isfinite(o.rtt_ms)):
+        _fail(f"--rtt-ms must be a finite value >= 0, got {o.rtt_ms:g}")
+    if o.min_tokens < 0:
+        _fail(f"--min-tokens must be >= 0, got {o.min_tokens}")
+    if o.timeout <= 0 or o.timeout > 86400:
+        _fail(f"--timeout must be between 1 and 86400 seconds (1 day), got {o.timeout}")
+    if not (o.drain_timeout >= 0 and math.isfinite(o.drain_timeout)):
+        _fail(f"--drain-timeout must be a finite value >= 0, got {o.drain_timeout:g}")
+    if (o.min_tokens > 0 and not o.unconstrained_output and not o.workload_spec
+            and not o.workload and o.is_given("output_tokens")
+            and o.min_tokens > o.output_tokens):
+        _fail(f"--min-tokens ({o.min_tokens}) exceeds --output-tokens ({o.output_tokens}); "
+              "min_tokens must be <= the output-token mean")
+    # Project addition: refuse unwritable destinations now rather than after the run.
+    paths = [("--trace-header", o.trace_header), ("--trace-data", o.trace_data)]
+    if o.record_itl:
+        paths.append(("--itl-output", o.itl_output or _itl_path(o)))
+    for flag, p in paths:
+        parent = Path(p).parent
+        if not parent.is_dir():
+            raise BlisInputError(f"{flag}: directory {str(parent)!r} does not exist")
+
+
+def _itl_path(o: ObserveOptions) -> str:
+    from blis_fast.observe.output import default_itl_path
+
+    return o.itl_output or default_itl_path(o.trace_data)
+
+
+@dataclass
+class Workload:
+    """What the dispatch loop needs from workload generation."""
+
+    jobs: list[Job]
+    seed: int
+    group_lengths: dict[str, int]
+    driver: object | None
+    blueprint_jobs: list[Job]
+    header_spec: str
+
+
+def build_workload(o: ObserveOptions) -> Workload:
+    """Workload from a spec, a preset, or the distribution/concurrency flags (OBS-2)."""
+    import numpy as np
+
+    from blis_fast.config.defaults import load_defaults
+    from blis_fast.data import data_path
+    from blis_fast.engine.sessions import SessionDriver
+    from blis_fast.observe.client import DEFAULT_MAX_OUTPUT_TOKENS
+    from blis_fast.observe.orchestrator import Job
+    from blis_fast.observe.prompts import group_lengths
+    from blis_fast.workload.expand import expand_sources
+    from blis_fast.workload.generator import generate_workload
+    from blis_fast.workload.samplers import parse_think_time_dist
+    from blis_fast.workload.spec_yaml import load_workload_spec
+    from blis_fast.workload.synthesis import (
+        DistributionParams,
+        lookup_preset,
+        synthesize_concurrency,
+        synthesize_from_distribution,
+        synthesize_from_preset,
+        validate_distribution_params,
+    )
+
+    think_sampler = None
+    if o.is_given("think_time_dist"):
+        try:
+            think_sampler = parse_think_time_dist(o.think_time_dist)
+        except (BlisConfigError, BlisInputError, ValueError) as exc:
+            raise BlisConfigError(f"--think-time-dist: {exc}") from None
+    header_spec = ""
+    if o.workload_spec:
+        if o.concurrency > 0:
+            _fail("--concurrency cannot be used with --workload-spec; define concurrency in the "
+                  "spec file using clients[].concurrency instead")
+        try:
+            spec = load_workload_spec(o.workload_spec)
+        except BlisInputError as exc:
+            raise BlisInputError(f"Failed to load workload spec: {exc}") from None
+        if o.is_given("seed"):
+            spec.seed = o.seed
+        header_spec = o.workload_spec
+    elif o.workload:
+        path = o.defaults_filepath or str(data_path("defaults.yaml"))
+        if not os.path.exists(path):
+            raise BlisInputError(
+                "--workload requires a defaults.yaml with preset definitions; file not found "
+                f'at "{path}" — use --defaults-filepath to specify its location')
+        preset = lookup_preset(load_defaults(path).workloads, o.workload)
+        spec = synthesize_from_preset(preset, o.rate, o.num_requests, seed=o.seed)
+        header_spec = "preset:" + o.workload
+    else:
+        params = DistributionParams(
+            rate=o.rate, num_requests=o.num_requests, prefix_tokens=o.prefix_tokens,
+            prompt_tokens_mean=o.prompt_tokens, prompt_tokens_stdev=o.prompt_tokens_stdev,
+            prompt_tokens_min=o.prompt_tokens_min, prompt_tokens_max=o.prompt_tokens_max,
+            output_tokens_mean=o.output_tokens, output_tokens_stdev=o.output_tokens_stdev,
+            output_tokens_min=o.output_tokens_min, output_tokens_max=o.output_tokens_max,
+        )  # fmt: skip
+        validate_distribution_params(params)
+        if o.concurrency > 0:
+            spec = synthesize_concurrency(params, o.concurrency, o.think_time_ms,
+                                          num_requests=o.num_requests, seed=o.seed)  # fmt: skip
+        else:
+            spec = synthesize_from_distribution(params, seed=o.seed)
+    horizon = MAX_INT64
+    if o.is_given("horizon") and o.horizon > 0:
+        horizon = o.horizon
+    elif spec.horizon > 0:
+        horizon = spec.horizon
+    max_requests = spec.num_requests
+    if o.is_given("num_requests") and o.num_requests > 0:
+        max_requests = o.num_requests
+    if max_requests <= 0 and horizon == MAX_INT64:
+        _fail("Workload requires either num_requests, --num-requests, or --horizon to bound "
+              "generation")
+    try:
+        wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
+                               keep_token_ids=True)  # fmt: skip
+    except BlisInputError as exc:
+        raise BlisInputError(f"Failed to generate workload: {exc}") from None
+    table = wl.table
+    log.info("Generated %d requests", table.n)
+    if table.n == 0:
+        log.warning("No requests generated — writing empty trace")
+    blueprints = wl.sessions
+    if think_sampler is not None:
+        blueprints = [replace(b, think_sampler=think_sampler) for b in blueprints]
+    clamp = o.min_tokens > 0 and not o.unconstrained_output
+    jobs = []
+    for i in range(table.n):
+        c = table.clients[int(table.client_idx[i])]
+        mx = int(table.max_output_len[i])
+        if clamp and (mx if mx > 0 else DEFAULT_MAX_OUTPUT_TOKENS) < o.min_tokens:
+            mx = o.min_tokens
+        jobs.append(Job(
+            arrival_us=int(table.arrival_us[i]), ids=wl.input_ids[i], max_output_len=mx,
+            prefix_length=int(table.prefix_length[i]), prefix_group=str(c["prefix_group"]),
+            streaming=bool(c["streaming"]) or o.record_itl, client_id=str(c["id"]),
+            tenant_id=str(c["tenant_id"]), slo_class=str(c["slo_class"]), model=str(c["model"]),
+            deadline_us=int(table.deadline_us[i]), session_id=table.session_id(i),
+            round_index=int(table.round_index[i]),
+        ))  # fmt: skip
+    driver = None
+    bp_jobs: list[Job] = []
+    if blueprints:
+        log.info("Generated %d session blueprints (closed-loop)", len(blueprints))
+        driver = SessionDriver(blueprints, wl.follow_up_budget, table.block_size)
+        index = {b.session_id: k for k, b in enumerate(blueprints)}
+        for j in jobs:
+            j.blueprint = index.get(j.session_id, -1) if j.session_id else -1
+        bp_jobs = [Job(0, np.zeros(0, dtype=np.int64), 0, 0, "", False, b.client_id,
+                       b.tenant_id, b.slo_class, b.model, 0) for b in blueprints]  # fmt: skip
+    groups = group_lengths(expand_sources(spec).clients)
+    return Workload(jobs, int(spec.seed), groups, driver, bp_jobs, header_spec)
+
+
+async def _measure_ratio(client: RealClient) -> float:
+    """Token-ratio request (OBS-3.2): 100 vocabulary words, ``max_tokens`` 1."""
+    from blis_fast.observe.client import PendingRequest
+    from blis_fast.observe.prompts import RATIO_PROMPT, VOCABULARY
+
+    rec = await client.send(PendingRequest(request_id=-1, input_tokens=0, max_output_tokens=1,
+                                           prompt=RATIO_PROMPT, streaming=False),
+                            timeout_s=min(RATIO_TIMEOUT_S, client.timeout_s))  # fmt: skip
+    words = len(VOCABULARY)
+    fallback = "using 1:1 word-to-token ratio"
+    if rec.status != "ok":
+        msg = rec.error_message or f"status={rec.status}"
+        log.warning("Prefix token calibration failed (%s); %s", msg, fallback)
+        return 1.0
+    if rec.server_input_tokens <= 0:
+        log.warning("Prefix token calibration failed (server returned 0 prompt_tokens — check "
+                    "that usage reporting is enabled); %s", fallback)
+        return 1.0
+    ratio = rec.server_input_tokens / words
+    if ratio < 1.0 or ratio > 3.0:
+        log.warning("Prefix token calibration ratio %.3f outside expected range [1.0, 3.0]; "
+                    "using 1:1 fallback", ratio)
+        return 1.0
+    log.info("Prefix token calibration: %d words → %d server tokens (%.3f tokens/word)",
+             words, rec.server_input_tokens, ratio)
+    return ratio
+
+
+@dataclass
+class ObserveResult:
+    """What a run produced (for the API and tests)."""
+
+    result: DispatchResult
+    tokens_per_word: float
+    wall_s: float
+
+
+async def _observe(o: ObserveOptions, w: Workload) -> ObserveResult:
+    from blis_fast.observe.client import RealClient
+    from blis_fast.observe.orchestrator import DispatchConfig, Dispatcher
+    from blis_fast.observe.prompts import build_prefixes
+
+    async with RealClient(o.server_url, o.model, o.api_key, o.api_format, o.timeout) as client:
+        tpw = await _measure_ratio(client)
+        log.info("Calibrated tokens-per-word ratio: %.3f", tpw)
+        prefixes = build_prefixes(w.group_lengths, w.seed, tpw) if w.group_lengths else {}
+        max_conc = o.max_concurrency
+        if o.concurrency > 0 and not o.is_given("max_concurrency"):
+            max_conc = o.concurrency
+        cfg = DispatchConfig(
+            max_concurrency=max_conc, warmup=o.warmup_requests, no_streaming=o.no_streaming,
+            unconstrained=o.unconstrained_output, min_tokens=o.min_tokens,
+            record_itl=o.record_itl, tokens_per_word=tpw, prefixes=prefixes,
+            prefix_lengths=w.group_lengths, grace_s=o.drain_timeout,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        res = await Dispatcher(client, w.jobs, cfg, w.driver, w.blueprint_jobs).run()
+        wall = time.perf_counter() - t0
+        log.info("Observation wall-clock time: %.3fs", wall)
+        return ObserveResult(res, tpw, wall)
+
+
+def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
+    """Header, trace CSV, ITL file and Parquet, all renamed into place together (OBS-8)."""
+    from blis_fast.observe.output import (
+        AtomicFiles,
+        itl_csv,
+        observed_table,
+        trace_csv,
+        trace_header,
+    )
+
+    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    files = AtomicFiles()
+    try:
+        files.text(o.trace_header, trace_header(created, o.warmup_requests, w.seed,
+                                                w.header_spec, o.server_type, o.model, o.rtt_ms))
+        files.text(o.trace_data, trace_csv(r.result.observed))
+        if o.record_itl:
+            if not r.result.itl:
+                log.warning("--record-itl was set but no ITL data recorded (non-streaming requests?)")
+            files.text(_itl_path(o), itl_csv(r.result.itl))
+        if o.output_dir:
+            os.makedirs(o.output_dir, exist_ok=True)
+            files.parquet(Path(o.output_dir) / "observed_requests.parquet",
+                          observed_table(r.result.observed, r.result.start_wall_us))
+        files.commit()
+    except BaseException:
+        files.discard()
+        raise
+    log.info("Trace exported: %d records to %s / %s", len(r.result.observed), o.trace_header,
+             o.trace_data)
+
+
+def run_observe(o: ObserveOptions) -> ObserveResult:
+    """Validate, generate, observe, write. Raises ``BlisError`` for bad input only."""
+    import asyncio
+
+    validate_flags(o)
+    w = build_workload(o)
+    r = asyncio.run(_observe(o, w))
+    with _signals_ignored():  # a second Ctrl-C must not cut the files short
+        write_outputs(o, w, r)
+    return r
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    """Ignore SIGINT/SIGTERM for the duration (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+# ---- click --------------------------------------------------------------------------------
+_INT = click.INT
+_FLOAT = click.FLOAT
+_OPTIONS: tuple[tuple[str, object, object, str], ...] = (
+    ("server-url", str, "", "Inference server URL (required)"),
+    ("model", str, "", "Model name sent in every request (required)"),
+    ("trace-header", str, "", "Output path of the trace v2 header YAML (required)"),
+    ("trace-data", str, "", "Output path of the trace v2 data CSV (required)"),
+    ("workload-spec", str, "", "WorkloadSpec YAML"),
+    ("workload", str, "", "Workload preset (chatbot, summarization, contentgen, multidoc); needs --rate"),
+    ("defaults-filepath", str, "", "defaults.yaml with the presets [default: the bundled copy]"),
+    ("rate", _FLOAT, 0.0, "Requests per second (distribution synthesis)"),
+    ("concurrency", _INT, 0, "Closed-loop virtual users (exclusive with --rate)"),
+    ("think-time-ms", _INT, 0, "Think time between a response and the user's next request"),
+    ("think-time-dist", str, "", "Think-time distribution, e.g. constant:value=500ms (needs --concurrency)"),
+    ("seed", _INT, 42, "Workload RNG seed"),
+    ("horizon", _INT, 0, "Generation horizon in microseconds (0 = spec or unlimited)"),
+    ("num-requests", _INT, 0, "Requests to generate (0 = spec or unlimited)"),
+    ("prompt-tokens", _INT, 512, "Mean prompt tokens (distribution mode)"),
+    ("prompt-tokens-stdev", _INT, 256, "Prompt token std dev"),
+    ("prompt-tokens-min", _INT, 2, "Minimum prompt tokens"),
+    ("prompt-tokens-max", _INT, 7000, "Maximum prompt tokens"),
+    ("output-tokens", _INT, 512, "Mean output tokens (distribution mode)"),
+    ("output-tokens-stdev", _INT, 256, "Output token std dev"),
+    ("output-tokens-min", _INT, 2, "Minimum output tokens"),
+    ("output-tokens-max", _INT, 7000, "Maximum output tokens"),
+    ("prefix-tokens", _INT, 0, "Shared prefix tokens (distribution mode)"),
+    ("api-key", str, "", "Bearer token"),
+    ("server-type", str, "vllm", "Server type (recorded in the header)"),
+    ("api-format", str, "completions", "completions (/v1/completions) or chat (/v1/chat/completions)"),
+    ("min-tokens", _INT, 0, "min_tokens sent with every request (0 = omit)"),
+    ("timeout", _INT, 300, "Per-request HTTP timeout in seconds (whole exchange)"),
+    ("max-concurrency", _INT, 256, "Most requests in flight at once"),
+    ("warmup-requests", _INT, 0, "First dispatched requests to leave out of the trace"),
+    ("rtt-ms", _FLOAT, 0.0, "Measured network round-trip time (recorded in the header)"),
+    ("itl-output", str, "", "ITL CSV path [default: <trace-data minus .csv>.itl.csv]"),
+    ("output-dir", str, "", "Also write observed_requests.parquet here"),
+    ("drain-timeout", _FLOAT, 10.0, "After Ctrl-C, seconds to let in-flight requests finish "
+                                    "before aborting them"),
+)
+_BOOL_FLAGS = (
+    ("no-streaming", "Never stream (stream false on every request)"),
+    ("unconstrained-output", "Do not bound the output length with max_tokens"),
+    ("record-itl", "Write per-chunk timestamps to the ITL CSV"),
+)
+
+
+def _command(func):
+    for flag, help_text in reversed(_BOOL_FLAGS):
+        func = click.option(f"--{flag}", flag.replace("-", "_"), is_flag=True, default=False,
+                            help=help_text)(func)  # fmt: skip
+    for flag, kind, default, help_text in reversed(_OPTIONS):
+        func = click.option(f"--{flag}", flag.replace("-", "_"), type=kind, default=default,
+                            show_default=default not in ("", 0, 0.0), help=help_text)(func)
+    return func
+
+
+def register(group: click.Group) -> None:
+    """Add ``observe`` to the ``blis`` command group."""
+
+    @group.command("observe")
+    @_command
+    @click.pass_context
+    def observe_command(ctx: click.Context, **raw: object) -> None:
+        """Send a workload to a real OpenAI-compatible server and record a trace v2."""
+        from click.core import ParameterSource
+
+        given = frozenset(k for k in raw
+                          if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE)
+        run_observe(ObserveOptions(**raw, given=given))  # type: ignore[arg-type]
+
+
+__all__ = ["ObserveOptions", "ObserveResult", "build_workload", "register", "run_observe",
+           "validate_flags", "write_outputs"]
