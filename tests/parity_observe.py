@@ -43,15 +43,6 @@ def _number(text: str):
     return v if math.isfinite(v) else None
 
 
-def _same_value(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    x, y = _number(a), _number(b)
-    if x is None or y is None:
-        return False
-    return x == y or math.isclose(x, y, rel_tol=REL_TOL, abs_tol=0.0)
-
-
 def _column_key(fields: dict[str, str], columns: list[str]) -> tuple:
     key = []
     for col in columns:

@@ -148,5 +148,26 @@ def test_observe_then_replay_against_vllm(vllm_url, tmp_path, api_format):
         r = by_id[s["request_id"]]
         assert s["output_tokens"] == int(r["output_tokens"])
         assert s["input_tokens"] == int(r["input_tokens"]) + int(r["prefix_length"])
-    # TODO(lead): once `blis calibrate` is merged, run it here on (trace, sim.json, ITL file)
-    # and assert the report's trace_info counts (matched_pairs == len(rows)) and metric keys.
+
+    report_path = tmp_path / "calibration.json"
+    calibrate = subprocess.run(
+        [sys.executable, "-m", "blis_fast.cli", "calibrate", "--trace-header",
+         str(tmp_path / f"{api_format}.yaml"), "--trace-data", str(tmp_path / f"{api_format}.csv"),
+         "--sim-results", str(results), "--report", str(report_path),
+         "--itl-data", str(tmp_path / f"{api_format}.itl.csv"), "--warmup-requests", "0"],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300,
+    )  # fmt: skip
+    assert calibrate.returncode == 0, calibrate.stderr[-2000:]
+    report = json.loads(report_path.read_text())
+    info = report["trace_info"]
+    assert info["num_requests"] == len(rows) and info["warm_up_excluded"] == 0
+    assert info["matched_pairs"] == len(rows)  # every observed request has its simulated twin
+    metrics = report["metrics"]
+    assert {"ttft", "e2e", "itl"} <= set(metrics)
+    assert metrics["ttft"]["count"] == metrics["e2e"]["count"] == len(rows)
+    for name in ("ttft", "e2e", "itl"):
+        level = metrics[name]["request_level"]
+        assert level["quality"] in ("excellent", "good", "fair", "poor")
+        print(f"{api_format} calibration (default roofline model of an H100) {name}: MAPE "
+              f"{level['mape']:.3f}, Pearson r {level['pearson_r']:.3f}, "
+              f"{level['bias_direction']}, n={metrics[name]['count']}")

