@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ERR_SYNTAX = "invalid syntax"
 ERR_RANGE = "value out of range"
@@ -301,11 +305,21 @@ def parse_bool(s: str) -> bool:
     raise NumError("ParseBool", s, ERR_SYNTAX)
 
 
+def or_none(parse: Callable[..., T], *args: Any) -> T | None:
+    """``parse(*args)``, or None where Go's function returns an error (for callers that
+    branch on success, as the reference does with ``err == nil``)."""
+    try:
+        return parse(*args)
+    except NumError:
+        return None
+
+
 __all__ = [
     "ERR_RANGE",
     "ERR_SYNTAX",
     "NumError",
     "atoi",
+    "or_none",
     "parse_bool",
     "parse_float",
     "parse_int",

@@ -16,6 +16,7 @@ import numpy as np
 
 from blis_fast.config.strict_yaml import as_float, as_int, as_str, decode_struct, parse_root
 from blis_fast.errors import BlisInputError
+from blis_fast.gonum import NumError, atoi, parse_float
 from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
 from blis_fast.kernels.samplers import DIST_SEQUENCE
@@ -72,12 +73,11 @@ def load_trace_header(path: str) -> dict:
 
 
 def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) -> int:
-    s = text
-    if not s or s.strip() != s:
-        raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}")
+    """A CSV integer field, read as the reference reads it (``strconv.Atoi`` / ``ParseInt(s,
+    10, 64)``: both base 10, 64-bit, no spaces or ``_``)."""
     try:
-        v = int(s, 10)
-    except ValueError:
+        v = atoi(text)
+    except NumError:
         raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}") from None
     if minimum is not None and v < minimum:
         raise BlisInputError(f"--trace-data {path}: row {row}: {what} must be >= {minimum}, got {v}")
@@ -109,8 +109,8 @@ def load_trace_records(path: str) -> TraceRecords:
                         (14, "video_tokens")):
             cols[name].append(_int(f[k], name, row_no, path, 0))
         try:
-            ratio = float(f[15])
-        except ValueError:
+            ratio = parse_float(f[15])
+        except NumError:
             raise BlisInputError(f"--trace-data {path}: row {row_no}: invalid reason_ratio "
                                  f"{f[15]!r}") from None
         if not (math.isfinite(ratio) and 0 <= ratio <= 1):
