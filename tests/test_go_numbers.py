@@ -389,3 +389,24 @@ def test_every_float_reads_back_from_its_go_and_python_spellings(x: float) -> No
     assert same(parse_float(repr(x)), x)
     if math.isfinite(x):
         assert same(parse_float(x.hex()), x)
+
+
+# ------------------------------------------------------------------------------ YAML fields
+def test_strict_yaml_numbers_resolve_as_yaml_v3_does() -> None:
+    """defaults.yaml, policy configs and trace headers decode int/float fields with yaml.v3's
+    resolver (resolve.go: ParseInt(s, 0, 64) on the text without '_', then ParseFloat for
+    YAML-style floats) and its decoder (a float in an int field is truncated). PyYAML's YAML
+    1.1 resolver, used before, read 1e3 and 0o17 as strings and 1:30 as 90."""
+    from blis_fast.config.strict_yaml import as_float, as_int, decode_struct, parse_root
+    from blis_fast.errors import BlisInputError
+
+    good = "a: 1e3\nb: 0o17\nc: 1_000\nd: .5\ne: 1.9\nf: 0x10\ng: -.inf\nh: !!int '7'\n"
+    fields = {"a": as_int, "b": as_int, "c": as_int, "d": as_float, "e": as_int, "f": as_float,
+              "g": as_float, "h": as_int}
+    with parse_root(good, "t.yaml", "test file") as (ctx, root):
+        assert decode_struct(ctx, root, "t", fields) == {
+            "a": 1000, "b": 15, "c": 1000, "d": 0.5, "e": 1, "f": 16.0, "g": -INF, "h": 7}
+    for text in ("1:30", "'5'", "0x1p4", "1e400", "five", ".nan"):
+        with parse_root(f"a: {text}\n", "t.yaml", "test file") as (ctx, root):
+            with pytest.raises(BlisInputError, match=r"t\.yaml:1: t\.a: expected an integer"):
+                decode_struct(ctx, root, "t", {"a": as_int})
