@@ -344,6 +344,8 @@ _HEX_CASES = [
      ("--alpha-coeffs", "100,1,100", "--beta-coeffs", "1000,10,5")),
     (("--num-requests", "0x5", "--seed", "0o17", "--max-num-scheduled-tokens", "0b1_0000_0000"),
      ("--num-requests", "5", "--seed", "15", "--max-num-scheduled-tokens", "256")),
+    (("--alpha-coeffs", "100", "--alpha-coeffs", "1,100", "--beta-coeffs", "1000,10,5"),
+     ("--alpha-coeffs", "100,1,100", "--beta-coeffs", "1000,10,5")),  # Float64Slice appends
     (("--prompt-tokens", "0100", "--think-time-ms", "0X0a", "--concurrency", "+2"),
      ("--prompt-tokens", "64", "--think-time-ms", "10", "--concurrency", "2")),
 ]
