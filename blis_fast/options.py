@@ -159,7 +159,7 @@ def _number_text(value: Any, what: str) -> str:
     """
     import numbers
 
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
         raise ValueError(f"expected {what}, got the bool {value!r}")
     if isinstance(value, numbers.Integral):
         return str(int(value))
@@ -195,7 +195,7 @@ def coerce(spec: OptionSpec, value: Any) -> Any:
     if spec.kind == "bool":
         if isinstance(value, str):
             return parse_bool(value)
-        if isinstance(value, bool) or type(value).__name__ == "bool_":
+        if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
             return bool(value)
         raise ValueError(f"expected a bool, got {type(value).__name__} {value!r}")
     return "" if value is None else str(value)

@@ -188,12 +188,12 @@ def test_api_errors_are_typed_not_exits() -> None:
 
 @pytest.mark.parametrize(("keyword", "value"), [
     ("rate", None), ("rate", [1.0]), ("rate", 1 + 2j), ("rate", np.array([1.0])),
-    ("rate", 10**400), ("rate", True), ("rate", " 5"), ("rate", "1e400"),
+    ("rate", 10**400), ("rate", True), ("rate", np.True_), ("rate", " 5"), ("rate", "1e400"),
     ("num_requests", 2**70), ("num_requests", 20.0), ("num_requests", np.float64(20.0)),
     ("num_requests", False), ("num_requests", None), ("num_requests", "\u0665"),
     ("seed", 2**64), ("seed", -(2**63) - 1), ("horizon", 2**63),
     ("alpha_coeffs", [1.0, None, 1.0]), ("alpha_coeffs", 5), ("alpha_coeffs", ""),
-    ("summarize_trace", "yes"), ("summarize_trace", 2),
+    ("summarize_trace", "yes"), ("summarize_trace", 2), ("summarize_trace", None),
 ], ids=lambda v: repr(v)[:30])
 def test_api_refuses_what_the_cli_refuses(keyword: str, value: object) -> None:
     """Every keyword goes through the CLI flag's Go parser (its text for a Python number):
