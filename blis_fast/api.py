@@ -55,4 +55,4 @@ def run(*, custom_scorer: Any = None, custom_admission: Any = None,
         scheduler_key=_as_cfunc(custom_scheduler_key, H.SCHEDULER_KEY_SIG,
                                 "custom_scheduler_key"),
     )
-    return execute_run(build_options(options), hooks=hooks)
+    return execute_run(build_options(options, keywords=True), hooks=hooks)

@@ -27,6 +27,9 @@ def _add_run_options(func, skip: frozenset[str] = REPLAY_ONLY_FLAGS):
         if spec.kind == "bool":
             func = click.option(f"--{spec.flag}", spec.field, is_flag=True, default=False,
                                 help=spec.help)(func)
+        elif spec.kind == "floats":  # pflag Float64Slice: a repeated flag appends its items
+            func = click.option(f"--{spec.flag}", spec.field, type=str, multiple=True,
+                                help=f"{spec.help} [default: {spec.default}]")(func)
         else:
             func = click.option(f"--{spec.flag}", spec.field, type=str, default=None,
                                 show_default=False, help=f"{spec.help} [default: {spec.default}]"
@@ -77,7 +80,8 @@ def run_command(ctx: click.Context, **raw: object) -> None:
 
 def _given(ctx: click.Context, raw: dict) -> dict:
     """The options given on the command line (defaults are the options table's)."""
-    return {name: value for name, value in raw.items()
+    return {name: ",".join(value) if isinstance(value, tuple) else value
+            for name, value in raw.items()
             if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
 
 

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from blis_fast.gonum import parse_bool, parse_float, parse_int
+
 INT64_MAX = (1 << 63) - 1
 
 
@@ -143,70 +145,72 @@ def default_options() -> dict[str, Any]:
     return {spec.field: spec.default for spec in RUN_OPTIONS}
 
 
-def parse_go_int(text: str) -> int:
-    """Parse an integer as Go's strconv.ParseInt(s, 0, 64) does (0x, 0o, 0b, leading-0 octal)."""
-    s = text.strip()
-    if not s:
-        raise ValueError("empty integer")
-    sign = 1
-    body = s
-    if body[0] in "+-":
-        sign = -1 if body[0] == "-" else 1
-        body = body[1:]
-    if len(body) > 1 and body[0] == "0" and body[1] not in "xXoObB_":
-        value = int(body, 8)
-    else:
-        value = int(body, 0)
-    value *= sign
-    if not -(1 << 63) <= value < (1 << 63):
-        raise ValueError("value out of range")
-    return value
-
-
-def parse_go_float(text: str) -> float:
-    """Parse a float as Go's strconv.ParseFloat does (NaN, Inf, Infinity accepted)."""
-    s = text.strip()
-    if not s:
-        raise ValueError("empty number")
-    return float(s)
-
-
 def parse_go_floats(text: str) -> tuple[float, ...]:
-    """Parse a comma-separated float list (pflag Float64Slice)."""
-    if text.strip() == "":
-        return ()
-    return tuple(parse_go_float(part) for part in text.split(","))
+    """A pflag Float64Slice value: split on every comma, each part ``strconv.ParseFloat``'d
+    (so an empty value or an empty item is a syntax error, as in the reference)."""
+    return tuple(parse_float(part) for part in text.split(","))
+
+
+def _number_text(value: Any, what: str) -> str:
+    """The text a Python API number stands for, so it goes through the CLI's parser.
+
+    Accepts ``int``/``float`` and NumPy integer/floating scalars; refuses bools, ``None``,
+    strings of other types, complex numbers, sequences and arrays.
+    """
+    import numbers
+
+    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
+        raise ValueError(f"expected {what}, got the bool {value!r}")
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        return repr(float(value))
+    raise ValueError(f"expected {what}, got {type(value).__name__} {value!r}")
+
+
+def _api_float(value: Any) -> float:
+    """A float option's value: a string through ``strconv.ParseFloat``, a number through its text."""
+    if isinstance(value, str):
+        return parse_float(value)
+    return parse_float(_number_text(value, "a number"))
 
 
 def coerce(spec: OptionSpec, value: Any) -> Any:
-    """Convert a Python API value (or a CLI string) to the option's type."""
+    """Convert a CLI string or a Python API value to the option's type with the parser the
+    reference applies to that flag (pflag: ParseInt(s, 0, 64), ParseFloat(s, 64),
+    Float64Slice); API numbers are converted through their text so both accept the same."""
     if spec.kind == "int":
         if isinstance(value, str):
-            return parse_go_int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ValueError(f"expected an integer, got {value!r}")
-        return int(value)
+            return parse_int(value, 0, 64)
+        return parse_int(_number_text(value, "an integer"), 0, 64)
     if spec.kind == "float":
-        if isinstance(value, str):
-            return parse_go_float(value)
-        if isinstance(value, bool):
-            raise ValueError(f"expected a number, got {value!r}")
-        return float(value)
+        return _api_float(value)
     if spec.kind == "floats":
         if isinstance(value, str):
             return parse_go_floats(value)
-        return tuple(float(v) for v in value)
+        if not isinstance(value, (list, tuple)) and type(value).__name__ != "ndarray":
+            raise ValueError(f"expected a comma-separated string or a sequence of numbers, got "
+                             f"{type(value).__name__} {value!r}")
+        return tuple(_api_float(v) for v in value)
     if spec.kind == "bool":
         if isinstance(value, str):
-            return value.lower() in ("1", "t", "true")
-        return bool(value)
+            return parse_bool(value)
+        if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
+            return bool(value)
+        raise ValueError(f"expected a bool, got {type(value).__name__} {value!r}")
     return "" if value is None else str(value)
 
 
-def build_options(given: dict[str, Any]) -> RunOptions:
-    """RunOptions from explicitly given values (field names), the rest at defaults."""
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def build_options(given: dict[str, Any], *, keywords: bool = False) -> RunOptions:
+    """RunOptions from explicitly given values (field names), the rest at defaults.
+
+    Errors name the flag; with ``keywords`` (the Python API) they name the keyword too.
+    """
     values = default_options()
     explicit: set[str] = set()
     for name, value in given.items():
@@ -220,6 +224,9 @@ def build_options(given: dict[str, Any]) -> RunOptions:
         except ValueError as exc:
             from blis_fast.errors import BlisConfigError
 
+            if keywords:
+                raise BlisConfigError(f"{name}={_short_repr(value)} (--{spec.flag}): {exc}"
+                                      ) from None
             raise BlisConfigError(f"--{spec.flag}: invalid value {value!r}: {exc}") from None
         explicit.add(name)
     return RunOptions(values=values, explicit=explicit)
@@ -238,7 +245,5 @@ __all__ = [
     "build_options",
     "coerce",
     "default_options",
-    "parse_go_float",
     "parse_go_floats",
-    "parse_go_int",
 ]

@@ -186,6 +186,40 @@ def test_api_errors_are_typed_not_exits() -> None:
         blis_fast.run(model=MODEL, num_requests="many")
 
 
+@pytest.mark.parametrize(("keyword", "value"), [
+    ("rate", None), ("rate", [1.0]), ("rate", 1 + 2j), ("rate", np.array([1.0])),
+    ("rate", 10**400), ("rate", True), ("rate", np.True_), ("rate", " 5"), ("rate", "1e400"),
+    ("num_requests", 2**70), ("num_requests", 20.0), ("num_requests", np.float64(20.0)),
+    ("num_requests", False), ("num_requests", None), ("num_requests", "\u0665"),
+    ("seed", 2**64), ("seed", -(2**63) - 1), ("horizon", 2**63),
+    ("alpha_coeffs", [1.0, None, 1.0]), ("alpha_coeffs", 5), ("alpha_coeffs", ""),
+    ("summarize_trace", "yes"), ("summarize_trace", 2), ("summarize_trace", None),
+], ids=lambda v: repr(v)[:30])
+def test_api_refuses_what_the_cli_refuses(keyword: str, value: object) -> None:
+    """Every keyword goes through the CLI flag's Go parser (its text for a Python number):
+    the error is a BlisConfigError naming the keyword and the flag, never a TypeError or
+    OverflowError (before the gonum parsers rate=None raised TypeError, rate=10**400
+    OverflowError, and seed=2**64 / num_requests=20.0 were accepted)."""
+    with pytest.raises(BlisConfigError) as exc:
+        blis_fast.run(model=MODEL, log="error", **{keyword: value})
+    message = str(exc.value)
+    assert message.startswith(f"{keyword}=") and "--" + keyword.replace("_", "-") in message
+    assert "\n" not in message
+
+
+def test_api_accepts_numpy_scalars_and_go_spellings() -> None:
+    """NumPy integer/float scalars and Go-only spellings give the run their plain values give."""
+    base = dict(model=MODEL, log="error", alpha_coeffs=[100, 1, 100],
+                beta_coeffs=[1000, 10, 5])
+    plain = blis_fast.run(**base, num_requests=20, rate=2.5, seed=42).stdout
+    assert blis_fast.run(**base, num_requests=np.int64(20), rate=np.float64(2.5),
+                         seed=np.uint8(42)).stdout == plain
+    assert blis_fast.run(**base, num_requests="0x14", rate="0x1.4p1", seed="0o52").stdout == plain
+    assert blis_fast.run(**{**base, "alpha_coeffs": np.array([100.0, 1.0, 100.0]),
+                            "beta_coeffs": "1_000,0xap0,5"},
+                         num_requests=20, rate=2.5, seed=42).stdout == plain
+
+
 def test_policy_diagnostics_are_logged() -> None:
     """``--log info`` names the policies in force and the weighted-routing profile (CLU-7.30)."""
     import logging

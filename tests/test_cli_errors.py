@@ -292,6 +292,78 @@ def test_huge_max_num_running_reqs_runs_like_a_large_one() -> None:
     assert all(o == outs[0] for o in outs[1:])
 
 
+# ------------------------------------------------------------------ numbers as Go reads them
+
+# The reference's flag types (cmd/root.go at b563c440): pflag reads Float64Var with
+# strconv.ParseFloat(s, 64), Float64SliceVar with ParseFloat per comma-separated item, and
+# IntVar/Int64Var with strconv.ParseInt(s, 0, 64).
+GO_FLOAT64_FLAGS = ("gpu-memory-utilization", "kv-offload-threshold", "kv-transfer-bandwidth",
+                    "token-bucket-capacity", "token-bucket-refill-rate", "rate")
+GO_FLOAT64_SLICE_FLAGS = ("alpha-coeffs", "beta-coeffs")
+GO_INT_FLAGS = (
+    "tp", "max-model-len", "total-kv-blocks", "block-size-in-tokens", "max-num-running-reqs",
+    "max-num-scheduled-tokens", "long-prefill-token-threshold", "kv-cpu-blocks",
+    "kv-transfer-base-latency", "seed", "horizon", "num-instances", "admission-latency",
+    "routing-latency", "counterfactual-k", "snapshot-refresh-interval", "cache-signal-delay",
+    "num-requests", "concurrency", "think-time-ms", "prefix-tokens", "prompt-tokens",
+    "prompt-tokens-stdev", "prompt-tokens-min", "prompt-tokens-max", "output-tokens",
+    "output-tokens-stdev", "output-tokens-min", "output-tokens-max", "timeout")
+NUMERIC_FLAGS = GO_FLOAT64_FLAGS + GO_FLOAT64_SLICE_FLAGS + GO_INT_FLAGS
+
+
+def test_numeric_flags_have_the_reference_types() -> None:
+    from blis_fast.options import RUN_OPTIONS
+
+    kinds = {spec.flag: spec.kind for spec in RUN_OPTIONS}
+    assert {f for f, k in kinds.items() if k == "float"} == set(GO_FLOAT64_FLAGS)
+    assert {f for f, k in kinds.items() if k == "floats"} == set(GO_FLOAT64_SLICE_FLAGS)
+    assert {f for f, k in kinds.items() if k == "int"} == set(GO_INT_FLAGS)
+
+
+@pytest.mark.parametrize("value", [" 5", "5 ", "+-5", "\u0665", "1e400", "\uff15", "5\t"],
+                         ids=["lead-space", "trail-space", "plus-minus", "arabic-indic-5",
+                              "1e400", "fullwidth-5", "trail-tab"])
+@pytest.mark.parametrize("flag", NUMERIC_FLAGS)
+def test_numeric_flag_refuses_what_go_refuses(flag: str, value: str, tmp_path: Path) -> None:
+    """ParseFloat/ParseInt reject spaces, doubled signs and non-ASCII digits; 1e400 overflows
+    float64 (a range error, not +Inf) and is no integer. Before the gonum parsers Python's
+    float()/int() accepted all but 1e400 (which became +Inf)."""
+    args = [f"--{flag}", value]
+    if flag in GO_FLOAT64_SLICE_FLAGS:
+        args += ["--beta-coeffs" if flag == "alpha-coeffs" else "--alpha-coeffs", "1,1,1"]
+    run = run_cli(args, tmp_path)
+    assert_refused(run, (f"--{flag}",))
+    assert "strconv.Parse" in run.stderr
+
+
+_HEX_CASES = [
+    # (flag args written with Go-only spellings, the same values in plain decimal)
+    (("--rate", "0x1p-1"), ("--rate", "0.5")),
+    (("--gpu-memory-utilization", "0x1.8p-1"), ("--gpu-memory-utilization", "0.75")),
+    (("--alpha-coeffs", "0x1.9p6,0x1p0,0x1.9p6", "--beta-coeffs", "0x3.e8p8,1_0,0x5p0"),
+     ("--alpha-coeffs", "100,1,100", "--beta-coeffs", "1000,10,5")),
+    (("--num-requests", "0x5", "--seed", "0o17", "--max-num-scheduled-tokens", "0b1_0000_0000"),
+     ("--num-requests", "5", "--seed", "15", "--max-num-scheduled-tokens", "256")),
+    (("--alpha-coeffs", "100", "--alpha-coeffs", "1,100", "--beta-coeffs", "1000,10,5"),
+     ("--alpha-coeffs", "100,1,100", "--beta-coeffs", "1000,10,5")),  # Float64Slice appends
+    (("--prompt-tokens", "0100", "--think-time-ms", "0X0a", "--concurrency", "+2"),
+     ("--prompt-tokens", "64", "--think-time-ms", "10", "--concurrency", "2")),
+]
+
+
+@pytest.mark.parametrize(("go_args", "plain_args"), _HEX_CASES, ids=lambda a: " ".join(a))
+def test_go_number_spellings_are_accepted(go_args: tuple[str, ...], plain_args: tuple[str, ...],
+                                          tmp_path: Path) -> None:
+    """Hex floats, base prefixes, digit separators and inf spellings mean what they mean to
+    the reference's pflag flags: the run equals the one with plain decimals."""
+    base = ["--num-requests", "5"]
+    go_run = run_cli([*base, *go_args], tmp_path / "go")
+    plain_run = run_cli([*base, *plain_args], tmp_path / "plain")
+    assert go_run.code == 0, go_run.stderr
+    assert plain_run.code == 0, plain_run.stderr
+    assert go_run.stdout == plain_run.stdout and "=== Simulation Metrics ===" in go_run.stdout
+
+
 # ------------------------------------------------------------------ input files
 
 

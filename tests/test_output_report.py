@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 
@@ -33,7 +32,6 @@ from blis_fast.output.report import (
     detect_priority_inversions,
     jain_fairness_index,
     parse_fitness_weights,
-    parse_go_float,
     render_report,
     summarize_trace,
 )
@@ -256,18 +254,6 @@ def test_parse_fitness_weights(s: str, expected: dict | None) -> None:
             parse_fitness_weights(s)
     else:
         assert parse_fitness_weights(s) == expected
-
-
-def test_parse_go_float_syntax() -> None:
-    assert parse_go_float("1.") == 1.0
-    assert parse_go_float(".5") == 0.5
-    assert parse_go_float("+2E3") == 2000.0
-    assert parse_go_float("0X1.8P1") == 3.0
-    assert math.isinf(parse_go_float("-Infinity"))
-    assert math.isnan(parse_go_float("nan"))
-    for bad in ("+nan", "1e", "e1", "0x1", "_1", "1_", " 1", "1.5.2", "0x"):
-        with pytest.raises(ValueError):
-            parse_go_float(bad)
 
 
 def test_fitness_errors_carry_stdout() -> None:

@@ -149,3 +149,44 @@ def test_non_consecutive_rounds_are_rejected(session_trace, tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "non-consecutive round indices (expected 1, got 2)" in err[0]
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("input_tokens", " 80"), ("input_tokens", "80 "), ("input_tokens", "1_000"),
+    ("input_tokens", "\u0668\u0660"), ("input_tokens", "+-80"), ("input_tokens", "0x50"),
+    ("arrival_time_us", "1e3"), ("deadline_us", "99999999999999999999"),
+    ("reason_ratio", " 0.5"), ("reason_ratio", "1e400"), ("reason_ratio", "\uff10"),
+])
+def test_trace_csv_numbers_are_read_as_go_reads_them(session_trace, tmp_path, capsys, column,
+                                                     value):
+    """Integer columns are strconv.Atoi / ParseInt(s, 10, 64) and reason_ratio is ParseFloat
+    (sim/workload/tracev2.go): no spaces, separators, base prefixes or non-ASCII digits (which
+    Python's int() and float() accepted before)."""
+    d, rows = session_trace
+    edited = [dict(r) for r in rows]
+    edited[0][column] = value
+    with open(tmp_path / "t.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(edited)
+    (tmp_path / "t.yaml").write_text((d / "t.yaml").read_text())
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", "--model", MODEL, "--trace-header", str(tmp_path / "t.yaml"),
+              "--trace-data", str(tmp_path / "t.csv")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trace-data" in err[0] and f"invalid {column}" in err[0], err
+
+
+def test_trace_csv_reason_ratio_takes_go_spellings(session_trace, tmp_path):
+    """ParseFloat accepts a hex float and digit separators: 0x1p-1 and 0.5_0 read as 0.5."""
+    from blis_fast.workload.replay import load_trace_records
+
+    d, rows = session_trace
+    edited = [dict(r) for r in rows]
+    edited[0]["reason_ratio"], edited[1]["reason_ratio"] = "0x1p-1", "0.5_0"
+    with open(tmp_path / "t.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(edited)
+    assert load_trace_records(str(tmp_path / "t.csv")).reason_ratio[:2].tolist() == [0.5, 0.5]

@@ -30,23 +30,25 @@ def _info_logging():
 
 
 def _int_flag(name: str, text: str) -> int:
+    """An int flag as pflag reads it (``strconv.ParseInt(s, 0, 64)``)."""
     from blis_fast.errors import BlisConfigError
-    from blis_fast.options import parse_go_int
+    from blis_fast.gonum import NumError, parse_int
 
     try:
-        return parse_go_int(text)
-    except ValueError:
+        return parse_int(text, 0, 64)
+    except NumError:
         raise BlisConfigError(f"--{name}: invalid integer {text!r}") from None
 
 
 def _float_flag(name: str, text: str) -> float:
+    """A float64 flag as pflag reads it (``strconv.ParseFloat(s, 64)``)."""
     from blis_fast.errors import BlisConfigError
-    from blis_fast.workload.gofmt import go_parse_float
+    from blis_fast.gonum import NumError, parse_float
 
-    value = go_parse_float(text.strip())
-    if value is None:
-        raise BlisConfigError(f"--{name}: invalid number {text!r}")
-    return value
+    try:
+        return parse_float(text)
+    except NumError:
+        raise BlisConfigError(f"--{name}: invalid number {text!r}") from None
 
 
 @click.command("calibrate")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from blis_fast.errors import BlisInputError
-from blis_fast.workload.gofmt import go_atoi
+from blis_fast.gonum import atoi, or_none
 from blis_fast.workload.replay import TraceRecords, load_trace_header, load_trace_records
 
 __all__ = ["ITLData", "ObservedTrace", "SimResult", "load_itl", "load_observed_trace",
@@ -96,7 +96,7 @@ def _decode_entry(obj: object, index: int, where: str) -> SimResult:
             raise BlisInputError(f"{where}: entry {index}: {name} must be a number, got "
                                  f"{json.dumps(raw)[:40]}")
         if name in _INT_FIELDS:
-            value = go_atoi(raw)
+            value = or_none(atoi, raw)
             if value is None:
                 raise BlisInputError(f"{where}: entry {index}: {name} must be an integer, "
                                      f"got {raw}")
@@ -151,7 +151,7 @@ def load_itl(path: str) -> ITLData:
         if width < 3:
             raise BlisInputError(f"{where}: row {row_no} has {width} columns, expected 3")
         for k, name in enumerate(names):
-            value = go_atoi(row[k])
+            value = or_none(atoi, row[k])
             if value is None:
                 raise BlisInputError(f"{where}: row {row_no}: invalid {name} {row[k]!r}")
             if value < 0:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from blis_fast.errors import BlisInputError
+from blis_fast.gonum import atoi, or_none
 
 __all__ = [
     "HFConfig",
@@ -151,20 +152,6 @@ def is_hf_config(data: str | bytes) -> bool:
     return False
 
 
-_ATOI = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
-_INT64_MAX = (1 << 63) - 1
-
-
-def _atoi(s: str) -> int | None:
-    """strconv.Atoi: optional sign and ASCII digits, within int64; None when invalid."""
-    if not _ATOI.match(s):
-        return None
-    v = int(s)
-    if v > _INT64_MAX or v < -_INT64_MAX - 1:
-        return None
-    return v
-
-
 def parse_quantization_config(qc: dict[str, Any]) -> float:
     """Weight bytes per parameter declared by ``quantization_config`` (0 when not determinable)."""
     quant_method = qc.get("quant_method")
@@ -175,7 +162,7 @@ def parse_quantization_config(qc: dict[str, Any]) -> float:
     if _is_number(raw_bits):
         bits = _go_int(raw_bits)
     elif isinstance(raw_bits, str):
-        parsed = _atoi(raw_bits)
+        parsed = or_none(atoi, raw_bits)
         if parsed is not None:
             bits = parsed
     if bits > 0:
@@ -277,7 +264,7 @@ def infer_weight_bytes_from_model_name(name: str) -> float:
     """InferWeightBytesFromModelName: weight bytes/param implied by the model name, else 0."""
     m = _RE_WXAY.search(name)
     if m is not None:
-        bits = _atoi(m.group(1))
+        bits = or_none(atoi, m.group(1))
         if bits is not None and bits > 0:
             return float(bits) / _BITS_PER_BYTE
     if _RE_FP8.search(name):

@@ -190,7 +190,8 @@ def parse_scorer_list(text: str, allow_custom: bool = False) -> list[tuple[str, 
 
     ``custom`` (a user scorer given through the Python API) is accepted when ``allow_custom``.
     """
-    from blis_fast.options import parse_go_float
+    from blis_fast.gonum import NumError, parse_float
+    from blis_fast.workload.gofmt import go_trim_space
 
     if text == "":
         return []
@@ -214,8 +215,8 @@ def parse_scorer_list(text: str, allow_custom: bool = False) -> list[tuple[str, 
                                   "scorer may appear at most once")
         seen.add(name)
         try:
-            weight = parse_go_float(raw.strip())
-        except ValueError:
+            weight = parse_float(go_trim_space(raw))
+        except NumError:
             raise BlisConfigError(f"Invalid --routing-scorers: invalid weight for scorer "
                                   f"{name!r}: {raw.strip()!r}") from None
         if not _finite(weight) or weight <= 0:

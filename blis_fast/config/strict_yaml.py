@@ -51,26 +51,42 @@ def as_str(ctx: YamlContext, node: yaml.Node, what: str) -> str:
     return str(node.value)
 
 
+def _v3_number(ctx: YamlContext, node: yaml.Node, what: str, kind: str) -> int | float:
+    """The value yaml.v3 stores for this scalar in a Go ``int``/``int64`` (``kind="int"``) or
+    ``float64`` field: yaml.v3's own scalar resolution (``1e3``, ``0o17``, ``1_000``, ``.5``
+    are numbers; ``1:30`` is not), and a float stored in an int field truncated toward zero."""
+    from blis_fast.kernels.gomath import go_f2i
+    from blis_fast.workload.spec_yaml import FLOAT, INT, resolve_plain
+
+    expected = "an integer" if kind == "int" else "a number"
+    if not isinstance(node, yaml.ScalarNode) or (
+            node.style and node.tag not in (_INT_TAG, _FLOAT_TAG)):  # quoted: a string
+        raise ctx.fail(node, f"{what}: expected {expected}, got {_value_text(node)}")
+    tag, val = resolve_plain(node.value)
+    if kind == "int":
+        if tag == INT and -(1 << 63) <= val < (1 << 63):
+            return int(val)
+        if tag == FLOAT and val <= 9.223372036854775807e18:
+            return int(go_f2i(val))
+    elif tag in (INT, FLOAT):
+        return float(val)
+    raise ctx.fail(node, f"{what}: expected {expected}, got {node.value!r}")
+
+
+def _value_text(node: yaml.Node) -> str:
+    return repr(node.value) if isinstance(node, yaml.ScalarNode) else "a " + node.id
+
+
 def as_int(ctx: YamlContext, node: yaml.Node, what: str) -> int:
     if is_null(node):
         return 0
-    v = scalar(ctx, node, what)
-    if isinstance(v, bool) or node.tag not in (_INT_TAG, _FLOAT_TAG):
-        raise ctx.fail(node, f"{what}: expected an integer, got {node.value!r}")
-    if isinstance(v, float):
-        if not v.is_integer():
-            raise ctx.fail(node, f"{what}: expected an integer, got {node.value!r}")
-        v = int(v)
-    return int(v)
+    return int(_v3_number(ctx, node, what, "int"))
 
 
 def as_float(ctx: YamlContext, node: yaml.Node, what: str) -> float:
     if is_null(node):
         return 0.0
-    v = scalar(ctx, node, what)
-    if isinstance(v, bool) or node.tag not in (_INT_TAG, _FLOAT_TAG):
-        raise ctx.fail(node, f"{what}: expected a number, got {node.value!r}")
-    return float(v)
+    return float(_v3_number(ctx, node, what, "float"))
 
 
 def as_float_list(ctx: YamlContext, node: yaml.Node, what: str) -> tuple[float, ...] | None:

@@ -13,13 +13,13 @@ per-instance :class:`~blis_fast.output.summary.InstanceMetrics`, the per-request
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from blis_fast.errors import BlisConfigError
+from blis_fast.gonum import parse_float
 from blis_fast.output.stats import Distribution, distribution, go_fixed, sequential_sum
 from blis_fast.output.summary import (
     InstanceMetrics,
@@ -28,6 +28,7 @@ from blis_fast.output.summary import (
     build_metrics_output,
     metrics_block,
 )
+from blis_fast.workload.gofmt import go_quote, go_trim_space
 
 __all__ = [
     "TraceSummary",
@@ -37,7 +38,6 @@ __all__ = [
     "ModelMetrics",
     "TenantMetrics",
     "FITNESS_KEYS",
-    "parse_go_float",
     "parse_fitness_weights",
     "compute_fitness",
     "collect_raw_metrics",
@@ -173,62 +173,28 @@ class TenantMetrics:
 
 # --------------------------------------------------------------------------- fitness
 
-_GO_SPACE = " \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-_DEC = r"[0-9](?:_?[0-9])*"
-_HEX = r"[0-9a-fA-F](?:_?[0-9a-fA-F])*"
-_DEC_FLOAT = re.compile(rf"[+-]?(?:{_DEC}(?:\.(?:{_DEC})?)?|\.{_DEC})(?:[eE][+-]?{_DEC})?")
-_HEX_FLOAT = re.compile(rf"[+-]?0[xX](?:_?{_HEX}(?:\.(?:{_HEX})?)?|_?\.{_HEX})[pP][+-]?{_DEC}")
-_SPECIAL = re.compile(r"[+-]?(?:inf|infinity)|nan", re.IGNORECASE)
-
-
-def parse_go_float(s: str) -> float:
-    """``strconv.ParseFloat(s, 64)``; raises ValueError on syntax or range errors."""
-    if _SPECIAL.fullmatch(s):
-        low = s.lower()
-        if low == "nan":
-            return math.nan
-        return -math.inf if low.startswith("-") else math.inf
-    if _DEC_FLOAT.fullmatch(s):
-        v = float(s.replace("_", ""))
-    elif _HEX_FLOAT.fullmatch(s):
-        v = float.fromhex(s.replace("_", ""))
-    else:
-        raise ValueError(f'strconv.ParseFloat: parsing "{s}": invalid syntax')
-    if math.isinf(v):
-        raise ValueError(f'strconv.ParseFloat: parsing "{s}": value out of range')
-    return v
-
-
-def _go_trim(s: str) -> str:
-    return s.strip(_GO_SPACE)
-
-
-def _go_quote(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def parse_fitness_weights(s: str) -> dict[str, float]:
     """``ParseFitnessWeights`` (CLU-7.9); raises BlisConfigError("Invalid fitness weights: ...")."""
     if s == "":
         return {}
     weights: dict[str, float] = {}
     for raw in s.split(","):
-        pair = _go_trim(raw)
+        pair = go_trim_space(raw)
         parts = pair.split(":", 1)
         if len(parts) != 2:
             raise BlisConfigError(
-                f"Invalid fitness weights: invalid fitness weight {_go_quote(pair)}: expected key:value"
+                f"Invalid fitness weights: invalid fitness weight {go_quote(pair)}: expected key:value"
             )
-        key = _go_trim(parts[0])
+        key = go_trim_space(parts[0])
         try:
-            val = parse_go_float(_go_trim(parts[1]))
+            val = parse_float(go_trim_space(parts[1]))
         except ValueError as exc:
             raise BlisConfigError(
-                f"Invalid fitness weights: invalid fitness weight value for {_go_quote(key)}: {exc}"
+                f"Invalid fitness weights: invalid fitness weight value for {go_quote(key)}: {exc}"
             ) from None
         if math.isnan(val) or math.isinf(val) or val < 0:
             raise BlisConfigError(
-                f"Invalid fitness weights: invalid weight for {_go_quote(key)}: "
+                f"Invalid fitness weights: invalid weight for {go_quote(key)}: "
                 f"must be a finite non-negative number, got {val!r}"
             )
         weights[key] = val
@@ -259,7 +225,7 @@ def compute_fitness(raw: RawMetrics, weights: Mapping[str, float]) -> FitnessRes
     for key in keys:
         if _extract_metric(raw, key) is None:
             raise BlisConfigError(
-                f"Fitness evaluation failed: unknown fitness metric key {_go_quote(key)}; "
+                f"Fitness evaluation failed: unknown fitness metric key {go_quote(key)}; "
                 f"valid keys: {', '.join(FITNESS_KEYS)}"
             )
     score = 0.0

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from blis_fast.gonum import atoi, or_none
 from blis_fast.output.gojson import format_go_float, marshal_indent, needs_escape, quote_go_string
 from blis_fast.output.stats import (
     mean_ms,
@@ -411,17 +412,6 @@ def write_results_file(
     atomic_write_text(path, results_text(metrics_dict, requests))
 
 
-def _go_atoi(s: str) -> int | None:
-    """``strconv.Atoi`` (optional sign, ASCII digits, int64 range); None on error."""
-    body = s[1:] if s[:1] in ("+", "-") else s
-    if not body or not body.isascii() or not body.isdigit():
-        return None
-    v = int(s)
-    if not -(2**63) <= v < 2**63:
-        return None
-    return v
-
-
 def replay_results_text(requests: RequestColumns) -> str:
     """``blis replay --results-path`` text: ``[]SimResult`` of completed numeric-ID requests."""
     ids = _str_array(requests.request_id).tolist()
@@ -433,7 +423,7 @@ def replay_results_text(requests: RequestColumns) -> str:
     ok = ~np.isnan(ttft) & ~np.isnan(e2e)
     for i in np.flatnonzero(ok).tolist():
         rid = ids[i]
-        num = _go_atoi(rid[len("request_") :] if rid.startswith("request_") else rid)
+        num = or_none(atoi, rid[len("request_") :] if rid.startswith("request_") else rid)
         if num is not None:
             keep.append((num, i))
     if not keep:

@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.gonum import NumError, parse_float
 
 __all__ = ["PlotResult", "load_requests", "load_summary", "plot_cdf", "plot_lines"]
 
@@ -76,8 +77,8 @@ def filter_rows(frame: pl.DataFrame, where: list[str]) -> pl.DataFrame:
         _need(frame, name)
         if frame.schema[name].is_numeric():
             try:
-                value: object = float(text)
-            except ValueError:
+                value: object = parse_float(text)
+            except NumError:
                 raise BlisConfigError(f"--where {cond!r}: {name} is numeric") from None
         else:
             value = text

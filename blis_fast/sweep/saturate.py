@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import pyarrow as pa
 
 from blis_fast.errors import BlisConfigError
+from blis_fast.gonum import NumError, parse_float
 from blis_fast.output.parquet import atomic_write_table
 from blis_fast.sweep.execute import TaskRunner
 from blis_fast.sweep.progress import Progress
@@ -59,8 +60,8 @@ def parse_slo(text: str) -> Slo:
         raise BlisConfigError(f"--slo {text!r}: unknown metric {metric!r}; metrics: "
                               + ", ".join(names))
     try:
-        bound = float(number)
-    except ValueError:
+        bound = parse_float(number)
+    except NumError:
         raise BlisConfigError(f"--slo {text!r}: {number!r} is not a number") from None
     if not math.isfinite(bound):
         raise BlisConfigError(f"--slo {text!r}: the bound must be finite")

@@ -13,8 +13,9 @@ import math
 import os
 
 from blis_fast.errors import BlisInputError
+from blis_fast.gonum import NumError, parse_float
 from blis_fast.kernels.gomath import go_cos, go_f2i
-from blis_fast.workload.gofmt import go_parse_float, go_pct_f
+from blis_fast.workload.gofmt import go_pct_f, go_trim_space
 from blis_fast.workload.spec import (
     ActiveWindow,
     ArrivalFactory,
@@ -275,20 +276,22 @@ def parse_servegen_pdf(s: str) -> dict[int, float]:
         raise ValueError("empty PDF dictionary")
     pdf: dict[int, float] = {}
     for pair in s.split(","):
-        pair = pair.strip()
+        pair = go_trim_space(pair)
         if pair == "":
             continue
         parts = pair.split(":", 1)
         if len(parts) != 2:
             raise ValueError(f"invalid key:value pair: {pair!r}")
-        ks, vs = parts[0].strip(), parts[1].strip()
-        kf = go_parse_float(ks)
-        if kf is None:
-            raise ValueError(f"invalid key {ks!r}")
+        ks, vs = go_trim_space(parts[0]), go_trim_space(parts[1])
+        try:
+            kf = parse_float(ks)
+        except NumError:
+            raise ValueError(f"invalid key {ks!r}") from None
         key = int(go_f2i(kf))
-        val = go_parse_float(vs)
-        if val is None:
-            raise ValueError(f"invalid value {vs!r} for key {key}")
+        try:
+            val = parse_float(vs)
+        except NumError:
+            raise ValueError(f"invalid value {vs!r} for key {key}") from None
         pdf[key] = val
     if not pdf:
         raise ValueError("no valid entries in PDF dictionary")
@@ -313,8 +316,9 @@ def _read_servegen_trace(path: str) -> list[tuple[float, float, float, str]]:
             if len(rec) < 4:
                 skipped += 1
                 continue
-            vals = [go_parse_float(rec[i].strip()) for i in range(3)]
-            if any(v is None for v in vals):
+            try:
+                vals = [parse_float(go_trim_space(rec[i])) for i in range(3)]
+            except NumError:
                 skipped += 1
                 continue
             rows.append((vals[0], vals[1], vals[2], rec[3].strip()))
@@ -345,8 +349,9 @@ def _load_servegen_dataset(path: str, sg: ServeGenDataSpec) -> tuple[dict, dict]
                          "map[string]map[string]string")  # fmt: skip
     in_s = out_s = ""
     for k in sorted(data):
-        start = go_parse_float(k)
-        if start is None:
+        try:
+            start = parse_float(k)
+        except NumError:
             log.warning("loadServeGenDataset: skipping non-numeric key %r", k)
             continue
         if sg.span_start > 0 and start < float(sg.span_start):

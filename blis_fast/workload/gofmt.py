@@ -4,18 +4,16 @@
 * ``go_pct_f``  - ``%f`` (six decimals; ``NaN``, ``+Inf``, ``-Inf``);
 * ``go_g``      - ``strconv.FormatFloat(v, 'g', -1, 64)`` (also what ``%v`` prints);
 * ``go_f``      - ``strconv.FormatFloat(v, 'f', -1, 64)`` (shortest digits, no exponent);
-* ``go_parse_float`` - ``strconv.ParseFloat(s, 64)`` (``None`` where Go returns an error);
-* ``go_sscanf_int``  - ``fmt.Sscanf(s, "%d", &n)`` for an ``int`` (value or error text);
-* ``go_atoi``        - ``strconv.Atoi(s)`` for a 64-bit ``int`` (``None`` where Go errs).
+* ``go_trim_space``  - ``strings.TrimSpace``;
+* ``go_sscanf_int``  - ``fmt.Sscanf(s, "%d", &n)`` for an ``int`` (value or error text).
+
+Numbers in text are parsed by ``blis_fast.gonum`` (the ``strconv`` ports).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from decimal import Decimal
-
-_U64 = (1 << 64) - 1
 
 
 def go_quote(s: str) -> str:
@@ -108,44 +106,14 @@ def go_f(v: float) -> str:
     return f"{sgn}{ds[:dp]}.{ds[dp:]}"
 
 
-_DEC_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_HEX_FLOAT = re.compile(r"[+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+")
-_INF = re.compile(r"[+-]?(?:inf|infinity)", re.IGNORECASE)
+_GO_SPACE = (" \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+             "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+"""The runes Go's ``unicode.IsSpace`` reports (what ``strings.TrimSpace`` removes)."""
 
 
-def go_parse_float(s: str) -> float | None:
-    """Go ``strconv.ParseFloat(s, 64)``; ``None`` where Go reports an error (syntax, overflow)."""
-    if _INF.fullmatch(s):
-        return -math.inf if s.startswith("-") else math.inf
-    if s.lower() == "nan":
-        return math.nan
-    if _DEC_FLOAT.fullmatch(s):
-        v = float(s)
-    elif _HEX_FLOAT.fullmatch(s):
-        neg = s.startswith("-")
-        body = s.lstrip("+-")
-        try:
-            v = float.fromhex(body)
-        except (ValueError, OverflowError):
-            return None
-        v = -v if neg else v
-    else:
-        return None
-    if math.isinf(v):
-        return None  # out of range: Go returns ±Inf with ErrRange
-    return v
-
-
-_ATOI = re.compile(r"[+-]?[0-9]+", re.ASCII)
-
-
-def go_atoi(s: str) -> int | None:
-    """Go ``strconv.Atoi(s)`` (optional sign, ASCII digits, no spaces or underscores, int64
-    range); ``None`` where Go returns an error."""
-    if not _ATOI.fullmatch(s):
-        return None
-    v = int(s)
-    return v if -(1 << 63) <= v < (1 << 63) else None
+def go_trim_space(s: str) -> str:
+    """Go ``strings.TrimSpace``: strip ``unicode.IsSpace`` runes from both ends."""
+    return s.strip(_GO_SPACE)
 
 
 _SCAN_SPACE = " \t\n\r\v\f\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"

@@ -16,11 +16,12 @@ import numpy as np
 
 from blis_fast.config.strict_yaml import as_float, as_int, as_str, decode_struct, parse_root
 from blis_fast.errors import BlisInputError
+from blis_fast.gonum import NumError, atoi, parse_float
 from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
 from blis_fast.kernels.samplers import DIST_SEQUENCE
 from blis_fast.workload.generator import SessionBlueprint
-from blis_fast.workload.gofmt import go_atoi, go_quote
+from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import SamplerSpec
 
@@ -79,10 +80,12 @@ def load_trace_header(path: str) -> dict:
 
 
 def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) -> int:
-    """One integer column as Go's ``strconv.Atoi``/``ParseInt(s, 10, 64)`` reads it."""
-    v = go_atoi(text)
-    if v is None:
-        raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}")
+    """A CSV integer field, read as the reference reads it (``strconv.Atoi`` / ``ParseInt(s,
+    10, 64)``: both base 10, 64-bit, no spaces or ``_``)."""
+    try:
+        v = atoi(text)
+    except NumError:
+        raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}") from None
     if minimum is not None and v < minimum:
         raise BlisInputError(f"--trace-data {path}: row {row}: {what} must be >= {minimum}, got {v}")
     return v
@@ -113,8 +116,8 @@ def load_trace_records(path: str) -> TraceRecords:
                         (14, "video_tokens")):
             cols[name].append(_int(f[k], name, row_no, path, 0))
         try:
-            ratio = float(f[15])
-        except ValueError:
+            ratio = parse_float(f[15])
+        except NumError:
             raise BlisInputError(f"--trace-data {path}: row {row_no}: invalid reason_ratio "
                                  f"{f[15]!r}") from None
         if not (math.isfinite(ratio) and 0 <= ratio <= 1):

@@ -201,16 +201,14 @@ def arrival_params(process: str, cv: float | None, rate_us: float) -> tuple[int,
 # --- think-time distributions (DELTA-59) ------------------------------------------------------
 def _parse_time_us(v: str) -> int:
     """``parseTimeToMicros``: suffix us, ms, s, or bare milliseconds; non-negative finite."""
-    from blis_fast.workload.gofmt import go_parse_float
+    from blis_fast.gonum import parse_float
 
     num, mult = v, 1_000.0
     for suffix, factor in (("us", 1.0), ("ms", 1_000.0), ("s", 1_000_000.0)):
         if v.endswith(suffix):
             num, mult = v[: -len(suffix)], factor
             break
-    f = go_parse_float(num)
-    if f is None:
-        raise ValueError(f"strconv.ParseFloat: parsing {go_quote(num)}: invalid syntax")
+    f = parse_float(num)  # NumError (a ValueError) reads as Go's error
     if f < 0 or math.isnan(f) or math.isinf(f):
         raise ValueError(f"time value must be a non-negative finite number, got {go_quote(v)}")
     return int(go_f2i(f * mult) if mult != 1.0 else go_f2i(f))
@@ -220,7 +218,7 @@ def parse_think_time_dist(text: str) -> SamplerSpec:
     """``ParseThinkTimeDist``: ``lognormal:mu=..,sigma=..[,min=..,max=..]`` or
     ``constant:value=<time>``, as a sampler of µs. Raises ValueError with the reference's text.
     """
-    from blis_fast.workload.gofmt import go_parse_float
+    from blis_fast.gonum import or_none, parse_float
 
     colon = text.find(":")
     if colon < 0:
@@ -248,12 +246,12 @@ def parse_think_time_dist(text: str) -> SamplerSpec:
         for key in ("mu", "sigma"):
             if key not in params:
                 raise ValueError(f'think-time-dist lognormal requires parameter "{key}"')
-        mu = go_parse_float(params["mu"])
+        mu = or_none(parse_float, params["mu"])
         if mu is None or math.isnan(mu) or math.isinf(mu):
             raise ValueError(
                 f"think-time-dist lognormal: mu must be a finite number, got {go_quote(params['mu'])}"
             )
-        sigma = go_parse_float(params["sigma"])
+        sigma = or_none(parse_float, params["sigma"])
         if sigma is None or math.isnan(sigma) or math.isinf(sigma) or sigma <= 0:
             raise ValueError(
                 "think-time-dist lognormal: sigma must be a finite positive number, got "

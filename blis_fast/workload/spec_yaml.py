@@ -27,9 +27,10 @@ from typing import Any
 import yaml
 
 from blis_fast.errors import BlisInputError
+from blis_fast.gonum import or_none, parse_float, parse_int, parse_uint
 from blis_fast.kernels.gomath import go_f2i
 from blis_fast.workload import spec as S
-from blis_fast.workload.gofmt import go_parse_float, go_quote
+from blis_fast.workload.gofmt import go_quote
 
 # --- schema -----------------------------------------------------------------------------------
 # One entry per Go struct: (Go type name, dataclass, fields). A field is
@@ -220,39 +221,6 @@ _TS_FULL = re.compile(
 )
 
 
-def _go_parse_int(s: str, unsigned: bool = False) -> int | None:
-    """Go ``strconv.ParseInt/ParseUint(s, 0, 64)`` (base prefixes, leading-0 octal)."""
-    neg = False
-    body = s
-    if body[:1] in "+-":
-        if unsigned:
-            return None
-        neg = body[0] == "-"
-        body = body[1:]
-    if not body:
-        return None
-    base = 10
-    low = body.lower()
-    if low.startswith("0x"):
-        base, body = 16, body[2:]
-    elif low.startswith("0o"):
-        base, body = 8, body[2:]
-    elif low.startswith("0b"):
-        base, body = 2, body[2:]
-    elif len(body) > 1 and body[0] == "0":
-        base, body = 8, body[1:]
-    if not body:
-        return None
-    digits = "0123456789abcdef"[:base]
-    if any(ch not in digits for ch in body.lower()):
-        return None
-    v = int(body, base)
-    v = -v if neg else v
-    if unsigned:
-        return v if v < (1 << 64) else None
-    return v if -(1 << 63) <= v < (1 << 63) else None
-
-
 def _is_timestamp(s: str) -> bool:
     """yaml.v3 parseTimestamp: a date, or a date-time in the formats yaml.v3 accepts."""
     if len(s) < 5 or not s[:4].isdigit() or s[4] != "-":
@@ -274,23 +242,32 @@ def resolve_plain(s: str) -> tuple[str, Any]:
         return _RESOLVE_MAP[s]
     c = s[0]
     if c == ".":
-        v = go_parse_float(s)
+        v = or_none(parse_float, s)
         if v is not None:
             return FLOAT, v
     elif c in "+-0123456789":
         if _is_timestamp(s):
             return TIMESTAMP, s
         plain = s.replace("_", "")
-        v = _go_parse_int(plain)
-        if v is not None:
-            return INT, v
-        u = _go_parse_int(plain, unsigned=True)
-        if u is not None:
-            return INT, u
+        for parse in (parse_int, parse_uint):
+            v = or_none(parse, plain, 0, 64)
+            if v is not None:
+                return INT, v
         if _YAML_FLOAT.fullmatch(plain):
-            f = go_parse_float(plain)
+            f = or_none(parse_float, plain)
             if f is not None:
                 return FLOAT, f
+        # yaml.v3's explicit-base fallbacks (they read e.g. "0b-1" as -1 and "0o+7" as 7)
+        for prefix, base in (("0b", 2), ("0o", 8)):
+            if plain.startswith(prefix):
+                for parse in (parse_int, parse_uint):
+                    v = or_none(parse, plain[2:], base, 64)
+                    if v is not None:
+                        return INT, v
+            elif plain.startswith("-" + prefix):
+                v = or_none(parse_int, "-" + plain[3:], base, 64)
+                if v is not None:
+                    return INT, v
     return STR, s
 
 
