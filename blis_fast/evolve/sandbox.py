@@ -3,6 +3,9 @@ wall-clock timeout (the child's process group is killed), an address-space limit
 failure record (worst fitness plus the reason) for whatever goes wrong — never an exception
 or a hang in the search that called it.
 
+As with any ``multiprocessing`` use, a script that evaluates candidates needs the
+``if __name__ == "__main__":`` guard (the forkserver imports the main module).
+
 Children are forked from a ``forkserver`` that has imported blis_fast and run one tiny
 simulation, so a child starts with the compiled kernels loaded (no Numba start-up per
 candidate). Results are cached by (target, candidate source hash, benchmark digest, stage),
@@ -158,8 +161,8 @@ class EvalCache:
         return None
 
     def put(self, key: str, record: dict[str, Any]) -> None:
-        """Store a record (timeouts are not cached: a loaded machine may be the cause)."""
-        if (record.get("error") or {}).get("kind") == "timeout":
+        """Store a record (timeouts and crashes are not cached: the machine may be the cause)."""
+        if (record.get("error") or {}).get("kind") in ("timeout", "crash"):
             return
         self._memory[key] = record
         if self._dir is not None:
