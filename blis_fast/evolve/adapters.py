@@ -127,7 +127,7 @@ def openevolve_config(target: str, timeout_s: float) -> dict[str, Any]:
         "random_seed": 42,
         "diff_based_evolution": True,
         "max_code_length": 6000,
-        "llm": {"api_base": "${OPENAI_API_BASE}", "api_key": "${OPENAI_API_KEY}",
+        "llm": {"api_base": "https://api.openai.com/v1", "api_key": "${OPENAI_API_KEY}",
                 "models": [{"name": "gpt-4o-mini", "weight": 1.0}],
                 "temperature": 0.7, "max_tokens": 4096, "timeout": 120},
         "prompt": {"system_message": system_message(target), "num_top_programs": 3,
@@ -158,10 +158,6 @@ def write_openevolve_files(out_dir: str | Path, target: str, bench: Benchmark, *
     for name, text in files.items():
         (out / name).write_text(text)
         written.append(out / name)
-    env_line = ("# OpenEvolve resolves ${VAR} only in api_key; set api_base to your endpoint\n")
-    cfg = out / "config.yaml"
-    cfg.write_text(env_line + cfg.read_text().replace("${OPENAI_API_BASE}",
-                                                     "https://api.openai.com/v1"))
     return written
 
 
@@ -230,7 +226,9 @@ class BlisGEPAAdapter:
         """Score the candidate on the batch's workloads (one contained evaluation)."""
         from gepa import EvaluationBatch
 
-        bench = self.evaluator.bench.subset(list(dict.fromkeys(batch)))
+        wanted = set(batch)  # benchmark order, so a batch's evaluation is cached whatever order
+        bench = self.evaluator.bench.subset([w.name for w in self.evaluator.bench.workloads
+                                             if w.name in wanted])
         record = self.evaluator.evaluate(candidate[COMPONENT], bench=bench)
         outputs, scores, trajectories = [], [], []
         for name in batch:
