@@ -57,27 +57,33 @@ def _one_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- compiling
 
 
+_GUARDS = {
+    "scorer": (
+        "def _blis_guarded(snapshots, request, out):\n"
+        "    _blis_user(snapshots, request, out)\n"
+        "    for i in range(out.shape[0]):\n"
+        "        if not _blis_isfinite(out[i]):\n"
+        "            raise FloatingPointError('non-finite score')\n"),
+    "scheduler": (
+        "def _blis_guarded(features):\n"
+        "    key = _blis_user(features)\n"
+        "    if not _blis_isfinite(key):\n"
+        "        raise FloatingPointError('non-finite scheduler key')\n"
+        "    return key\n"),
+}
+"""Candidate-side wrappers that raise when the policy yields a non-finite value. They are
+compiled with the candidate (like its own code), not as engine kernels."""
+
+
 def _guarded(target: str, user: Any) -> Any:
-    """An ``njit`` wrapper that raises when the policy yields a non-finite value."""
+    """The candidate's policy wrapped in its target's guard (``njit``-compiled)."""
     import numba
 
-    if target == "scorer":
-        @numba.njit
-        def guarded_scorer(snapshots, request, out):
-            user(snapshots, request, out)
-            for i in range(out.shape[0]):
-                if not np.isfinite(out[i]):
-                    raise FloatingPointError("non-finite score")
-        return guarded_scorer
-    if target == "scheduler":
-        @numba.njit
-        def guarded_key(features):
-            key = user(features)
-            if not np.isfinite(key):
-                raise FloatingPointError("non-finite scheduler key")
-            return key
-        return guarded_key
-    return user
+    if target not in _GUARDS:
+        return user
+    namespace: dict[str, Any] = {"_blis_user": user, "_blis_isfinite": math.isfinite}
+    exec(compile(_GUARDS[target], "<candidate guard>", "exec"), namespace)  # noqa: S102
+    return numba.njit(namespace["_blis_guarded"])
 
 
 def compile_candidate(source: str, target: str) -> Any:
