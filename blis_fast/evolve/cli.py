@@ -39,7 +39,7 @@ def init_command(framework: str, target: str, benchmark: str | None, out_dir: st
     for path in write_openevolve_files(out_dir, target, load_benchmark(benchmark),
                                        timeout_s=timeout_s, memory_mb=memory_mb):
         sys.stdout.write(f"wrote {path}\n")
-    sys.stdout.write(f"run: openevolve-run.py {out_dir}/initial_program.py {out_dir}/evaluator.py "
+    sys.stdout.write(f"run: openevolve-run {out_dir}/initial_program.py {out_dir}/evaluator.py "
                      f"--config {out_dir}/config.yaml\n")
 
 
