@@ -210,3 +210,19 @@ def test_cli_bad_input_is_one_line_exit_2(args, message, capsys, tmp_path, monke
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_help_does_not_load_the_simulator():
+    """``blis --help`` and ``blis evolve --help`` stay light: no Numba, no OpenEvolve/GEPA."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom blis_fast.cli import main\n"
+            "for args in (['--help'], ['evolve', '--help'], ['evolve', 'eval', '--help']):\n"
+            "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('numba', 'openevolve', 'gepa', 'blis_fast.runner') "
+            "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "Score CANDIDATE.py" in out
+    assert out.strip().splitlines()[-1] == "[]"
