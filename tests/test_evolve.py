@@ -226,3 +226,16 @@ def test_help_does_not_load_the_simulator():
                          check=True).stdout
     assert "Score CANDIDATE.py" in out
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_ray_backend_gives_the_local_records(evaluator):
+    """Evaluations as Ray tasks (a local Ray): same records as the local pool, one task per
+    distinct candidate, failures contained."""
+    pytest.importorskip("ray", reason="the Ray backend needs the [ray] extra")
+    ray_eval = Evaluator("scorer", evaluator.bench, timeout_s=TIMEOUT_S, memory_mb=512,
+                         workers=1, backend="ray")
+    records = ray_eval.evaluate_many([BETTER, BAD["compile"], BETTER])
+    local = evaluator.evaluate(BETTER)
+    assert records[0]["fitness"] == records[2]["fitness"] == local["fitness"]
+    assert records[0]["workloads"] == local["workloads"]
+    assert records[1]["error"]["kind"] == "compile"

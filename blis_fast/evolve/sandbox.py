@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from blis_fast.errors import BlisConfigError
 from blis_fast.evolve.benchmark import Benchmark, benchmark_from_dict
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -171,14 +172,33 @@ class EvalCache:
             os.replace(tmp, self._dir / f"{key}.json")
 
 
+def _contained_task(payload: tuple) -> tuple[int, dict[str, Any]]:
+    """A sweep-runner task (Ray backend): one contained evaluation, tagged with its index."""
+    index, source, target, bench_data, stage, timeout_s, memory_mb = payload
+    bench = benchmark_from_dict(bench_data, "benchmark")
+    return index, evaluate_contained(source, target, bench, stage=stage, timeout_s=timeout_s,
+                                     memory_mb=memory_mb)
+
+
 class Evaluator:
-    """Contained, cached, parallel evaluation of candidates of one target on one benchmark."""
+    """Contained, cached, parallel evaluation of candidates of one target on one benchmark.
+
+    ``backend="local"``: at most ``workers`` child processes at a time on this machine;
+    ``"ray"``: each evaluation is a Ray task of the sweep's task runner (a local Ray with
+    ``workers`` CPUs, or the cluster at ``ray_address``), contained inside its Ray worker.
+    """
 
     def __init__(self, target: str, bench: Benchmark, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  memory_mb: int = DEFAULT_MEMORY_MB, workers: int | None = None,
-                 cache: EvalCache | None = None) -> None:
-        from blis_fast.sweep.execute import default_workers
+                 cache: EvalCache | None = None, backend: str = "local",
+                 ray_address: str | None = None) -> None:
+        from blis_fast.sweep.execute import BACKENDS, default_workers
 
+        if backend not in BACKENDS:
+            raise BlisConfigError(f"backend: unknown value {backend!r}. Valid: "
+                                  + ", ".join(BACKENDS))
+        self.backend = backend
+        self.ray_address = ray_address
         self.target = target
         self.bench = bench
         self.timeout_s = timeout_s
@@ -201,5 +221,22 @@ class Evaluator:
     def evaluate_many(self, sources: Sequence[str], *, stage: str = "full") -> list[dict]:
         """Records of several candidates, evaluated in parallel (one child process each, at
         most ``workers`` at a time), in the order given."""
+        if self.backend == "ray":
+            return self._evaluate_many_ray(sources, stage)
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
             return list(pool.map(lambda s: self.evaluate(s, stage=stage), sources))
+
+    def _evaluate_many_ray(self, sources: Sequence[str], stage: str) -> list[dict]:
+        from blis_fast.sweep.execute import TaskRunner
+
+        keys = [EvalCache.key(s, self.target, self.bench, stage) for s in sources]
+        records: list[dict | None] = [self.cache.get(k) for k in keys]
+        todo = {keys[i]: i for i, r in enumerate(records) if r is None}  # one task per key
+        payloads = [(i, sources[i], self.target, self.bench.to_dict(), stage, self.timeout_s,
+                     self.memory_mb) for i in todo.values()]
+        with TaskRunner("ray", self.workers, self.ray_address) as runner:
+            for index, record in runner.map(_contained_task, payloads):
+                self.cache.put(keys[index], record)
+                records[index] = record
+        return [r if r is not None else records[todo[k]] for r, k in zip(records, keys,
+                                                                          strict=True)]
