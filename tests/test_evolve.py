@@ -239,3 +239,11 @@ def test_ray_backend_gives_the_local_records(evaluator):
     assert records[0]["fitness"] == records[2]["fitness"] == local["fitness"]
     assert records[0]["workloads"] == local["workloads"]
     assert records[1]["error"]["kind"] == "compile"
+
+
+def test_a_benchmark_the_simulator_refuses_is_named_as_such():
+    data = _small_bench(50).to_dict()
+    data["clusters"] = [{"name": "bad", "num_instances": 4, "routing_latency": -1}]
+    record = evaluate_source(LEAST_LOADED, "scorer", benchmark_from_dict(data))
+    assert record["error"]["kind"] == "benchmark"
+    assert "--routing-latency must be >= 0" in record["error"]["message"]

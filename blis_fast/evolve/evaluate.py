@@ -29,7 +29,8 @@ COUNTERFACTUAL_K = 3
 
 
 class CandidateError(Exception):
-    """A candidate failed: ``kind`` is compile, exception, non_finite, memory or timeout."""
+    """A candidate failed: ``kind`` is compile, exception, non_finite, memory or timeout
+    (records also use crash, and benchmark when the benchmark itself cannot run)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -252,8 +253,10 @@ def _run_benchmark(bench: Benchmark, policy: dict[str, Any], hooks: dict[str, An
                 result = blis_fast.run(**opts, **hooks)
             except MemoryError:
                 raise CandidateError("memory", "MemoryError during the simulation") from None
-            except BlisError as exc:
-                raise CandidateError("exception", f"workload {workload}: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - a hook error that stopped the run
+                text = str(exc)
+                kind = "non_finite" if ("non-finite" in text or "NaN" in text) else "exception"
+                raise CandidateError(kind, f"workload {workload}: {_one_line(exc)}") from None
         if errors.messages:
             kind = "non_finite" if any("non-finite" in m for m in errors.messages) else "exception"
             raise CandidateError(kind, f"workload {workload}: the policy raised "
@@ -286,6 +289,10 @@ def evaluate_source(source: str, target: str, bench: Benchmark, *,
     ``fitness`` (mean over runs; ``WORST_FITNESS`` on failure), ``workloads`` (per-workload
     metrics), ``baseline``, ``feedback`` (text) and ``error`` (None or kind + message)."""
     started = time.perf_counter()
+    try:  # the baseline first: a benchmark the simulator refuses is not the candidate's fault
+        base = baseline_metrics(bench, target) if feedback else {}
+    except (BlisError, CandidateError) as exc:
+        return failure_record("benchmark", f"the benchmark cannot run: {exc}", source)
     try:
         compiled = compile_candidate(source, target)
         hook_kw = {"scorer": "custom_scorer", "admission": "custom_admission",
@@ -298,7 +305,6 @@ def evaluate_source(source: str, target: str, bench: Benchmark, *,
     record: dict[str, Any] = {"ok": True, "fitness": fitness, "error": None,
                               "workloads": workloads, "source_hash": source_hash(source)}
     if feedback:
-        base = baseline_metrics(bench, target)
         record["baseline"] = {"fitness": float(np.mean([m["fitness"] for m in base.values()])),
                               "workloads": base}
         record["feedback"] = _feedback(bench, target, workloads, base, first)
