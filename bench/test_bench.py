@@ -95,3 +95,13 @@ def test_sweep_1000_configs_two_workers(tmp_path):
     assert run.errors == 0
     assert run.null_metrics == 0
     assert run.wall_s < sweep_bench.MAX_WALL_S, f"sweep took {run.wall_s:.1f} s"
+
+
+def test_evolve_default_benchmark_evaluation_warm():
+    """One evaluation of the default evolution benchmark (3 workloads x 2 seeds, 2,000
+    requests each) takes <= 2 s warm, in-process and contained (``bench/evolve_bench.py``)."""
+    import evolve_bench
+
+    for name, values in evolve_bench.measure(3).items():
+        median = statistics.median(values)
+        assert median <= evolve_bench.MAX_WARM_S, f"{name}: {median:.2f} s"

@@ -30,7 +30,7 @@ SINGLE_TURN_SPECS = ("inference-perf-shared-prefix.yaml", "prefix-affinity-demo.
                      "regression_workload_cache_warmup.yaml",
                      "regression_workload_load_spikes.yaml", "servegen-language.yaml")
 MULTI_TURN_SPECS = ("multiturn-chat-demo.yaml", "regression_workload_multiturn.yaml")
-SCRIPTS = ("custom_scorer.py", "routing_comparison.py")
+SCRIPTS = ("custom_scorer.py", "evolve_scorer.py", "routing_comparison.py")
 SWEEPS = ("sweep.yaml",)
 # run on a real sweep by tests/test_sweep_run.py (test_example_questions_script_answers_from_the_sweep)
 SWEEP_SCRIPTS = ("sweep_questions.py",)
@@ -258,6 +258,14 @@ def test_custom_scorer_example(capsys):
     assert [line.split(" p99")[0].strip() for line in lines] == ["round-robin", "custom scorer"]
     rr, custom = (float(line.split(":")[1].split()[0]) for line in lines)
     assert custom < rr  # what its docstring promises
+
+
+def test_evolve_scorer_example(capsys):
+    """Its promise: the hand-written candidate beats the least-loaded starting point."""
+    records = _import_example("evolve_scorer.py").main(num_requests=600)
+    out = capsys.readouterr().out
+    assert "least-loaded (starting point) fitness:" in out and "beat the baseline" in out
+    assert records["prefix-and-load"]["fitness"] > records["least-loaded"]["fitness"] >= 0
 
 
 # ------------------------------------------------------------------ sweeps

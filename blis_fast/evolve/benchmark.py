@@ -1,0 +1,245 @@
+"""Evolution benchmarks: the workloads, cluster configurations, seeds and fitness a candidate
+policy is scored on, loaded from a small YAML file (or the built-in default)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from blis_fast.errors import BlisConfigError
+
+MODEL = "meta-llama/llama-3.1-8b-instruct"
+
+FITNESS_KINDS = ("goodput", "weights")
+
+BASELINES = {"scorer": {"routing_policy": "least-loaded"},
+             "admission": {"admission_policy": "always-admit"},
+             "scheduler": {"scheduler": "fcfs"}}
+"""The built-in policy each target is compared with in the feedback, unless the benchmark
+names its own ``baseline`` options."""
+
+
+def _client(cid: str, fraction: float, prefix: int, arrival: dict, input_mean: float,
+            output_mean: float, slo: str) -> dict:
+    """One client of an inline workload spec (gaussian inputs, exponential outputs)."""
+    client: dict[str, Any] = {
+        "id": cid, "slo_class": slo, "rate_fraction": fraction, "streaming": True,
+        "arrival": arrival,
+        "input_distribution": {"type": "gaussian", "params": {
+            "mean": input_mean, "std_dev": input_mean / 4, "min": 16, "max": 4 * input_mean}},
+        "output_distribution": {"type": "exponential", "params": {"mean": output_mean}},
+    }
+    if prefix:
+        client["prefix_group"] = f"{cid}-prompt"
+        client["prefix_length"] = prefix
+    return client
+
+
+def _spec(rate: float, clients: list[dict]) -> dict:
+    return {"version": "2", "seed": 1, "category": "language", "aggregate_rate": rate,
+            "num_requests": 2000, "clients": clients}
+
+
+DEFAULT_BENCHMARK: dict[str, Any] = {
+    "name": "default",
+    "model": MODEL,
+    "clusters": [{"name": "4x", "num_instances": 4}],
+    "seeds": [1, 2],
+    "fitness": {"kind": "goodput", "ttft_ms": 50.0, "e2e_ms": 4000.0},
+    "tiny_requests": 60,
+    "workloads": [
+        {"name": "bursty-prefix", "spec": _spec(420.0, [
+            _client("heavy", 0.5, 512, {"process": "gamma", "cv": 3.0}, 400, 120, "batch"),
+            _client("light", 0.25, 384, {"process": "poisson"}, 200, 60, "standard"),
+            _client("realtime", 0.25, 0, {"process": "poisson"}, 80, 30, "critical")])},
+        {"name": "shared-prompt", "spec": _spec(600.0, [
+            _client("chat", 0.8, 256, {"process": "poisson"}, 64, 128, "standard"),
+            _client("unique", 0.2, 0, {"process": "poisson"}, 512, 256, "batch")])},
+        {"name": "many-prefixes", "spec": _spec(650.0, [
+            _client(f"tenant{k}", 0.25, 320, {"process": "gamma", "cv": 2.0}, 160, 80,
+                    "standard") for k in range(4)])},
+    ],
+}
+"""3 workloads x 2 seeds, 2,000 requests each, on 4 instances; fitness = SLO goodput."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload: a name, run options, and an optional inline workload spec."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    spec: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """What a candidate is scored on: every (cluster, workload, seed) run, one fitness."""
+
+    name: str
+    model: str
+    clusters: tuple[dict[str, Any], ...]
+    workloads: tuple[Workload, ...]
+    seeds: tuple[int, ...]
+    fitness: dict[str, Any]
+    baseline: dict[str, Any] | None = None
+    tiny_requests: int = 60
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML/JSON form (what ``load_benchmark`` reads back)."""
+        out: dict[str, Any] = {
+            "name": self.name, "model": self.model, "clusters": [dict(c) for c in self.clusters],
+            "seeds": list(self.seeds), "fitness": dict(self.fitness),
+            "tiny_requests": self.tiny_requests,
+            "workloads": [{"name": w.name, **({"options": dict(w.options)} if w.options else {}),
+                           **({"spec": copy.deepcopy(w.spec)} if w.spec else {})}
+                          for w in self.workloads]}
+        if self.baseline is not None:
+            out["baseline"] = dict(self.baseline)
+        return out
+
+    def digest(self) -> str:
+        """A hash of the definition (part of the evaluation cache key)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def subset(self, workload_names: list[str]) -> Benchmark:
+        """The same benchmark on the named workloads only (in the order given)."""
+        by_name = {w.name: w for w in self.workloads}
+        missing = [n for n in workload_names if n not in by_name]
+        if missing:
+            raise BlisConfigError(f"benchmark {self.name!r}: no workload named {missing[0]!r}")
+        return Benchmark(self.name, self.model, self.clusters,
+                         tuple(by_name[n] for n in workload_names), self.seeds, self.fitness,
+                         self.baseline, self.tiny_requests)
+
+    def tiny(self) -> Benchmark:
+        """Stage 1 of a cascade: the first workload, first cluster and seed, a few requests."""
+        first = self.workloads[0]
+        return Benchmark(self.name + "-tiny", self.model, self.clusters[:1],
+                         (Workload(first.name, {**first.options,
+                                                "num_requests": self.tiny_requests},
+                                   first.spec),), self.seeds[:1], self.fitness,
+                         self.baseline, self.tiny_requests)
+
+
+def _fail(where: str, msg: str) -> None:
+    raise BlisConfigError(f"{where}: {msg}")
+
+
+def benchmark_from_dict(data: Any, where: str = "benchmark") -> Benchmark:
+    """Validate a benchmark mapping; errors name the file and key."""
+    if not isinstance(data, dict):
+        _fail(where, "expected a mapping")
+    known = {"name", "model", "clusters", "workloads", "seeds", "fitness", "baseline",
+             "tiny_requests"}
+    for key in data:
+        if key not in known:
+            _fail(where, f"unknown key {key!r} (expected one of {', '.join(sorted(known))})")
+    workloads = []
+    for i, w in enumerate(data.get("workloads") or []):
+        if not isinstance(w, dict) or not isinstance(w.get("name"), str):
+            _fail(where, f"workloads[{i}]: expected a mapping with a name")
+        extra = set(w) - {"name", "options", "spec", "spec_file"}
+        if extra:
+            _fail(where, f"workloads[{i}]: unknown key {sorted(extra)[0]!r}")
+        spec = w.get("spec")
+        if "spec_file" in w:
+            base = Path(where).parent if where != "benchmark" else Path.cwd()
+            path = base / str(w["spec_file"])
+            try:
+                spec = yaml.safe_load(path.read_text())
+            except OSError as exc:
+                _fail(where, f"workloads[{i}].spec_file: cannot read {path}: {exc.strerror}")
+        options = w.get("options") or {}
+        if not isinstance(options, dict) or (spec is not None and not isinstance(spec, dict)):
+            _fail(where, f"workloads[{i}]: options and spec must be mappings")
+        workloads.append(Workload(w["name"], dict(options), spec))
+    if not workloads:
+        _fail(where, "workloads: at least one workload is needed")
+    clusters = data.get("clusters") or [{"name": "default", "num_instances": 4}]
+    if not isinstance(clusters, list) or not all(isinstance(c, dict) for c in clusters):
+        _fail(where, "clusters: expected a list of mappings of run options")
+    seeds = data.get("seeds") or [1]
+    if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds):
+        _fail(where, "seeds: expected a list of integers")
+    fitness = data.get("fitness") or {"kind": "goodput", "ttft_ms": 100.0, "e2e_ms": 4000.0}
+    if not isinstance(fitness, dict) or fitness.get("kind") not in FITNESS_KINDS:
+        _fail(where, f"fitness.kind: expected one of {', '.join(FITNESS_KINDS)}")
+    if fitness["kind"] == "weights":
+        from blis_fast.output.report import FITNESS_KEYS, parse_fitness_weights
+
+        weights = parse_fitness_weights(str(fitness.get("weights", "")))
+        if not weights or any(k not in FITNESS_KEYS for k in weights):
+            _fail(where, f"fitness.weights: expected key:value pairs of {', '.join(FITNESS_KEYS)}")
+    else:
+        for key in ("ttft_ms", "e2e_ms"):
+            if not isinstance(fitness.get(key), int | float) or fitness[key] <= 0:
+                _fail(where, f"fitness.{key}: expected a positive number of milliseconds")
+    baseline = data.get("baseline")
+    if baseline is not None and not isinstance(baseline, dict):
+        _fail(where, "baseline: expected a mapping of run options")
+    return Benchmark(str(data.get("name", "benchmark")), str(data.get("model", MODEL)),
+                     tuple(dict(c) for c in clusters), tuple(workloads), tuple(seeds),
+                     dict(fitness), baseline, int(data.get("tiny_requests", 60)))
+
+
+def default_benchmark() -> Benchmark:
+    """The built-in benchmark (see ``DEFAULT_BENCHMARK``)."""
+    return benchmark_from_dict(copy.deepcopy(DEFAULT_BENCHMARK), "default benchmark")
+
+
+def load_benchmark(path: str | os.PathLike | None) -> Benchmark:
+    """Read a benchmark YAML file; ``None`` gives the default benchmark."""
+    if path is None:
+        return default_benchmark()
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise BlisConfigError(f"--benchmark: cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise BlisConfigError(f"--benchmark: {path} is not valid YAML: {first}") from None
+    return benchmark_from_dict(data, str(path))
+
+
+def spec_file(spec: dict[str, Any], seed: int) -> str:
+    """Write ``spec`` with ``seed`` to a content-addressed temporary file; return its path."""
+    body = yaml.safe_dump({**spec, "seed": seed}, sort_keys=True)
+    digest = hashlib.sha256(body.encode()).hexdigest()[:20]
+    path = Path(tempfile.gettempdir()) / f"blis-evolve-{digest}.yaml"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(body)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def run_plan(bench: Benchmark) -> list[tuple[str, str, int, dict[str, Any]]]:
+    """Every run of the benchmark: (cluster name, workload name, seed, run options)."""
+    plan = []
+    for ci, cluster in enumerate(bench.clusters):
+        cname = str(cluster.get("name", f"cluster{ci}"))
+        copts = {k: v for k, v in cluster.items() if k != "name"}
+        for w in bench.workloads:
+            for seed in bench.seeds:
+                opts: dict[str, Any] = {"model": bench.model, "log": "error", **copts,
+                                        **w.options}
+                if w.spec is not None:
+                    spec = dict(w.spec)
+                    if "num_requests" in w.options:
+                        spec["num_requests"] = w.options["num_requests"]
+                        opts.pop("num_requests")
+                    opts["workload_spec"] = spec_file(spec, seed)
+                else:
+                    opts["seed"] = seed
+                plan.append((cname, w.name, seed, opts))
+    return plan
