@@ -128,3 +128,19 @@ def test_reference_timeout_and_refusal(tmp_path, body, status) -> None:
                          quiet=True)
     assert records[0]["status"] == status
     assert records[0]["blis_fast_exit"] == 0
+
+
+def test_spec_reductions_drop_one_thing_each() -> None:
+    spec = {"version": "2", "num_requests": 40, "horizon": 5_000_000,
+            "clients": [{"id": "a", "lifecycle": {"windows": []}, "prefix_group": "g"},
+                        {"id": "b"}],
+            "cohorts": [{"id": "c", "spike": {"start_time_us": 0, "duration_us": 1}}]}
+    variants = rd.spec_reductions(spec)
+    assert len(variants) == 3 + 3 + 2  # 3 entries fewer, 3 optional keys fewer, horizon, half
+    assert [c["id"] for c in variants[0]["clients"]] == ["b"]
+    assert variants[1]["clients"][0] == {"id": "a", "prefix_group": "g"}
+    assert "cohorts" not in variants[4] and variants[5]["cohorts"] == [{"id": "c"}]
+    assert "horizon" not in variants[-2]
+    assert variants[-1]["num_requests"] == 20
+    assert spec["clients"][0]["prefix_group"] == "g"  # the original is left alone
+    assert rd.spec_reductions({"clients": [{"id": "only"}], "num_requests": 9}) == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import os
@@ -27,6 +28,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 HERE = Path(__file__).resolve().parent
 for _path in (str(HERE), str(HERE.parent)):  # config_generator, and tests/parity.py
@@ -204,8 +207,8 @@ def _without(config: dict[str, Any], pairs: list[tuple[str, str | None]]) -> dic
 def shrink(config: dict[str, Any], record: dict[str, Any], reference: str, timeout: float,
            jobs: int = 1) -> dict[str, Any]:
     """A smaller configuration showing the same difference: flags dropped one by one (each
-    single-flag removal is tried in parallel first, then kept greedily), then ``--num-requests``
-    halved while the difference remains."""
+    single-flag removal is tried in parallel first, then kept greedily), ``--num-requests``
+    halved while the difference remains, then the workload spec reduced (``_shrink_spec``)."""
     pairs = flag_pairs(config["args"])
     removable = [i for i, (flag, _) in enumerate(pairs) if flag != "--model"]
 
@@ -233,7 +236,64 @@ def shrink(config: dict[str, Any], record: dict[str, Any], reference: str, timeo
                     break
                 count //= 2
                 kept = trial
-    return _without(config, kept)
+    small = _without(config, kept)
+    spec_name = dict(kept).get("--workload-spec")
+    if spec_name in small["files"]:
+        small = _shrink_spec(small, spec_name, record, reference, timeout)
+    return small
+
+
+SPEC_OPTIONAL_KEYS = ("lifecycle", "prefix_group", "prefix_length", "closed_loop", "spike",
+                      "diurnal", "drain", "tenant_id", "slo_class", "streaming")
+"""Keys of a client or cohort that ``--shrink`` tries to delete."""
+MAX_SPEC_ATTEMPTS = 40
+
+
+def spec_reductions(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Smaller variants of a workload spec: one client or cohort fewer (while another remains),
+    one optional key of a client or cohort fewer, no ``horizon``, half the ``num_requests``."""
+    variants: list[dict[str, Any]] = []
+    groups = [key for key in ("clients", "cohorts") if spec.get(key)]
+    total = sum(len(spec[key]) for key in groups)
+    for key in groups:
+        for i in range(len(spec[key])):
+            if total > 1:
+                variant = copy.deepcopy(spec)
+                del variant[key][i]
+                if not variant[key]:
+                    del variant[key]
+                variants.append(variant)
+            for name in SPEC_OPTIONAL_KEYS:
+                if name in spec[key][i]:
+                    variant = copy.deepcopy(spec)
+                    del variant[key][i][name]
+                    variants.append(variant)
+    if "horizon" in spec:
+        variants.append({k: v for k, v in spec.items() if k != "horizon"})
+    if int(spec.get("num_requests", 0)) >= 10:
+        variants.append({**spec, "num_requests": int(spec["num_requests"]) // 2})
+    return variants
+
+
+def _shrink_spec(config: dict[str, Any], name: str, record: dict[str, Any], reference: str,
+                 timeout: float) -> dict[str, Any]:
+    """``config`` with its workload spec reduced greedily (``spec_reductions``) while the
+    difference remains, within MAX_SPEC_ATTEMPTS runs."""
+    spec = yaml.safe_load(config["files"][name])
+    attempts = 0
+    reduced = True
+    while reduced and attempts < MAX_SPEC_ATTEMPTS:
+        reduced = False
+        for variant in spec_reductions(spec):
+            attempts += 1
+            trial = {**config, "files": {**config["files"],
+                                         name: yaml.safe_dump(variant, sort_keys=False)}}
+            if _still_differs(record, check_config(trial, reference, timeout)):
+                spec, config, reduced = variant, trial, True
+                break
+            if attempts >= MAX_SPEC_ATTEMPTS:
+                break
+    return config
 
 
 def run_all(configs: list[dict[str, Any]], reference: str, timeout: float, jobs: int,
