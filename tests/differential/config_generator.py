@@ -261,25 +261,10 @@ def generate_configs(seed: int, count: int, max_requests: int = 200) -> list[dic
     return [generate_config(rng, f"s{seed}-{i}", max_requests) for i in range(count)]
 
 
-VALUELESS_FLAGS = frozenset({"--summarize-trace"})
-"""Flags of ``blis run`` that take no value."""
-
-
-def flag_pairs(args: list[str]) -> list[tuple[str, str | None]]:
-    """``args`` as ``(flag, value)`` pairs (``None`` for a value-less flag)."""
-    pairs: list[tuple[str, str | None]] = []
-    i = 0
-    while i < len(args):
-        if args[i] in VALUELESS_FLAGS:
-            pairs.append((args[i], None))
-            i += 1
-        else:
-            pairs.append((args[i], args[i + 1]))
-            i += 2
-    return pairs
-
 
 def option_fields(args: list[str]) -> dict[str, Any]:
     """``args`` as ``blis_fast.options.build_options`` input (field name -> CLI string)."""
-    return {flag[2:].replace("-", "_"): (True if value is None else value)
-            for flag, value in flag_pairs(args)}
+    from parity import BOOL_FLAGS, case_flags  # tests/parity.py (tests/ is on sys.path)
+
+    return {flag[2:].replace("-", "_"): (True if flag in BOOL_FLAGS else value)
+            for flag, value in case_flags(args).items()}

@@ -36,8 +36,8 @@ for _path in (str(HERE), str(HERE.parent)):  # config_generator, and tests/parit
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from config_generator import flag_pairs, generate_configs  # noqa: E402
-from parity import compare_results, compare_stdout  # noqa: E402
+from config_generator import generate_configs  # noqa: E402
+from parity import BOOL_FLAGS, case_flags, compare_results, compare_stdout  # noqa: E402
 
 OUTPUT_ARGS = ["--metrics-path", "results.json", "--trace-output", "trace"]
 """Output flags added to every run (both sides), relative to the run's folder."""
@@ -195,11 +195,11 @@ def _still_differs(original: dict[str, Any], record: dict[str, Any]) -> bool:
     return True
 
 
-def _without(config: dict[str, Any], pairs: list[tuple[str, str | None]]) -> dict[str, Any]:
+def _without(config: dict[str, Any], pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """``config`` with its flags replaced by ``pairs`` (spec files no flag names are dropped)."""
     args: list[str] = []
     for flag, value in pairs:
-        args += [flag] if value is None else [flag, value]
+        args += [flag] if flag in BOOL_FLAGS else [flag, value]
     files = {name: text for name, text in config.get("files", {}).items() if name in args}
     return {**config, "args": args, "files": files}
 
@@ -209,10 +209,10 @@ def shrink(config: dict[str, Any], record: dict[str, Any], reference: str, timeo
     """A smaller configuration showing the same difference: flags dropped one by one (each
     single-flag removal is tried in parallel first, then kept greedily), ``--num-requests``
     halved while the difference remains, then the workload spec reduced (``_shrink_spec``)."""
-    pairs = flag_pairs(config["args"])
+    pairs = list(case_flags(config["args"]).items())
     removable = [i for i, (flag, _) in enumerate(pairs) if flag != "--model"]
 
-    def attempt(candidate: list[tuple[str, str | None]]) -> bool:
+    def attempt(candidate: list[tuple[str, str]]) -> bool:
         trial = _without(config, candidate)
         return _still_differs(record, check_config(trial, reference, timeout))
 
@@ -228,7 +228,7 @@ def shrink(config: dict[str, Any], record: dict[str, Any], reference: str, timeo
             if attempt(trial):
                 kept = trial
     for n, (flag, value) in enumerate(kept):
-        if flag == "--num-requests" and value is not None:
+        if flag == "--num-requests":
             count = int(value)
             while count >= 10:
                 trial = kept[:n] + [(flag, str(count // 2))] + kept[n + 1:]
