@@ -87,6 +87,11 @@ def test_generated_configurations_pass_blis_fast_validation(tmp_path, monkeypatc
 def test_field_name_and_classification() -> None:
     assert rd.field_name("results.requests[3].ttft_ms: 1.0 != 2.0") == "ttft_ms"
     assert rd.field_name("Priority Inversions: 123 != 129") == "Priority Inversions"
+    assert rd.field_name("trace.yaml: text differs") == "trace.yaml"
+    diffs = rd.trace_csv_differences("id,arrival_us,input\n0,5,9\n1,7,9\n",
+                                     "id,arrival_us,input\n0,5,9\n1,8,9\n")
+    assert diffs == ["trace.csv.arrival_us[1]: '7' != '8'"]
+    assert rd.field_name(diffs[0]) == "arrival_us"
     ok = {"exit_code": 0}
     noise = ["Priority Inversions: 123 != 129"]
     assert rd.classify(ok, ok, []) == "agree"

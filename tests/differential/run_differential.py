@@ -102,8 +102,33 @@ def field_name(difference: str) -> str:
     """The field a parity difference line is about: ``'results.requests[3].ttft_ms: 1 != 2'``
     gives ``ttft_ms``; a difference not about one field gives its leading word."""
     path = difference.split(":", 1)[0]
+    if path in OUTPUT_FILES:
+        return path
     path = re.sub(r"\[\d+\]", "", path)
     return path.rsplit(".", 1)[-1].strip()
+
+
+def trace_csv_differences(mine: str, theirs: str, limit: int = 10) -> list[str]:
+    """Differences between two trace CSV exports, cell by cell (``trace.csv.<column>[row]``)."""
+    a_rows, b_rows = mine.splitlines(), theirs.splitlines()
+    if not b_rows or not a_rows or a_rows[0] != b_rows[0]:
+        return [f"trace.csv: header {a_rows[:1]} != {b_rows[:1]}"]
+    errors = []
+    if len(a_rows) != len(b_rows):
+        errors.append(f"trace.csv: {len(a_rows) - 1} rows != {len(b_rows) - 1}")
+    columns = a_rows[0].split(",")
+    for row, (a, b) in enumerate(zip(a_rows[1:], b_rows[1:], strict=False)):
+        if a == b:
+            continue
+        a_cells, b_cells = a.split(","), b.split(",")
+        for n, column in enumerate(columns):
+            x = a_cells[n] if n < len(a_cells) else ""
+            y = b_cells[n] if n < len(b_cells) else ""
+            if x != y:
+                errors.append(f"trace.csv.{column}[{row}]: {x!r} != {y!r}")
+        if len(errors) >= limit:
+            break
+    return errors or ["trace.csv: text differs"]
 
 
 def compare_outputs(blis_dir: Path, blis_stdout: str, ref_dir: Path, ref_stdout: str) -> list[str]:
@@ -122,7 +147,11 @@ def compare_outputs(blis_dir: Path, blis_stdout: str, ref_dir: Path, ref_stdout:
         elif name == "results.json":
             errors += compare_results(json.loads(mine.read_text()),
                                       json.loads(theirs.read_text()))
-        elif mine.read_text() != theirs.read_text():
+        elif mine.read_text() == theirs.read_text():
+            continue
+        elif name == "trace.csv":
+            errors += trace_csv_differences(mine.read_text(), theirs.read_text())
+        else:
             errors.append(f"{name}: text differs")
     return errors
 
