@@ -1,0 +1,428 @@
+"""Differential testing of blis_fast against a reference ``blis`` binary on random configurations.
+
+Each configuration (``config_generator.py``, or a JSONL file of them) is run by blis_fast (its
+CLI, in this process) and by ``--reference PATH`` (any executable taking ``run <flags>``), each
+in its own folder with ``--metrics-path results.json --trace-output trace``; the outputs are
+compared with the parity rules of ``tests/parity.py``. Not collected by pytest (no ``test_``
+prefix); see tests/differential/README.md.
+
+    python tests/differential/run_differential.py --reference /path/to/blis --seed 1 --count 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+for _path in (str(HERE), str(HERE.parent)):  # config_generator, and tests/parity.py
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from config_generator import generate_configs  # noqa: E402
+from parity import BOOL_FLAGS, case_flags, compare_results, compare_stdout  # noqa: E402
+
+OUTPUT_ARGS = ["--metrics-path", "results.json", "--trace-output", "trace"]
+"""Output flags added to every run (both sides), relative to the run's folder."""
+OUTPUT_FILES = ("results.json", "trace.yaml", "trace.csv")
+
+_INVERSIONS_REASON = ("the reference counts priority inversions while iterating a Go map, so "
+                      "the same command gives different counts from run to run (e.g. 123-129)")
+KNOWN_NOISE: dict[str, str] = {
+    "Priority Inversions": _INVERSIONS_REASON,  # the stdout anomaly line
+    "priority_inversions": _INVERSIONS_REASON,  # the same count under its JSON name
+}
+"""Fields (as ``field_name`` reports them) whose differences alone do not make a configuration
+'differ', with the reason."""
+
+STATUSES = ("agree", "known-noise", "both-refused", "differ", "blis_fast-refused",
+            "reference-refused", "reference-timeout", "blis_fast-error")
+
+_CLI_LOCK = threading.Lock()
+"""The in-process blis_fast run swaps sys.stdout/sys.stderr and the working folder."""
+
+
+def run_blis_fast(args: list[str], workdir: Path) -> dict[str, Any]:
+    """``blis run <args>`` through blis_fast's CLI in this process, inside ``workdir``."""
+    from blis_fast.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    start = time.perf_counter()
+    with _CLI_LOCK:
+        cwd = os.getcwd()
+        os.chdir(workdir)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    main(["run", *args])
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else 1
+                except Exception as exc:  # a crash is a finding, not a refusal
+                    return {"exit_code": None, "stdout": out.getvalue(),
+                            "stderr": f"{type(exc).__name__}: {exc}", "seconds": 0.0}
+        finally:
+            os.chdir(cwd)
+    return {"exit_code": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
+            "seconds": time.perf_counter() - start}
+
+
+def run_reference(reference: str, args: list[str], workdir: Path,
+                  timeout: float) -> dict[str, Any]:
+    """``<reference> run <args>`` as a subprocess inside ``workdir`` (exit code None on timeout)."""
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run([reference, "run", *args], cwd=workdir, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"exit_code": None, "stdout": "", "stderr": f"timed out after {timeout} s",
+                "seconds": time.perf_counter() - start}
+    return {"exit_code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+            "seconds": time.perf_counter() - start}
+
+
+def field_name(difference: str) -> str:
+    """The field a parity difference line is about: ``'results.requests[3].ttft_ms: 1 != 2'``
+    gives ``ttft_ms``; a difference not about one field gives its leading word."""
+    path = difference.split(":", 1)[0]
+    if path in OUTPUT_FILES:
+        return path
+    path = re.sub(r"\[\d+\]", "", path)
+    return path.rsplit(".", 1)[-1].strip()
+
+
+def trace_csv_differences(mine: str, theirs: str, limit: int = 10) -> list[str]:
+    """Differences between two trace CSV exports, cell by cell (``trace.csv.<column>[row]``)."""
+    a_rows, b_rows = mine.splitlines(), theirs.splitlines()
+    if not b_rows or not a_rows or a_rows[0] != b_rows[0]:
+        return [f"trace.csv: header {a_rows[:1]} != {b_rows[:1]}"]
+    errors = []
+    if len(a_rows) != len(b_rows):
+        errors.append(f"trace.csv: {len(a_rows) - 1} rows != {len(b_rows) - 1}")
+    columns = a_rows[0].split(",")
+    for row, (a, b) in enumerate(zip(a_rows[1:], b_rows[1:], strict=False)):
+        if a == b:
+            continue
+        a_cells, b_cells = a.split(","), b.split(",")
+        for n, column in enumerate(columns):
+            x = a_cells[n] if n < len(a_cells) else ""
+            y = b_cells[n] if n < len(b_cells) else ""
+            if x != y:
+                errors.append(f"trace.csv.{column}[{row}]: {x!r} != {y!r}")
+        if len(errors) >= limit:
+            break
+    return errors or ["trace.csv: text differs"]
+
+
+def compare_outputs(blis_dir: Path, blis_stdout: str, ref_dir: Path, ref_stdout: str) -> list[str]:
+    """Every parity difference between the two runs' stdout and output files."""
+    try:
+        errors = compare_stdout(blis_stdout, ref_stdout)
+    except (ValueError, json.JSONDecodeError) as exc:
+        errors = [f"stdout: not comparable ({exc})"]
+    for name in OUTPUT_FILES:
+        mine, theirs = blis_dir / name, ref_dir / name
+        if mine.is_file() != theirs.is_file():
+            errors.append(f"{name}: written by {'blis_fast' if mine.is_file() else 'reference'} "
+                          "only")
+        elif not mine.is_file():
+            continue
+        elif name == "results.json":
+            errors += compare_results(json.loads(mine.read_text()),
+                                      json.loads(theirs.read_text()))
+        elif mine.read_text() == theirs.read_text():
+            continue
+        elif name == "trace.csv":
+            errors += trace_csv_differences(mine.read_text(), theirs.read_text())
+        else:
+            errors.append(f"{name}: text differs")
+    return errors
+
+
+def classify(blis: dict[str, Any], ref: dict[str, Any], errors: list[str]) -> str:
+    """The status of one configuration (one of STATUSES)."""
+    if blis["exit_code"] is None:
+        return "blis_fast-error"
+    if ref["exit_code"] is None:
+        return "reference-timeout"
+    if blis["exit_code"] != 0 and ref["exit_code"] != 0:
+        return "both-refused"
+    if blis["exit_code"] != 0:
+        return "blis_fast-refused"
+    if ref["exit_code"] != 0:
+        return "reference-refused"
+    if not errors:
+        return "agree"
+    if all(field_name(e) in KNOWN_NOISE for e in errors):
+        return "known-noise"
+    return "differ"
+
+
+def check_config(config: dict[str, Any], reference: str, timeout: float,
+                 keep_dir: Path | None = None) -> dict[str, Any]:
+    """Run one configuration on both sides and return its report record."""
+    root = Path(tempfile.mkdtemp(prefix=f"diff-{config['id']}-"))
+    try:
+        dirs = {side: root / side for side in ("blis_fast", "reference")}
+        for folder in dirs.values():
+            folder.mkdir()
+            for name, text in config.get("files", {}).items():
+                (folder / name).write_text(text)
+        args = [*config["args"], *OUTPUT_ARGS]
+        ref = run_reference(reference, args, dirs["reference"], timeout)
+        blis = run_blis_fast(args, dirs["blis_fast"])
+        errors: list[str] = []
+        if blis["exit_code"] == 0 and ref["exit_code"] == 0:
+            errors = compare_outputs(dirs["blis_fast"], blis["stdout"], dirs["reference"],
+                                     ref["stdout"])
+        status = classify(blis, ref, errors)
+        fields = list(dict.fromkeys(field_name(e) for e in errors))
+        record = {"id": config["id"], "status": status, "fields": fields[:10],
+                  "differences": errors[:10], "num_differences": len(errors),
+                  "blis_fast_exit": blis["exit_code"], "reference_exit": ref["exit_code"],
+                  "blis_fast_stderr": _tail(blis["stderr"]),
+                  "reference_stderr": _tail(ref["stderr"]),
+                  "reference_seconds": round(ref["seconds"], 3),
+                  "blis_fast_seconds": round(blis["seconds"], 3),
+                  "args": config["args"], "files": config.get("files", {})}
+        if keep_dir is not None:
+            shutil.copytree(root, keep_dir / config["id"], dirs_exist_ok=True)
+        return record
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _tail(text: str, limit: int = 400) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return "\n".join(lines[-3:])[-limit:]
+
+
+def _still_differs(original: dict[str, Any], record: dict[str, Any]) -> bool:
+    """True when ``record`` shows the difference ``original`` found (same status; for 'differ',
+    at least one of the same fields)."""
+    if record["status"] != original["status"]:
+        return False
+    if original["status"] == "differ":
+        return bool(set(record["fields"]) & set(original["fields"]))
+    return True
+
+
+def _without(config: dict[str, Any], pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """``config`` with its flags replaced by ``pairs`` (spec files no flag names are dropped)."""
+    args: list[str] = []
+    for flag, value in pairs:
+        args += [flag] if flag in BOOL_FLAGS else [flag, value]
+    files = {name: text for name, text in config.get("files", {}).items() if name in args}
+    return {**config, "args": args, "files": files}
+
+
+def shrink(config: dict[str, Any], record: dict[str, Any], reference: str, timeout: float,
+           jobs: int = 1) -> dict[str, Any]:
+    """A smaller configuration showing the same difference: flags dropped one by one (each
+    single-flag removal is tried in parallel first, then kept greedily), ``--num-requests``
+    halved while the difference remains, then the workload spec reduced (``_shrink_spec``)."""
+    pairs = list(case_flags(config["args"]).items())
+    removable = [i for i, (flag, _) in enumerate(pairs) if flag != "--model"]
+
+    def attempt(candidate: list[tuple[str, str]]) -> bool:
+        trial = _without(config, candidate)
+        return _still_differs(record, check_config(trial, reference, timeout))
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        alone = list(pool.map(
+            lambda i: attempt([p for j, p in enumerate(pairs) if j != i]), removable))
+    droppable = {i for i, ok in zip(removable, alone, strict=True) if ok}
+    kept = [p for j, p in enumerate(pairs) if j not in droppable]
+    if droppable and not attempt(kept):  # the removals interact: drop them one at a time
+        kept = list(pairs)
+        for i in sorted(droppable, reverse=True):
+            trial = kept[:i] + kept[i + 1:]
+            if attempt(trial):
+                kept = trial
+    for n, (flag, value) in enumerate(kept):
+        if flag == "--num-requests":
+            count = int(value)
+            while count >= 10:
+                trial = kept[:n] + [(flag, str(count // 2))] + kept[n + 1:]
+                if not attempt(trial):
+                    break
+                count //= 2
+                kept = trial
+    small = _without(config, kept)
+    spec_name = dict(kept).get("--workload-spec")
+    if spec_name in small["files"]:
+        small = _shrink_spec(small, spec_name, record, reference, timeout)
+    return small
+
+
+SPEC_OPTIONAL_KEYS = ("lifecycle", "prefix_group", "prefix_length", "closed_loop", "spike",
+                      "diurnal", "drain", "tenant_id", "slo_class", "streaming")
+"""Keys of a client or cohort that ``--shrink`` tries to delete."""
+MAX_SPEC_ATTEMPTS = 40
+
+
+def spec_reductions(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Smaller variants of a workload spec: one client or cohort fewer (while another remains),
+    one optional key of a client or cohort fewer, no ``horizon``, half the ``num_requests``."""
+    variants: list[dict[str, Any]] = []
+    groups = [key for key in ("clients", "cohorts") if spec.get(key)]
+    total = sum(len(spec[key]) for key in groups)
+    for key in groups:
+        for i in range(len(spec[key])):
+            if total > 1:
+                variant = copy.deepcopy(spec)
+                del variant[key][i]
+                if not variant[key]:
+                    del variant[key]
+                variants.append(variant)
+            for name in SPEC_OPTIONAL_KEYS:
+                if name in spec[key][i]:
+                    variant = copy.deepcopy(spec)
+                    del variant[key][i][name]
+                    variants.append(variant)
+    if "horizon" in spec:
+        variants.append({k: v for k, v in spec.items() if k != "horizon"})
+    if int(spec.get("num_requests", 0)) >= 10:
+        variants.append({**spec, "num_requests": int(spec["num_requests"]) // 2})
+    return variants
+
+
+def _shrink_spec(config: dict[str, Any], name: str, record: dict[str, Any], reference: str,
+                 timeout: float) -> dict[str, Any]:
+    """``config`` with its workload spec reduced greedily (``spec_reductions``) while the
+    difference remains, within MAX_SPEC_ATTEMPTS runs."""
+    spec = yaml.safe_load(config["files"][name])
+    attempts = 0
+    reduced = True
+    while reduced and attempts < MAX_SPEC_ATTEMPTS:
+        reduced = False
+        for variant in spec_reductions(spec):
+            attempts += 1
+            trial = {**config, "files": {**config["files"],
+                                         name: yaml.safe_dump(variant, sort_keys=False)}}
+            if _still_differs(record, check_config(trial, reference, timeout)):
+                spec, config, reduced = variant, trial, True
+                break
+            if attempts >= MAX_SPEC_ATTEMPTS:
+                break
+    return config
+
+
+def run_all(configs: list[dict[str, Any]], reference: str, timeout: float, jobs: int,
+            do_shrink: bool = False, report: Path | None = None,
+            keep_dir: Path | None = None, quiet: bool = False) -> list[dict[str, Any]]:
+    """Check every configuration (``jobs`` at a time); append records to ``report`` (JSONL)."""
+    reference = str(Path(reference).resolve()) if os.sep in reference else reference
+    records: list[dict[str, Any]] = []
+    out = report.open("w") if report is not None else None
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = [pool.submit(check_config, cfg, reference, timeout, keep_dir)
+                       for cfg in configs]
+            for cfg, future in zip(configs, futures, strict=True):
+                record = future.result()
+                if do_shrink and record["status"] not in ("agree", "known-noise",
+                                                          "both-refused", "reference-timeout"):
+                    small = shrink(cfg, record, reference, timeout, jobs)
+                    record["shrunk_args"] = small["args"]
+                    record["shrunk_files"] = small["files"]
+                records.append(record)
+                if out is not None:
+                    out.write(json.dumps(record) + "\n")
+                    out.flush()
+                if not quiet:
+                    with _CLI_LOCK:
+                        detail = ", ".join(record["fields"][:3])
+                        print(f"{record['id']}: {record['status']}"
+                              + (f" ({detail})" if detail else ""), flush=True)
+    finally:
+        if out is not None:
+            out.close()
+    return records
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    """Counts per status, then one line per configuration that needs a look."""
+    counts = Counter(r["status"] for r in records)
+    lines = [f"{'status':<20} {'count':>6}", "-" * 27]
+    lines += [f"{status:<20} {counts[status]:>6}" for status in STATUSES if counts[status]]
+    lines += ["-" * 27, f"{'total':<20} {len(records):>6}"]
+    for r in records:
+        if r["status"] in ("agree", "known-noise", "both-refused"):
+            continue
+        what = ", ".join(r["fields"][:5]) or r["blis_fast_stderr"] or r["reference_stderr"]
+        lines.append(f"  {r['id']} {r['status']}: {what}")
+        if "shrunk_args" in r:
+            lines.append(f"    shrunk: {' '.join(r['shrunk_args'])}")
+    if counts["known-noise"]:
+        reasons: dict[str, list[str]] = {}
+        for name, reason in KNOWN_NOISE.items():
+            reasons.setdefault(reason, []).append(name)
+        lines += [f"known noise ({', '.join(names)}): {reason}"
+                  for reason, names in reasons.items()]
+    return "\n".join(lines)
+
+
+def load_configs(path: Path) -> list[dict[str, Any]]:
+    """Configurations from a JSONL file (a report of this tool can be re-run as is)."""
+    configs = []
+    for n, line in enumerate(path.read_text().splitlines()):
+        if line.strip():
+            obj = json.loads(line)
+            configs.append({"id": obj.get("id", f"c{n}"), "args": obj["args"],
+                            "files": obj.get("files", {})})
+    return configs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: generate (or load) configurations, check them, print the summary."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reference", required=True,
+                        help="the reference blis binary (any executable taking 'run <flags>')")
+    parser.add_argument("--seed", type=int, default=1, help="generator seed")
+    parser.add_argument("--count", type=int, default=20, help="number of configurations")
+    parser.add_argument("--max-requests", type=int, default=200,
+                        help="largest request count a generated configuration asks for")
+    parser.add_argument("--configs", type=Path,
+                        help="JSONL of configurations ({id, args, files}) instead of generating")
+    parser.add_argument("--jobs", type=int, default=1, help="configurations run in parallel")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds a reference run may take")
+    parser.add_argument("--shrink", action="store_true",
+                        help="minimise each configuration that differs or is refused by one side")
+    parser.add_argument("--report", type=Path, default=Path("differential-report.jsonl"),
+                        help="JSONL report written here")
+    parser.add_argument("--keep-dirs", type=Path,
+                        help="copy every run's folder (inputs and outputs) under this folder")
+    opts = parser.parse_args(argv)
+    configs = (load_configs(opts.configs) if opts.configs
+               else generate_configs(opts.seed, opts.count, opts.max_requests))
+    if opts.keep_dirs:
+        opts.keep_dirs.mkdir(parents=True, exist_ok=True)
+    records = run_all(configs, opts.reference, opts.timeout, opts.jobs, opts.shrink,
+                      opts.report, opts.keep_dirs)
+    print(summary_table(records))
+    print(f"report: {opts.report}")
+    bad = {"differ", "blis_fast-refused", "reference-refused", "blis_fast-error"}
+    return 1 if any(r["status"] in bad for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

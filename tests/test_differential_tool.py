@@ -1,0 +1,151 @@
+"""The differential-testing tool of tests/differential/, checked with stand-ins for the reference.
+
+No reference binary is needed: the "reference" is a small script running blis_fast's own CLI
+(so every configuration must agree), or one that adds 1 to a number of its stdout (so the tool
+must report a difference naming that field, and ``--shrink`` must drop flags).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from contextlib import redirect_stderr
+from pathlib import Path
+
+import pytest
+
+DIFF_DIR = Path(__file__).resolve().parent / "differential"
+if str(DIFF_DIR) not in sys.path:
+    sys.path.insert(0, str(DIFF_DIR))
+
+import run_differential as rd  # noqa: E402
+from config_generator import generate_configs, option_fields  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_CONFIG = {"id": "small", "files": {},
+                "args": ["--model", "meta-llama/llama-3.1-8b-instruct", "--num-requests", "8",
+                         "--rate", "20", "--max-num-running-reqs", "2"]}
+
+_RUN_CLI = f"""\
+import contextlib, io, re, sys
+sys.path.insert(0, {str(REPO)!r})
+from blis_fast.cli import main
+out = io.StringIO()
+code = 0
+with contextlib.redirect_stdout(out):
+    try:
+        main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code
+text = out.getvalue()
+"""
+
+
+def _stand_in(tmp_path: Path, name: str, body: str) -> str:
+    """An executable Python script at ``tmp_path/name`` (the reference stand-in)."""
+    path = tmp_path / name
+    path.write_text(f"#!{sys.executable}\n{body}")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _same_cli(tmp_path: Path) -> str:
+    return _stand_in(tmp_path, "same-blis", _RUN_CLI + "sys.stdout.write(text)\nsys.exit(code)\n")
+
+
+def _perturbed_cli(tmp_path: Path) -> str:
+    """Adds 1 to the first ``completed_requests`` of stdout."""
+    bump = ("text = re.sub(r'\"completed_requests\": (\\d+)', "
+            "lambda m: f'\"completed_requests\": {int(m.group(1)) + 1}', text, count=1)\n")
+    return _stand_in(tmp_path, "perturbed-blis",
+                     _RUN_CLI + bump + "sys.stdout.write(text)\nsys.exit(code)\n")
+
+
+def test_generator_is_reproducible_and_seed_dependent() -> None:
+    assert generate_configs(5, 10) == generate_configs(5, 10)
+    assert generate_configs(5, 10) != generate_configs(6, 10)
+    assert all(cfg["args"][:2] == ["--model", cfg["args"][1]] for cfg in generate_configs(5, 10))
+
+
+def test_generated_configurations_pass_blis_fast_validation(tmp_path, monkeypatch) -> None:
+    """Every configuration passes ``build_options`` + ``runner.prepare`` (the sweep's check)."""
+    from blis_fast.options import build_options
+    from blis_fast.runner import prepare
+
+    monkeypatch.chdir(tmp_path)
+    configs = generate_configs(2026, 20)
+    assert any(cfg["files"] for cfg in configs)  # some draw a workload spec
+    for cfg in configs:
+        for name, text in cfg["files"].items():
+            (tmp_path / name).write_text(text)
+        with redirect_stderr(io.StringIO()):
+            prepared = prepare(build_options(option_fields(cfg["args"])))
+        assert prepared.table is not None, cfg["id"]
+
+
+def test_field_name_and_classification() -> None:
+    assert rd.field_name("results.requests[3].ttft_ms: 1.0 != 2.0") == "ttft_ms"
+    assert rd.field_name("Priority Inversions: 123 != 129") == "Priority Inversions"
+    assert rd.field_name("trace.yaml: text differs") == "trace.yaml"
+    diffs = rd.trace_csv_differences("id,arrival_us,input\n0,5,9\n1,7,9\n",
+                                     "id,arrival_us,input\n0,5,9\n1,8,9\n")
+    assert diffs == ["trace.csv.arrival_us[1]: '7' != '8'"]
+    assert rd.field_name(diffs[0]) == "arrival_us"
+    ok = {"exit_code": 0}
+    noise = ["Priority Inversions: 123 != 129"]
+    assert rd.classify(ok, ok, []) == "agree"
+    assert rd.classify(ok, ok, noise) == "known-noise"
+    assert rd.classify(ok, ok, noise + ["results.completed_requests: 5 != 6"]) == "differ"
+    assert rd.classify({"exit_code": 2}, {"exit_code": 1}, []) == "both-refused"
+    assert rd.classify({"exit_code": 2}, ok, []) == "blis_fast-refused"
+    assert rd.classify(ok, {"exit_code": None}, []) == "reference-timeout"
+
+
+def test_blis_fast_against_itself_agrees(tmp_path) -> None:
+    configs = generate_configs(11, 4, max_requests=10)
+    report = tmp_path / "report.jsonl"
+    records = rd.run_all(configs, _same_cli(tmp_path), timeout=120, jobs=2, report=report,
+                         quiet=True)
+    assert [r["status"] for r in records] == ["agree"] * 4, [r["differences"] for r in records]
+    lines = [json.loads(line) for line in report.read_text().splitlines()]
+    assert [r["id"] for r in lines] == [c["id"] for c in configs]
+    assert "agree                     4" in rd.summary_table(records)
+
+
+def test_perturbed_reference_differs_and_shrinks(tmp_path) -> None:
+    records = rd.run_all([SMALL_CONFIG], _perturbed_cli(tmp_path), timeout=120, jobs=3,
+                         do_shrink=True, quiet=True)
+    (record,) = records
+    assert record["status"] == "differ"
+    assert record["fields"] == ["completed_requests"]
+    assert record["differences"][0].endswith("8 != 9")
+    assert record["shrunk_args"] == ["--model", "meta-llama/llama-3.1-8b-instruct"]
+    assert "shrunk: --model meta-llama/llama-3.1-8b-instruct" in rd.summary_table(records)
+
+
+@pytest.mark.parametrize(("body", "status"), [
+    ("import sys, time\ntime.sleep(30)\n", "reference-timeout"),
+    ("import sys\nsys.stderr.write('error: no\\n')\nsys.exit(2)\n", "reference-refused"),
+])
+def test_reference_timeout_and_refusal(tmp_path, body, status) -> None:
+    records = rd.run_all([SMALL_CONFIG], _stand_in(tmp_path, "ref", body), timeout=1.0, jobs=1,
+                         quiet=True)
+    assert records[0]["status"] == status
+    assert records[0]["blis_fast_exit"] == 0
+
+
+def test_spec_reductions_drop_one_thing_each() -> None:
+    spec = {"version": "2", "num_requests": 40, "horizon": 5_000_000,
+            "clients": [{"id": "a", "lifecycle": {"windows": []}, "prefix_group": "g"},
+                        {"id": "b"}],
+            "cohorts": [{"id": "c", "spike": {"start_time_us": 0, "duration_us": 1}}]}
+    variants = rd.spec_reductions(spec)
+    assert len(variants) == 3 + 3 + 2  # 3 entries fewer, 3 optional keys fewer, horizon, half
+    assert [c["id"] for c in variants[0]["clients"]] == ["b"]
+    assert variants[1]["clients"][0] == {"id": "a", "prefix_group": "g"}
+    assert "cohorts" not in variants[4] and variants[5]["cohorts"] == [{"id": "c"}]
+    assert "horizon" not in variants[-2]
+    assert variants[-1]["num_requests"] == 20
+    assert spec["clients"][0]["prefix_group"] == "g"  # the original is left alone
+    assert rd.spec_reductions({"clients": [{"id": "only"}], "num_requests": 9}) == []
