@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.errors import BlisInputError
 
 
@@ -19,9 +20,9 @@ def convert_group() -> None:
 
 @convert_group.command("preset")
 @click.option("--name", "name", required=True, help="Preset name (e.g. chatbot, summarization)")
-@click.option("--rate", "rate", type=float, default=1.0, show_default=True,
+@click.option("--rate", "rate", type=GO_FLOAT, default=1.0, show_default=True,
               help="Request rate in req/s")  # fmt: skip
-@click.option("--num-requests", "num_requests", type=int, default=100, show_default=True,
+@click.option("--num-requests", "num_requests", type=GO_INT, default=100, show_default=True,
               help="Number of requests")  # fmt: skip
 @click.option("--defaults-filepath", "defaults_filepath", default=None,
               help="Path to defaults.yaml [default: the bundled copy]")  # fmt: skip

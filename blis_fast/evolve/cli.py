@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.evolve import TARGETS
 
 
@@ -23,9 +24,9 @@ def evolve_group() -> None:
 @click.option("--benchmark", default=None, help="Benchmark YAML [default: the built-in one]")
 @click.option("--out", "out_dir", default="evolve", show_default=True,
               help="Folder to write the files into")
-@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=GO_FLOAT, default=60.0, show_default=True,
               help="Seconds per contained evaluation")
-@click.option("--memory-mb", type=int, default=2048, show_default=True,
+@click.option("--memory-mb", type=GO_INT, default=2048, show_default=True,
               help="Memory a candidate may use (MB)")
 def init_command(framework: str, target: str, benchmark: str | None, out_dir: str,
                  timeout_s: float, memory_mb: int) -> None:
@@ -50,9 +51,9 @@ def init_command(framework: str, target: str, benchmark: str | None, out_dir: st
 @click.option("--benchmark", default=None, help="Benchmark YAML [default: the built-in one]")
 @click.option("--stage", type=click.Choice(["full", "tiny"]), default="full", show_default=True,
               help="full: the whole benchmark; tiny: a few requests of the first workload")
-@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=GO_FLOAT, default=60.0, show_default=True,
               help="Seconds before the evaluation is stopped")
-@click.option("--memory-mb", type=int, default=2048, show_default=True,
+@click.option("--memory-mb", type=GO_INT, default=2048, show_default=True,
               help="Memory the candidate may use (MB)")
 def eval_command(candidate: str, target: str, benchmark: str | None, stage: str,
                  timeout_s: float, memory_mb: int) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.errors import BlisConfigError, BlisInputError
 
 if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba out of it
@@ -399,8 +400,8 @@ def _signals_ignored():
 
 
 # ---- click --------------------------------------------------------------------------------
-_INT = click.INT
-_FLOAT = click.FLOAT
+_INT = GO_INT
+_FLOAT = GO_FLOAT
 _OPTIONS: tuple[tuple[str, object, object, str], ...] = (
     ("server-url", str, "", "Inference server URL (required)"),
     ("model", str, "", "Model name sent in every request (required)"),

@@ -7,10 +7,11 @@ import sys
 
 import click
 
+from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.sweep.execute import BACKENDS
 
 _BACKEND_OPTIONS = (
-    click.option("--workers", type=int, default=None,
+    click.option("--workers", type=GO_INT, default=None,
                  help="Worker processes (Ray: CPUs of a local Ray) [default: all cores]"),
     click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True,
                  help="local: a pool of worker processes; ray: Ray tasks"),
@@ -31,7 +32,7 @@ def _backend_options(func):
 @click.option("--resume", is_flag=True, help="Run only the configurations not yet in --out")
 @click.option("--requests", "with_requests", is_flag=True,
               help="Also write per-request rows, partitioned by configuration id")
-@click.option("--chunk-size", type=int, default=None,
+@click.option("--chunk-size", type=GO_INT, default=None,
               help="Configurations per task [default: about 64 tasks, at most 32 each]")
 def sweep_command(spec: str, out_dir: str, workers: int | None, backend: str,
                   ray_address: str | None, resume: bool, with_requests: bool,
@@ -55,10 +56,10 @@ def sweep_command(spec: str, out_dir: str, workers: int | None, backend: str,
 @click.argument("spec")
 @click.option("--slo", "slos", multiple=True, required=True,
               help="Objective on a summary metric, e.g. 'ttft_p99_ms<=500' (repeatable: all hold)")
-@click.option("--low", type=float, default=1.0, show_default=True, help="Lowest rate (req/s)")
-@click.option("--high", type=float, default=100.0, show_default=True,
+@click.option("--low", type=GO_FLOAT, default=1.0, show_default=True, help="Lowest rate (req/s)")
+@click.option("--high", type=GO_FLOAT, default=100.0, show_default=True,
               help="Highest rate (req/s)")
-@click.option("--tolerance", type=float, default=0.5, show_default=True,
+@click.option("--tolerance", type=GO_FLOAT, default=0.5, show_default=True,
               help="Stop when the rate bracket is this narrow (req/s)")
 @click.option("--out", "out_path", default=None, help="Write the table as Parquet here")
 @_backend_options
@@ -95,9 +96,9 @@ def saturate_command(spec: str, slos: tuple[str, ...], low: float, high: float, 
 @click.option("--where", "where", multiple=True, help="Keep rows with COLUMN=VALUE (repeatable)")
 @click.option("--logy", is_flag=True, help="Logarithmic y axis")
 @click.option("-o", "--output", "output", required=True, help="Image file to write (.png, .svg)")
-@click.option("--width", type=float, default=8.0, show_default=True, help="Width in inches")
-@click.option("--height", type=float, default=5.0, show_default=True, help="Height in inches")
-@click.option("--dpi", type=int, default=100, show_default=True, help="Pixels per inch")
+@click.option("--width", type=GO_FLOAT, default=8.0, show_default=True, help="Width in inches")
+@click.option("--height", type=GO_FLOAT, default=5.0, show_default=True, help="Height in inches")
+@click.option("--dpi", type=GO_INT, default=100, show_default=True, help="Pixels per inch")
 def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by: str | None,
                  facet: str | None, where: tuple[str, ...], logy: bool, output: str,
                  width: float, height: float, dpi: int) -> None:
