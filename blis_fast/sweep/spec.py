@@ -32,6 +32,7 @@ from blis_fast.config.strict_yaml import (
     scalar,
 )
 from blis_fast.errors import BlisConfigError, BlisError, BlisInputError
+from blis_fast.files import read_input_text
 from blis_fast.options import OPTIONS_BY_FIELD, RUN_OPTIONS, OptionSpec, build_options, coerce
 
 __all__ = [
@@ -347,7 +348,7 @@ def load_sweep_plan(path: str | Path, validate: bool = True) -> SweepPlan:
     """Read, expand and (by default) validate the sweep spec at ``path``."""
     path = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise BlisInputError(f"cannot read sweep spec {path}: {exc}") from None
     plan = parse_sweep_spec(text, path)

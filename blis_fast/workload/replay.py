@@ -8,14 +8,15 @@ prefix group with a recorded length first, then per record its input and output 
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from blis_fast.config.strict_yaml import as_float, as_int, as_str, decode_struct, parse_root
 from blis_fast.errors import BlisInputError
+from blis_fast.files import MAX_TRACE_BYTES, read_input_text
 from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
 from blis_fast.kernels.samplers import DIST_SEQUENCE
@@ -64,7 +65,7 @@ class TraceRecords:
 def load_trace_header(path: str) -> dict:
     """Parse the header YAML strictly (unknown keys are errors naming file and line)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise BlisInputError(f"--trace-header: cannot read {path}: {exc}") from None
     with parse_root(text, path, "trace header") as (ctx, root):
@@ -87,8 +88,8 @@ def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) 
 def load_trace_records(path: str) -> TraceRecords:
     """Read the data CSV (WL-9.4 with DELTA-60's 27 columns); errors name file and row."""
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
+        text = read_input_text(path, MAX_TRACE_BYTES, universal_newlines=False)
+        rows = list(csv.reader(io.StringIO(text, newline="")))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise BlisInputError(f"--trace-data: cannot read {path}: {exc}") from None
     cols: dict[str, list] = {k: [] for k in TraceRecords.__dataclass_fields__}
