@@ -239,8 +239,15 @@ def _generate(opts: RunOptions, horizon: int, total_blocks: int
     tokens = 0 if opts.workload_spec else opts.prompt_tokens + opts.output_tokens
     _check_memory(opts, total_blocks, max_requests, tokens)
     notify_if_compiling()
-    wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
-                           block_size=opts.block_size_in_tokens)
+    try:
+        wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
+                               block_size=opts.block_size_in_tokens)
+    except MemoryError:
+        # the sampled lengths are only known inside the generator (huge distribution means)
+        source = f"--workload-spec {opts.workload_spec}" if opts.workload_spec else (
+            "--num-requests/--prompt-tokens/--output-tokens")
+        _fail(f"{source}: the generated requests need more memory than this machine has "
+              "(request lengths or count too large)")
     if timeout_applies:
         wl = apply_timeout_to_workload(wl, opts.timeout)
     sessions = SessionPlan(wl.sessions, wl.follow_up_budget) if wl.sessions else None

@@ -62,6 +62,8 @@ def as_int(ctx: YamlContext, node: yaml.Node, what: str) -> int:
         if not v.is_integer():
             raise ctx.fail(node, f"{what}: expected an integer, got {node.value!r}")
         v = int(v)
+    if not -(1 << 63) <= v < (1 << 63):
+        raise ctx.fail(node, f"{what}: {node.value} is outside the 64-bit integer range")
     return int(v)
 
 
