@@ -62,6 +62,8 @@ def read_input_bytes(path: str | os.PathLike, limit: int = MAX_CONFIG_BYTES) -> 
     opened non-blocking, so a FIFO without a writer cannot hang the open.
     """
     p = os.fspath(path)
+    if "\0" in p:
+        raise OSError(errno.EINVAL, "path contains a NUL byte", p.replace("\0", "\\0"))
     fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)

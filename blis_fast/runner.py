@@ -188,6 +188,8 @@ def _generate(opts: RunOptions, horizon: int, total_blocks: int
         _fail(f"--concurrency must be >= 0, got {opts.concurrency}")
     if opts.think_time_ms < 0:
         _fail(f"--think-time-ms must be >= 0, got {opts.think_time_ms}")
+    if opts.think_time_ms * 1000 > TIME_LIMIT_US:
+        _fail(f"--think-time-ms {opts.think_time_ms} is beyond the simulator's time range")
     if opts.given("think_time_ms") and opts.concurrency <= 0 and opts.think_time_ms != 0:
         _fail("--think-time-ms applies only to closed-loop runs: give --concurrency too")
     if opts.workload_spec and opts.given("workload"):
@@ -268,6 +270,8 @@ def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int, SessionPlan |
         _fail(f'--session-mode must be "fixed" or "closed-loop", got {go_quote(mode)}')
     if opts.think_time_ms < 0:
         _fail(f"--think-time-ms must be non-negative, got {opts.think_time_ms}")
+    if opts.think_time_ms * 1000 > TIME_LIMIT_US:
+        _fail(f"--think-time-ms {opts.think_time_ms} is beyond the simulator's time range")
     if opts.think_time_ms > 0 and mode != "closed-loop":
         _fail("--think-time-ms requires --session-mode closed-loop")
     if opts.think_time_dist and mode != "closed-loop":

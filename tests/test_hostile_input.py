@@ -25,6 +25,7 @@ import pytest
 from _cli import invoke
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_cli_errors import WORKLOAD_SPEC
 
 import blis_fast
 from blis_fast.data import data_path
@@ -37,24 +38,6 @@ ROOT = Path(blis_fast.__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 NESTED = "[" * 200_000  # ~200 KB of nested flow sequences
 
-WORKLOAD_SPEC = """\
-version: "2"
-seed: 42
-category: language
-aggregate_rate: 10.0
-num_requests: 5
-clients:
-  - id: "c1"
-    rate_fraction: 1.0
-    arrival:
-      process: poisson
-    input_distribution:
-      type: gaussian
-      params: {mean: 100, std_dev: 10, min: 10, max: 200}
-    output_distribution:
-      type: exponential
-      params: {mean: 50}
-"""
 SWEEP_SPEC = "base:\n  model: meta-llama/llama-3.1-8b-instruct\n  num_requests: 3\n" \
              "  alpha_coeffs: [100, 1, 100]\n  beta_coeffs: [1000, 10, 5]\n"
 
@@ -430,6 +413,19 @@ def test_integers_outside_int64_are_refused(work: Path) -> None:
     refused_cleanly(["sweep", str(spec), "--out", str(work / "o")], work, "s.yaml")
     for flag in ("--think-time-ms", "--prefix-tokens"):
         refused_cleanly([*RUN, flag, "99999999999999999999"], work, flag)
+
+
+def test_int64_edge_values_that_would_overflow_are_refused(work: Path) -> None:
+    """Values inside int64 whose µs conversion or event arithmetic would overflow
+    (--think-time-ms INT64_MAX once raised OverflowError)."""
+    big = str((1 << 63) - 1)
+    refused_cleanly([*RUN, "--concurrency", "2", "--think-time-ms", big], work,
+                    "--think-time-ms")
+    refused_cleanly([*RUN, "--prefix-tokens", big], work, "--prefix-tokens")
+    spec = _spec_with(work, "    rate_fraction: 1.0\n",
+                      f"    rate_fraction: 1.0\n    reasoning:\n      multi_turn: "
+                      f"{{max_rounds: 2, think_time_us: {big}}}\n")
+    refused_cleanly([*RUN, "--workload-spec", str(spec)], work, "think_time_us")
 
 
 def test_corrupt_manifest_on_resume_is_refused(work: Path) -> None:

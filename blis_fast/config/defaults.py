@@ -209,7 +209,7 @@ def load_defaults(path: str | os.PathLike[str]) -> DefaultsConfig:
         if key in _CACHE:
             return _CACHE[key]
         text = read_input_text(p)
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: bad UTF-8, a NUL byte in the path
         raise DefaultsReadError(f"cannot read defaults file {p}: {exc}") from exc
     with parse_root(text, p, "defaults file") as (ctx, root):
         top = decode_struct(ctx, root, "defaults file", _TOP_FIELDS)

@@ -336,6 +336,8 @@ def _check_dist(spec, path: str, prefix: str, d: DistSpec) -> None:
             )
 
 
+_TIME_LIMIT_US = 1 << 61
+"""Longest think time accepted (µs): event times stay far from int64 overflow."""
 _NON_NEGATIVE_PARAMS = ("mean", "std_dev", "value", "sigma", "min", "max")
 _POSITIVE_PARAMS = ("alpha", "xm")
 
@@ -356,6 +358,12 @@ def _check_meaningful(spec, c, path: str, p: str) -> None:
             if name == "mix_weight" and not 0 <= val <= 1:
                 raise _fail(spec, where, f"{p}.{key}.params.{name} must be in [0, 1], "
                                          f"got {go_pct_f(val)}")
+    for where, think in (("think_time_us", getattr(c, "think_time_us", 0)),
+                         ("reasoning.multi_turn.think_time_us",
+                          c.reasoning.multi_turn.think_time_us if _has_multi_turn(c) else 0)):
+        if think > _TIME_LIMIT_US:
+            raise _fail(spec, f"{path}.{where}", f"{p}.{where} {think} is beyond the "
+                                                 "simulator's time range")
     if _has_multi_turn(c) and c.reasoning.multi_turn.think_time_us < 0:
         raise _fail(spec, path + ".reasoning.multi_turn.think_time_us",
                     f"{p}.reasoning.multi_turn.think_time_us must be non-negative, "
