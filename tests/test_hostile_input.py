@@ -568,6 +568,8 @@ def _consumers():
 
 
 _EXAMPLE_TEXTS = [p.read_bytes() for p in sorted(EXAMPLES.glob("*.yaml"))]
+_TRACE_CSVS = sorted((ROOT / "tests" / "reference_cases" / "cases").glob("*/trace.csv"))[:5]
+_EXAMPLE_TEXTS += [p.read_bytes()[:4000] for p in _TRACE_CSVS]  # trace v2 data, cut short
 
 
 def _mutate(data: st.DataObject) -> bytes:
@@ -589,12 +591,12 @@ def _mutate(data: st.DataObject) -> bytes:
     return bytes(base)
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_readers_survive_random_and_mutated_input(data: st.DataObject, tmp_path: Path) -> None:
-    """Random bytes and mutations of examples/*.yaml: every reader returns or raises BlisError
-    (never another exception, a crash or a hang)."""
+    """Random bytes and mutations of examples/*.yaml and of reference trace CSVs: every reader
+    returns or raises BlisError (never another exception, a crash or a hang)."""
     import time
 
     if data.draw(st.booleans()):
