@@ -614,3 +614,49 @@ def test_readers_survive_random_and_mutated_input(data: st.DataObject, tmp_path:
         except Exception as exc:  # noqa: BLE001 - the property under test
             pytest.fail(f"{name}: {type(exc).__name__}: {exc}\ninput={blob[:300]!r}")
         assert time.perf_counter() - started < 20, f"{name} took too long"
+
+
+# ------------------------------------------- read-only and full file systems (private mounts)
+
+
+def _in_private_mount(mount_opts: str, blis_args: list[str], folder: Path) -> tuple[int, str, str]:
+    """Run ``blis`` with a fresh tmpfs (``mount_opts``) on ``folder`` in a private mount
+    namespace (``unshare -m``), then list what is left in the folder; skipped where the
+    namespace cannot be made (root alone would ignore a chmod-ed folder)."""
+    import shlex
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed: no private mount to make read-only or full")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unshare -m is not permitted here: no private mount namespace")
+    folder.mkdir()
+    cmd = (f"mount -t tmpfs -o {mount_opts} tmpfs {shlex.quote(str(folder))} || exit 99; "
+           f"{shlex.quote(sys.executable)} -m blis_fast.cli "
+           + " ".join(shlex.quote(a) for a in blis_args)
+           + f"; echo \"rc=$?\" >&3; ls -A {shlex.quote(str(folder))} >&3")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"exec 3>&1 1>/dev/null; {cmd}"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode != 99, proc.stderr
+    lines = proc.stdout.splitlines()
+    return int(lines[0].removeprefix("rc=")), "\n".join(lines[1:]), proc.stderr
+
+
+def test_read_only_file_system_output_is_refused_before_the_run(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    code, left, err = _in_private_mount("ro", [*RUN, "--metrics-path", str(ro / "m.json")], ro)
+    assert_refused((code, "", err), "--metrics-path")
+    assert "read-only file system" in err and left == ""
+
+
+def test_full_file_system_leaves_no_partial_output(tmp_path: Path) -> None:
+    """A 64 KiB file system fills while the outputs are written: exit 2, one line, and none of
+    the files (metrics, trace .yaml/.csv) is left, truncated or not."""
+    full = tmp_path / "full"
+    args = [*RUN, "--num-requests", "2000", "--rate", "1000", "--metrics-path",
+            str(full / "m.json"), "--trace-output", str(full / "t")]
+    code, left, err = _in_private_mount("size=64k", args, full)
+    line = assert_refused((code, "", err), ("--metrics-path", "--trace-output"))
+    assert "no space left on device" in line and left == ""
