@@ -338,7 +338,7 @@ def _check_dist(spec, path: str, prefix: str, d: DistSpec) -> None:
 
 _TIME_LIMIT_US = 1 << 61
 """Longest think time accepted (µs): event times stay far from int64 overflow."""
-_NON_NEGATIVE_PARAMS = ("mean", "std_dev", "value", "sigma", "min", "max")
+_NON_NEGATIVE_PARAMS = ("mean", "std_dev", "sigma")  # bounds and constants: the sampler's own check
 _POSITIVE_PARAMS = ("alpha", "xm")
 
 
