@@ -10,12 +10,42 @@ from blis_fast.options import build_options
 from blis_fast.runner import RunResult, execute_run
 
 
+def _checked(what: str, user: Any) -> Any:
+    """A Python wrapper of the user's jitted hook that raises on a non-finite score or key
+    (NaN would otherwise route every request to instance 0 or scramble the queue)."""
+    import numpy as np
+
+    if what == "custom_scorer":
+        def custom_scorer(snapshots, request, out):
+            user(snapshots, request, out)
+            for i in range(out.shape[0]):
+                if not np.isfinite(out[i]):
+                    raise ValueError("custom_scorer returned a non-finite score")
+        return custom_scorer
+    if what == "custom_scheduler_key":
+        def custom_scheduler_key(features):
+            key = user(features)
+            if not np.isfinite(key):
+                raise ValueError("custom_scheduler_key returned a non-finite key")
+            return key
+        return custom_scheduler_key
+
+    def custom_admission(snapshots, request):
+        return user(snapshots, request)
+    return custom_admission
+
+
 def _as_cfunc(fn: Any, sig: Any, what: str) -> Any:
-    """Accept a cfunc of ``sig``, an ``@numba.njit`` function or a plain Python function."""
+    """Accept a cfunc of ``sig``, an ``@numba.njit`` function or a plain Python function.
+
+    Functions are wrapped so a non-finite result raises; an exception raised in a hook is
+    collected by the engine (``blis_fast.engine.simulate.hook_errors``) and stops the run.
+    """
     if fn is None:
         return None
     import numba
     from numba.core.ccallback import CFunc
+    from numba.core.registry import CPUDispatcher
 
     if isinstance(fn, CFunc):
         if fn._sig != sig:
@@ -25,7 +55,8 @@ def _as_cfunc(fn: Any, sig: Any, what: str) -> Any:
     if not callable(py_func):
         raise BlisConfigError(f"{what}: expected a function, got {type(fn).__name__}")
     try:
-        return numba.cfunc(sig)(py_func)
+        user = fn if isinstance(fn, CPUDispatcher) else numba.njit(py_func)
+        return numba.cfunc(sig)(_checked(what, user))
     except Exception as exc:  # noqa: BLE001 - report the user's compile error in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BlisConfigError(f"{what}: cannot compile it with signature {sig}: {first}") from None

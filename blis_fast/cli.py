@@ -20,6 +20,17 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
+def _not_a_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse a value that is another flag (``--rate --seed 5``): the user left the value out,
+    and click would otherwise report the flag's own value as an unexpected extra argument."""
+    if value is not None and value.startswith("--") and len(value) > 2:
+        name = value[2:].split("=", 1)[0]
+        if any(spec.flag == name for spec in RUN_OPTIONS):
+            raise click.UsageError(f"Option '{param.opts[0]}' requires a value "
+                                   f"(got the flag {value})")
+    return value
+
+
 def _add_run_options(func, skip: frozenset[str] = REPLAY_ONLY_FLAGS):
     """Attach the RUN_OPTIONS flags (minus ``skip``) to a click command (raw string values)."""
     for spec in reversed(RUN_OPTIONS):
@@ -33,8 +44,8 @@ def _add_run_options(func, skip: frozenset[str] = REPLAY_ONLY_FLAGS):
                                 help=f"{spec.help} [default: {spec.default}]")(func)
         else:
             func = click.option(f"--{spec.flag}", spec.field, type=str, default=None,
-                                show_default=False, help=f"{spec.help} [default: {spec.default}]"
-                                )(func)
+                                show_default=False, help=f"{spec.help} [default: {spec.default}]",
+                                callback=_not_a_flag)(func)
     return func
 
 
@@ -147,6 +158,17 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
     except BrokenPipeError:
         sys.exit(1)
+    except OSError as exc:  # a file error no check anticipated: still one line, no traceback
+        where = f" {exc.filename}" if exc.filename else ""
+        sys.stderr.write(f"blis: error:{where} {exc.strerror or exc}\n")
+        sys.exit(EXIT_USAGE)
+    except MemoryError:
+        sys.stderr.write("blis: error: out of memory: the configuration asks for more memory "
+                         "than this machine has (request count, lengths or cluster size)\n")
+        sys.exit(EXIT_USAGE)
+    except RecursionError:
+        sys.stderr.write("blis: error: an input is nested too deeply to process\n")
+        sys.exit(EXIT_USAGE)
 
 
 if __name__ == "__main__":

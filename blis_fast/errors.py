@@ -15,5 +15,9 @@ class BlisInputError(BlisError):
     """An input file (defaults, model config, workload spec, trace) is missing or malformed."""
 
 
+class BlisOutputError(BlisError):
+    """An output path is unusable (missing folder, a directory, read-only, full, an input)."""
+
+
 class BlisRuntimeError(BlisError):
     """The simulation kernel reported an internal failure status."""

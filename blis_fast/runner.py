@@ -11,7 +11,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from blis_fast.engine.simulate import (
     run_engine,
 )
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.files import OutputPlan
 from blis_fast.kernels import engine as K
 from blis_fast.kernels.latency import output_token_processing_time, post_decode_fixed_overhead
 from blis_fast.options import RunOptions
@@ -50,8 +50,8 @@ from blis_fast.output.summary import (
     RequestColumns,
     aggregate_instances,
     build_metrics_output,
-    write_replay_results,
-    write_results_file,
+    replay_results_text,
+    results_text,
 )
 from blis_fast.workload.generator import (
     apply_timeout_to_workload,
@@ -82,7 +82,7 @@ from blis_fast.workload.synthesis import (
     validate_distribution_params,
     validate_rate,
 )
-from blis_fast.workload.trace_v2 import TraceOutcome, export_trace_v2
+from blis_fast.workload.trace_v2 import TraceOutcome, trace_v2_files
 
 log = logging.getLogger("blis_fast")
 
@@ -139,7 +139,7 @@ def _fail(msg: str) -> None:
 def _setup_logging(level_name: str) -> None:
     level = LOG_LEVELS.get(level_name.lower())
     if level is None:
-        _fail(f"Invalid log level: {level_name}")
+        _fail(f"--log: invalid log level {level_name!r} (valid: {', '.join(LOG_LEVELS)})")
     log.setLevel(level)
 
 
@@ -173,7 +173,7 @@ def _resolve_latency(opts: RunOptions) -> LatencyConfig:
     return resolve_latency(lo)
 
 
-def _generate(opts: RunOptions, horizon: int
+def _generate(opts: RunOptions, horizon: int, total_blocks: int
               ) -> tuple[RequestTable, int, SessionPlan | None, bool]:
     """Workload source selection and generation (WL-1, WL-2, DELTA-28/29).
 
@@ -189,6 +189,12 @@ def _generate(opts: RunOptions, horizon: int
         _fail(f"--concurrency must be >= 0, got {opts.concurrency}")
     if opts.think_time_ms < 0:
         _fail(f"--think-time-ms must be >= 0, got {opts.think_time_ms}")
+    if opts.think_time_ms * 1000 > TIME_LIMIT_US:
+        _fail(f"--think-time-ms {opts.think_time_ms} is beyond the simulator's time range")
+    if opts.given("think_time_ms") and opts.concurrency <= 0 and opts.think_time_ms != 0:
+        _fail("--think-time-ms applies only to closed-loop runs: give --concurrency too")
+    if opts.workload_spec and opts.given("workload"):
+        _fail("--workload and --workload-spec both choose the workload; give one of them")
     if opts.concurrency > 0 and opts.given("rate"):
         _fail("--concurrency and --rate are mutually exclusive; use one or the other")
     params = DistributionParams(
@@ -233,9 +239,18 @@ def _generate(opts: RunOptions, horizon: int
     max_requests = resolve_max_requests(spec.num_requests, opts.num_requests,
                                         opts.given("num_requests"))
     check_generation_bounded(max_requests, horizon)
+    tokens = 0 if opts.workload_spec else opts.prompt_tokens + opts.output_tokens
+    _check_memory(opts, total_blocks, max_requests, tokens)
     notify_if_compiling()
-    wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
-                           block_size=opts.block_size_in_tokens)
+    try:
+        wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
+                               block_size=opts.block_size_in_tokens)
+    except MemoryError:
+        # the sampled lengths are only known inside the generator (huge distribution means)
+        source = f"--workload-spec {opts.workload_spec}" if opts.workload_spec else (
+            "--num-requests/--prompt-tokens/--output-tokens")
+        _fail(f"{source}: the generated requests need more memory than this machine has "
+              "(request lengths or count too large)")
     if timeout_applies:
         wl = apply_timeout_to_workload(wl, opts.timeout)
     sessions = SessionPlan(wl.sessions, wl.follow_up_budget) if wl.sessions else None
@@ -256,6 +271,8 @@ def _replay_workload(opts: RunOptions) -> tuple[RequestTable, int, SessionPlan |
         _fail(f'--session-mode must be "fixed" or "closed-loop", got {go_quote(mode)}')
     if opts.think_time_ms < 0:
         _fail(f"--think-time-ms must be non-negative, got {opts.think_time_ms}")
+    if opts.think_time_ms * 1000 > TIME_LIMIT_US:
+        _fail(f"--think-time-ms {opts.think_time_ms} is beyond the simulator's time range")
     if opts.think_time_ms > 0 and mode != "closed-loop":
         _fail("--think-time-ms requires --session-mode closed-loop")
     if opts.think_time_dist and mode != "closed-loop":
@@ -406,19 +423,60 @@ def _resolve_policies(opts: RunOptions, hooks: Hooks) -> Policies:
 TIME_LIMIT_US = 1 << 61
 """Largest delay or duration accepted (µs): event times stay far from int64 overflow."""
 MEMORY_LIMIT_BYTES = 64 << 30
-"""Refuse configurations whose KV-cache arrays alone would need more memory than this."""
+"""Refuse configurations whose up-front arrays alone would need more memory than this."""
+REQUEST_BYTES = 512
+"""Up-front state of one request (request table, engine and metric columns), a low estimate."""
 
 
-def _check_memory(opts: RunOptions, total_blocks: int) -> None:
-    """Bound the KV-cache arrays sized by the configuration (they are allocated up front)."""
-    n = opts.num_instances
-    gpu = n * total_blocks * (32 + 2 * 16)  # block records and the prefix table
-    cpu = n * opts.kv_cpu_blocks * (8 + 3 * 4 + 2 * 16)
-    if gpu + cpu > MEMORY_LIMIT_BYTES:
-        flag = "--kv-cpu-blocks" if cpu > gpu else (
-            "--total-kv-blocks" if opts.given("total_kv_blocks") else "--num-instances")
-        _fail(f"{flag}: {n} instance(s) x {total_blocks} GPU blocks (+ {opts.kv_cpu_blocks} CPU "
-              f"blocks) would need about {(gpu + cpu) / 2**30:.0f} GiB of KV-cache state")
+def available_memory() -> int:
+    """Bytes of memory the machine can give this process now (MemAvailable), capped at
+    MEMORY_LIMIT_BYTES."""
+    avail = 0
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail <= 0:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            avail = MEMORY_LIMIT_BYTES
+    return min(avail, MEMORY_LIMIT_BYTES)
+
+
+def _check_memory(opts: RunOptions, total_blocks: int, num_requests: int,
+                  tokens_per_request: int = 0) -> None:
+    """One estimate of the arrays a run allocates up front, refused (naming the flag that
+    drives it) when it exceeds the memory available: KV blocks of every instance (GPU and CPU
+    tiers), the requests with their block digests, the shared prefix's token ids, and with
+    --trace-level decisions the per-decision candidate (counterfactual k) and score rows."""
+    n = max(opts.num_instances, 0)
+    bs = max(opts.block_size_in_tokens, 1)
+    reqs = max(num_requests, 0)
+    parts = {
+        "--total-kv-blocks" if opts.given("total_kv_blocks") else
+        ("--tp" if opts.given("tp") else "--num-instances"):
+            n * max(total_blocks, 0) * (32 + 2 * 16),  # block records and the prefix table
+        "--kv-cpu-blocks": n * max(opts.kv_cpu_blocks, 0) * (8 + 3 * 4 + 2 * 16),
+        "--num-requests": reqs * (REQUEST_BYTES + 16 * (max(tokens_per_request, 0) // bs)),
+        "--prefix-tokens": 8 * max(opts.prefix_tokens, 0)
+                           + reqs * 16 * (max(opts.prefix_tokens, 0) // bs),
+    }
+    if opts.trace_level == "decisions":
+        k = min(max(opts.counterfactual_k, 1), max(n, 1))
+        parts["--counterfactual-k"] = reqs * k * 56
+        parts["--num-instances"] = parts.get("--num-instances", 0) + reqs * n * 8
+    total = sum(parts.values())
+    limit = available_memory()
+    if total > limit:
+        flag = max(parts, key=parts.__getitem__)
+        _fail(f"{flag}: this run needs about {total / 2**30:.1f} GiB up front ({n} instance(s) x "
+              f"{total_blocks} GPU + {opts.kv_cpu_blocks} CPU KV blocks, {reqs} requests), more "
+              f"than the {limit / 2**30:.1f} GiB of memory available")
 
 
 def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) -> Prepared:
@@ -433,7 +491,8 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
     if replay:
         table, horizon, sessions = _replay_workload(opts)
     else:
-        table, horizon, sessions, outputs_reenter = _generate(opts, opts.horizon)
+        table, horizon, sessions, outputs_reenter = _generate(opts, opts.horizon,
+                                                              latency.total_kv_blocks)
     if opts.num_instances < 1:
         _fail("num-instances must be >= 1")
     if opts.num_instances > K.MAX_INSTANCES:
@@ -452,7 +511,7 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
     if opts.given("horizon") and horizon <= 0:
         _fail(f"--horizon must be > 0, got {horizon}")
     pol = _resolve_policies(opts, hooks or Hooks())
-    _check_memory(opts, total_blocks)
+    _check_memory(opts, total_blocks, table.n)
     bs = opts.block_size_in_tokens
     max_len = latency.max_model_len
     if max_len > 0 and -(-max_len // bs) > total_blocks:
@@ -493,7 +552,7 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         slo_priorities=dict(pol.slo_priorities or {}),
         tenant_budgets=dict(pol.tenant_budgets or {}),
         trace_decisions=opts.trace_level == "decisions",
-        counterfactual_k=opts.counterfactual_k,
+        counterfactual_k=min(opts.counterfactual_k, opts.num_instances),  # k > n adds nothing
         hooks=hooks,
         latency_code=latency.code,
         latency_params=latency.params,
@@ -617,19 +676,48 @@ def execute_replay(opts: RunOptions, hooks: Hooks | None = None) -> RunResult:
     return _execute(opts, hooks, replay=True)
 
 
+INPUT_FLAGS = (("defaults_filepath", "--defaults-filepath"), ("policy_config", "--policy-config"),
+               ("workload_spec", "--workload-spec"), ("trace_header", "--trace-header"),
+               ("trace_data", "--trace-data"), ("hardware_config", "--hardware-config"))
+"""Options naming input files: no output may overwrite one of them."""
+
+
+def plan_outputs(opts: RunOptions, replay: bool) -> OutputPlan:
+    """Check every output path of the run before anything is generated or simulated."""
+    plan = OutputPlan()
+    plan.add_inputs((flag, str(getattr(opts, name) or "")) for name, flag in INPUT_FLAGS)
+    if opts.model_config_folder:
+        plan.add_inputs([("--model-config-folder",
+                          os.path.join(opts.model_config_folder, "config.json"))])
+    if opts.metrics_path and opts.results_path and (
+            os.path.realpath(opts.metrics_path) != os.path.realpath(opts.results_path)):
+        _fail("--metrics-path and --results-path are two names of one output; give one of them "
+              f"(got {opts.metrics_path!r} and {opts.results_path!r})")
+    if replay and opts.results_path:
+        plan.check_file(opts.results_path, "--results-path")
+    elif opts.metrics_path or opts.results_path:
+        flag = "--metrics-path" if opts.metrics_path else "--results-path"
+        plan.check_file(opts.metrics_path or opts.results_path, flag)
+    if opts.trace_output:
+        plan.check_file(opts.trace_output + ".yaml", "--trace-output")
+        plan.check_file(opts.trace_output + ".csv", "--trace-output")
+    if opts.output_dir:
+        plan.check_dir(opts.output_dir, "--output-dir")
+        if os.path.isdir(opts.output_dir):
+            for name in ("summary.parquet", "requests.parquet", "decisions.parquet"):
+                plan.check_file(os.path.join(opts.output_dir, name), "--output-dir")
+    return plan
+
+
 def _execute(opts: RunOptions, hooks: Hooks | None, replay: bool) -> RunResult:
+    _setup_logging(opts.log)
+    outputs = plan_outputs(opts, replay)
     prepared = prepare(opts, hooks, replay=replay)
     started = time.perf_counter()
     res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model,
                      sessions=prepared.sessions)
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
     table = res.table  # the pre-generated requests, then any closed-loop follow-ups
-    if opts.trace_output and replay:
-        # a replay exports the requests it injected, in injection order (DELTA-64/65)
-        export_trace_v2(opts.trace_output, prepared.table,
-                        trace_outcome(res, prepared.table.n), replayed=True)
-    elif opts.trace_output:
-        export_trace_v2(opts.trace_output, table, trace_outcome(res))
     instances = instance_metrics(res, table)
     requests = request_columns(res, table)
     aggregate = aggregate_instances(instances)
@@ -649,25 +737,49 @@ def _execute(opts: RunOptions, hooks: Hooks | None, replay: bool) -> RunResult:
         subcommand="replay" if replay else "run",
     )
     stdout = render_report(report)
-    if replay and opts.results_path:
-        write_replay_results(opts.results_path, requests)
-    elif opts.metrics_path or opts.results_path:
-        write_results_file(opts.metrics_path or opts.results_path, summary, requests)
-    if opts.output_dir:
-        from blis_fast.output.parquet import write_requests_parquet, write_summary_parquet
-
-        out_dir = Path(opts.output_dir)
-        os.makedirs(out_dir, exist_ok=True)
-        write_summary_parquet(out_dir / "summary.parquet", summary)
-        write_requests_parquet(out_dir / "requests.parquet", requests)
-        if res.decisions is not None:
-            from blis_fast.output.decisions import decision_columns
-            from blis_fast.output.parquet import write_decisions_parquet
-
-            write_decisions_parquet(out_dir / "decisions.parquet",
-                                    decision_columns(res.decisions, prepared.policies.routing))
+    with outputs:  # every output staged, then moved into place; any failure removes them all
+        _stage_outputs(outputs, opts, replay, prepared, res, summary, requests)
+        outputs.commit()
     return RunResult(stdout=stdout, summary=summary, per_instance=per_instance,
                      requests=requests, simulation=res, prepared=prepared)
+
+
+def _stage_outputs(plan: OutputPlan, opts: RunOptions, replay: bool, prepared: Prepared,
+                   res: SimulationResult, summary: dict, requests: RequestColumns) -> None:
+    """Write every requested output file to its temporary place (``plan.commit`` publishes)."""
+    if opts.trace_output and replay:
+        # a replay exports the requests it injected, in injection order (DELTA-64/65)
+        files = trace_v2_files(opts.trace_output, prepared.table,
+                               trace_outcome(res, prepared.table.n), replayed=True)
+    elif opts.trace_output:
+        files = trace_v2_files(opts.trace_output, res.table, trace_outcome(res))
+    else:
+        files = []
+    for path, text in files:
+        plan.stage_text(path, "--trace-output", text)
+    if replay and opts.results_path:
+        plan.stage_text(opts.results_path, "--results-path", replay_results_text(requests))
+    elif opts.metrics_path or opts.results_path:
+        flag = "--metrics-path" if opts.metrics_path else "--results-path"
+        plan.stage_text(opts.metrics_path or opts.results_path, flag,
+                        results_text(summary, requests))
+    if opts.output_dir:
+        import pyarrow.parquet as pq
+
+        from blis_fast.output.parquet import requests_table, summary_table
+
+        tables = [("summary.parquet", summary_table(summary)),
+                  ("requests.parquet", requests_table(requests))]
+        if res.decisions is not None:
+            from blis_fast.output.decisions import decision_columns
+            from blis_fast.output.parquet import decisions_table
+
+            tables.append(("decisions.parquet", decisions_table(
+                decision_columns(res.decisions, prepared.policies.routing))))
+        out_dir = plan.make_dir(opts.output_dir, "--output-dir")
+        for name, tab in tables:
+            plan.stage(out_dir / name, "--output-dir",
+                       lambda tmp, tab=tab: pq.write_table(tab, tmp))
 
 
 def _trace_summary(res: SimulationResult):

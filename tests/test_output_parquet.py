@@ -14,6 +14,7 @@ import pytest
 from _output_parity import load_results, request_columns, results_cases
 
 from blis_fast.data import data_path
+from blis_fast.errors import BlisOutputError
 from blis_fast.output import parquet as pqo
 from blis_fast.output.parquet import (
     ARROW_TYPES,
@@ -121,7 +122,7 @@ def test_atomic_write_leaves_no_partial_file(
         raise OSError("disk full")
 
     monkeypatch.setattr(pqo.pq, "write_table", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(BlisOutputError, match="disk full"):  # the OSError as one clear line
         write_summary_parquet(path, build_metrics_output("cluster", InstanceMetrics(completed=5)))
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["summary.parquet"]

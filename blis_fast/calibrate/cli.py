@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 
 import click
 
@@ -87,45 +86,37 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
     for name in _REQUIRED:
         if not given[name]:
             raise BlisConfigError(f"--{name} is required")
+    from blis_fast.files import OutputPlan
+
+    plan = OutputPlan()
+    plan.add_inputs([("--trace-header", trace_header), ("--trace-data", trace_data),
+                     ("--sim-results", sim_results), ("--itl-data", itl_data)])
+    plan.check_file(report, "--report")
     plot_format = None
     if plot_path:
         from blis_fast.calibrate.plot import check_plot_path
 
         plot_format = check_plot_path(plot_path)
+        plan.check_file(plot_path, "--plot")
     result = calibrate(trace_header, trace_data, sim_results, warmup_requests=warm_up,
                        network_rtt_us=rtt_us, network_bandwidth_mbps=bandwidth,
                        itl_data=itl_data or None)
     text = report_text(result.report)
-    image = None
-    if plot_format is not None:
-        from blis_fast.calibrate.plot import plot_calibration, render_plot
+    with plan:  # the report and its asked-for plot are written together or not at all
+        plan.stage_text(report, "--report", text)
+        if plot_format is not None:
+            from blis_fast.calibrate.plot import plot_calibration, render_plot
 
-        image = render_plot(plot_calibration(result.pairs, result.report), plot_format)
-    _write("report", report, text.encode("utf-8"))
-    if image is not None:
-        try:
-            _write("plot", plot_path, image)
-        except BaseException:
-            os.unlink(report)  # all or nothing: no report without its asked-for plot
-            raise
+            image = render_plot(plot_calibration(result.pairs, result.report), plot_format)
+            plan.stage(plot_path, "--plot", image)
+        plan.commit()
     with _info_logging():
         for line in result.pairs.warnings:
             log.warning(line)
         for line in summary_lines(result.report, result.pairs, report):
             log.info(line)
-        if image is not None:
+        if plot_format is not None:
             log.info(f"Plot written to {plot_path}")
-
-
-def _write(flag: str, path: str, data: bytes) -> None:
-    """Write an output file atomically; an OS error names the flag and the path."""
-    from blis_fast.errors import BlisInputError
-    from blis_fast.output.summary import atomic_write_bytes
-
-    try:
-        atomic_write_bytes(path, data)
-    except OSError as exc:
-        raise BlisInputError(f"--{flag} {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def register(main_group: click.Group) -> None:

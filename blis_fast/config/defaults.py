@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -36,6 +35,7 @@ from blis_fast.config.strict_yaml import (
     parse_root,
 )
 from blis_fast.errors import BlisInputError
+from blis_fast.files import read_input_text
 
 __all__ = [
     "CoefficientSet",
@@ -208,8 +208,8 @@ def load_defaults(path: str | os.PathLike[str]) -> DefaultsConfig:
         key = (os.path.abspath(p), st.st_mtime_ns, st.st_size)
         if key in _CACHE:
             return _CACHE[key]
-        text = Path(p).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_input_text(p)
+    except (OSError, ValueError) as exc:  # ValueError: bad UTF-8, a NUL byte in the path
         raise DefaultsReadError(f"cannot read defaults file {p}: {exc}") from exc
     with parse_root(text, p, "defaults file") as (ctx, root):
         top = decode_struct(ctx, root, "defaults file", _TOP_FIELDS)

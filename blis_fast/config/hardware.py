@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.files import read_input_text
 
 __all__ = ["HardwareCalib", "get_hw_config", "load_hardware_table"]
 
@@ -78,7 +78,7 @@ def load_hardware_table(path: str | os.PathLike[str]) -> dict[str, HardwareCalib
     """Read a hardware config file into ``{gpu name: HardwareCalib}``."""
     p = os.fspath(path)
     try:
-        text = Path(p).read_text(encoding="utf-8")
+        text = read_input_text(p)
     except (OSError, UnicodeDecodeError) as exc:
         raise BlisInputError(f"cannot read hardware config {p}: {exc}") from exc
     try:

@@ -34,7 +34,6 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +57,7 @@ from blis_fast.config.model_config import (
 )
 from blis_fast.data import data_dir, data_path
 from blis_fast.errors import BlisConfigError, BlisError, BlisInputError
+from blis_fast.files import read_input_bytes
 from blis_fast.kernels import latency as K
 
 __all__ = [
@@ -182,7 +182,7 @@ def _offline_fetch(hf_repo: str, model: str, local_dir: str, infos: list[str]) -
     candidate = os.path.join(bundled, "config.json")
     if os.path.abspath(bundled) != os.path.abspath(local_dir):
         try:
-            data = Path(candidate).read_bytes()
+            data = read_input_bytes(candidate)
         except OSError:
             data = None
         if data is not None and is_hf_config(data):
@@ -204,7 +204,7 @@ def resolve_model_config(
     local_dir = bundled_model_config_dir(model, base_dir)
     local_path = os.path.join(local_dir, "config.json")
     try:
-        data = Path(local_path).read_bytes()
+        data = read_input_bytes(local_path)
     except OSError:
         data = None
     if data is not None:

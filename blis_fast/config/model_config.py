@@ -13,10 +13,10 @@ import json
 import os
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from blis_fast.errors import BlisInputError
+from blis_fast.files import read_input_bytes
 from blis_fast.gonum import atoi, or_none
 
 __all__ = [
@@ -119,7 +119,7 @@ def parse_hf_config(path: str | os.PathLike[str]) -> HFConfig:
     """ParseHFConfig: read ``path`` and pivot a nested ``text_config`` over the top level."""
     p = os.fspath(path)
     try:
-        text = Path(p).read_bytes()
+        text = read_input_bytes(p)
     except OSError as exc:
         raise BlisInputError(f"cannot read HF config {p}: {exc}") from exc
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
@@ -26,6 +25,7 @@ from blis_fast.config.strict_yaml import (
     parse_root,
 )
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.files import read_input_text
 from blis_fast.policies import SCORERS
 
 VALID_ADMISSION = ("always-admit", "gaie-legacy", "reject-all", "tier-shed", "token-bucket")
@@ -116,7 +116,7 @@ _TOP_FIELDS = {
 def load_policy_bundle(path: str) -> PolicyBundle:
     """Parse a bundle strictly; errors name the file, the line and the key."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise BlisInputError(f"--policy-config: cannot read {path}: {exc}") from exc
     with parse_root(text, path, "policy config") as (ctx, root):

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from blis_fast.errors import BlisInputError
+from blis_fast.files import YamlLimitError, check_yaml_limits
 
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
@@ -133,10 +134,15 @@ def decode_struct(
 
 
 
-def _one_line(exc: Exception) -> str:
+def _one_line(exc: Exception, text: str = "") -> str:
     """A YAML error as one line (PyYAML's messages quote the source over several lines)."""
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None and isinstance(exc, yaml.reader.ReaderError):
+        # control bytes: the reader knows the offset only
+        line = text.count("\n", 0, exc.position) + 1
+        return f"line {line}: unacceptable character #x{exc.character:04x} (control characters "\
+               "are not allowed)"
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     return f"{where}{problem}"
 
@@ -162,8 +168,17 @@ def _compose_fast(text: str) -> tuple[Any, yaml.Node | None] | None:
 @contextlib.contextmanager
 def parse_root(text: str, path: str, what: str) -> Iterator[tuple[YamlContext, yaml.Node]]:
     """Compose the first YAML document of ``text``; YAML syntax errors become BlisInputError."""
-    composed = _compose_fast(text)
-    loader = composed[0] if composed is not None else yaml.SafeLoader(text)
+    try:
+        check_yaml_limits(text)
+    except YamlLimitError as exc:
+        raise BlisInputError(f"cannot parse {what} {path}: {_one_line(exc)}") from None
+    except yaml.YAMLError:
+        pass  # a syntax error: the composer below reports it in PyYAML's words
+    try:
+        composed = _compose_fast(text)
+        loader = composed[0] if composed is not None else yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:
+        raise BlisInputError(f"cannot parse {what} {path}: {_one_line(exc, text)}") from None
     try:
         try:
             if composed is not None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -187,6 +190,36 @@ def _rank_of_ids(id_list) -> np.ndarray:
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
     return rank
+
+
+@contextlib.contextmanager
+def hook_errors(hooks: Hooks | None) -> Iterator[list[tuple[str, BaseException]]]:
+    """Collect the exceptions user hooks raise inside the kernel.
+
+    A Numba cfunc cannot propagate an exception: it reports it through
+    ``sys.unraisablehook`` and returns a default value. While the kernel runs, that hook
+    records ``(hook name, exception)`` instead of printing, so the caller can stop the run.
+    """
+    failures: list[tuple[str, BaseException]] = []
+    if hooks is None or not (hooks.scorer or hooks.admission or hooks.scheduler_key):
+        yield failures
+        return
+    previous = sys.unraisablehook
+    given = [name for name, fn in (("custom_scorer", hooks.scorer),
+                                   ("custom_admission", hooks.admission),
+                                   ("custom_scheduler_key", hooks.scheduler_key)) if fn]
+
+    def record(unraisable) -> None:
+        # the report names no function: name the hook when only one is set or the message does
+        name = next((n for n in given if n in str(unraisable.exc_value)),
+                    given[0] if len(given) == 1 else "a user hook (" + ", ".join(given) + ")")
+        failures.append((name, unraisable.exc_value))
+
+    sys.unraisablehook = record
+    try:
+        yield failures
+    finally:
+        sys.unraisablehook = previous
 
 
 def _hook_args(hooks: Hooks | None) -> tuple:
@@ -407,7 +440,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     sess_pend = np.zeros((2 * max_batch + 64, K.SP_COLS), np.int64)
     appended = _FollowUpRows(n0, int(kv.pool.shape[0] - room.pool - 1))
     hook_args = _hook_args(cfg.hooks)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
         lat_params = np.ascontiguousarray(cfg.latency_params, dtype=np.float64)
@@ -434,6 +467,10 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
                 id_rank[: appended.n] = _rank_of_ids(
                     ids + [f.request_id for f in appended.follow_ups])
             heap = K.push_cluster_arrivals(heap, hs, arrival, rows, seqs)
+    if failures:
+        name, exc = failures[0]
+        raise BlisRuntimeError(f"{name} raised {type(exc).__name__}: {exc} (the run is "
+                               "discarded; no output was written)")
     if status == K.STATUS_KV_LIST_OVERFLOW:
         raise BlisRuntimeError(
             "a request's KV block list outgrew its preallocated slice after CPU-tier reloads "

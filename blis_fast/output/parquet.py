@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -64,18 +62,11 @@ def load_schema(name: str) -> pa.Schema:
     )
 
 
-def atomic_write_table(path: str | os.PathLike, table: pa.Table) -> None:
-    """Write ``table`` as Parquet through a temporary file in the target's directory."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def atomic_write_table(path: str | os.PathLike, table: pa.Table, flag: str = "output") -> None:
+    """Write ``table`` as Parquet atomically (``blis_fast.files.write_output_file``)."""
+    from blis_fast.files import write_output_file
+
+    write_output_file(path, flag, lambda tmp: pq.write_table(table, tmp))
 
 
 def summary_table(summary_dict: dict) -> pa.Table:

@@ -15,10 +15,8 @@ entries.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -384,25 +382,11 @@ def results_text(metrics_dict: dict, requests: RequestColumns | None) -> str:
     return head[:-2] + ',\n  "requests": [\n' + _request_rows(requests) + "\n  ]\n}"
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` (mode 0644) through a temporary file in the same directory,
-    so a failure never leaves a partial file behind."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def atomic_write_text(path: str | os.PathLike, text: str, flag: str = "output") -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (``blis_fast.files.write_output_file``)."""
+    from blis_fast.files import write_output_file
 
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8, newlines untranslated) to ``path`` atomically."""
-    atomic_write_bytes(path, text.encode("utf-8", errors="surrogatepass"))
+    write_output_file(path, flag, text)
 
 
 def write_results_file(

@@ -72,6 +72,12 @@ def saturate_command(spec: str, slos: tuple[str, ...], low: float, high: float, 
     from blis_fast.sweep.saturate import find_saturation, parse_slo, write_saturation
 
     parsed = [parse_slo(s) for s in slos]
+    if out_path:
+        from blis_fast.files import OutputPlan
+
+        plan = OutputPlan()
+        plan.add_inputs([("SPEC", spec)])
+        plan.check_file(out_path, "--out")  # before any bisection runs
     table = find_saturation(spec, parsed, low, high, tolerance, workers=workers,
                             backend=backend, ray_address=ray_address, progress=sys.stderr)
     if out_path:
@@ -108,6 +114,11 @@ def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by:
 
     if not (width > 0 and height > 0 and dpi > 0):
         raise BlisConfigError("--width, --height and --dpi must be > 0")
+    from blis_fast.files import OutputPlan
+
+    plan = OutputPlan()
+    plan.add_inputs([("SOURCE", source)])
+    plan.check_file(output, "--output")
     if cdf is not None:
         if x is not None or y is not None:
             raise BlisConfigError("--cdf plots one column: leave out --x and --y")

@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.files import is_regular_file
 from blis_fast.gonum import NumError, parse_float
 
 __all__ = ["PlotResult", "load_requests", "load_summary", "plot_cdf", "plot_lines"]
@@ -36,16 +37,30 @@ class PlotResult:
         self.figure.savefig(path, dpi=self.figure.dpi)
 
 
+def _read_parquet(source: str | Path | list[Path], **kwargs) -> pl.DataFrame:
+    """``pl.read_parquet`` with a FIFO/device refused and a non-Parquet file reported in one
+    line (a CSV given to ``blis plot``, a truncated file)."""
+    for f in (source if isinstance(source, list) else [source]):
+        if not is_regular_file(f):
+            raise BlisInputError(f"{f}: not a regular file")
+    try:
+        return pl.read_parquet(source, **kwargs)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        shown = source[0] if isinstance(source, list) else source
+        raise BlisInputError(f"{shown}: not a readable Parquet file ({first})") from None
+
+
 def load_summary(path: str | Path) -> pl.DataFrame:
     """A sweep's summary rows (``DIR/summary/*.parquet``) or one Parquet file, by config_id."""
     p = Path(path)
-    if p.is_file():
-        frame = pl.read_parquet(p)
+    if p.exists() and not p.is_dir():
+        frame = _read_parquet(p)
     else:
         files = sorted((p / "summary").glob("*.parquet"))
         if not files:
             raise BlisInputError(f"{p}: no sweep summary (summary/*.parquet) found")
-        frame = pl.read_parquet(files)
+        frame = _read_parquet(files)
     return frame.sort("config_id") if "config_id" in frame.columns else frame
 
 
@@ -53,12 +68,12 @@ def load_requests(path: str | Path) -> pl.DataFrame:
     """Per-request rows: a ``requests.parquet`` file, or a sweep's ``DIR/requests`` partitions
     joined with the configuration columns of its summary."""
     p = Path(path)
-    if p.is_file():
-        return pl.read_parquet(p)
+    if p.exists() and not p.is_dir():
+        return _read_parquet(p)
     files = sorted((p / "requests").glob("config_id=*/*.parquet"))
     if not files:
         raise BlisInputError(f"{p}: no per-request data (run the sweep with --requests)")
-    requests = pl.read_parquet(files, hive_partitioning=True)
+    requests = _read_parquet(files, hive_partitioning=True)
     return requests.join(load_summary(p), on="config_id", how="left", suffix="_config")
 
 

@@ -119,6 +119,8 @@ def bisect_rate(task: SaturationTask) -> SaturationResult:
         low, high = task.low, task.high
         while high - low > task.tolerance:
             mid = (low + high) / 2
+            if not low < mid < high:  # the bracket is one float apart: it cannot shrink
+                break
             ok_mid, metrics_mid = measure(mid)
             if ok_mid:
                 low, metrics = mid, metrics_mid
@@ -195,4 +197,4 @@ def saturation_table(plan: SweepPlan, results: list[SaturationResult], slos: lis
 
 def write_saturation(path: str | Path, table: pa.Table) -> None:
     """Write the saturation table as Parquet, atomically."""
-    atomic_write_table(path, table)
+    atomic_write_table(path, table, flag="--out")

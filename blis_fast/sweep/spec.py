@@ -32,6 +32,7 @@ from blis_fast.config.strict_yaml import (
     scalar,
 )
 from blis_fast.errors import BlisConfigError, BlisError, BlisInputError
+from blis_fast.files import read_input_text
 from blis_fast.options import OPTIONS_BY_FIELD, RUN_OPTIONS, OptionSpec, build_options, coerce
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 AXES = ("grid", "zip", "random", "seeds")
+MAX_SWEEP_CONFIGS = 100_000
+"""Most configurations one sweep may expand to (counted before any is built)."""
 """The axis sections of a spec, in the order they nest (the last varies fastest)."""
 
 PATH_OPTIONS = frozenset({"workload_spec", "policy_config", "model_config_folder",
@@ -164,9 +167,13 @@ def _value(ctx: YamlContext, node: yaml.Node, spec: OptionSpec, what: str) -> An
     if raw is None:
         raise ctx.fail(node, f"{what}: a value is required")
     try:
-        return coerce(spec, raw)
-    except (TypeError, ValueError) as exc:
+        value = coerce(spec, raw)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ctx.fail(node, f"{what}: invalid value {raw!r} for --{spec.flag}: {exc}") from None
+    if spec.kind == "int" and not -(1 << 63) <= value < (1 << 63):
+        raise ctx.fail(node, f"{what}: {value} is outside the 64-bit integer range of "
+                             f"--{spec.flag}")
+    return value
 
 
 def _items(ctx: YamlContext, node: yaml.Node, what: str) -> list[yaml.Node]:
@@ -201,6 +208,9 @@ def _random_axis(ctx: YamlContext, node: yaml.Node, lines: dict[str, int]) -> li
                                               "params": decode_params})
     if top.get("samples", 0) <= 0:
         raise ctx.fail(node, "random.samples: expected a number of samples > 0")
+    if top["samples"] > MAX_SWEEP_CONFIGS:
+        raise ctx.fail(node, f"random.samples: {top['samples']} samples, more than the "
+                             f"{MAX_SWEEP_CONFIGS} configurations a sweep may have")
     if not params:
         raise ctx.fail(node, "random.params: expected at least one option to sample")
     rng = random.Random(top.get("seed", 0))
@@ -252,6 +262,9 @@ def _seeds(ctx: YamlContext, node: yaml.Node, lines: dict[str, int]) -> list[int
     count = as_int(ctx, node, "seeds")
     if count <= 0:
         raise ctx.fail(node, "seeds: expected a list of seeds or a count > 0")
+    if count > MAX_SWEEP_CONFIGS:
+        raise ctx.fail(node, f"seeds: {count} seeds, more than the {MAX_SWEEP_CONFIGS} "
+                             "configurations a sweep may have")
     return [seed_spec.default + i for i in range(count)]
 
 
@@ -295,6 +308,12 @@ def config_id(index: int, values: dict[str, Any]) -> str:
 def parse_sweep_spec(text: str, path: str) -> SweepPlan:
     """Decode a sweep spec and expand it into configurations (not yet validated as runs)."""
     axes = _decode(text, path)
+    count = (math.prod(len(v) for v in axes.grid.values())
+             * (len(next(iter(axes.zipped.values()))) if axes.zipped else 1)
+             * max(len(axes.random_rows), 1) * max(len(axes.seeds), 1))
+    if count > MAX_SWEEP_CONFIGS:
+        raise BlisConfigError(f"{path}: the sweep expands to {count} configurations, more than "
+                              f"the {MAX_SWEEP_CONFIGS} a sweep may have; split it")
     grid_rows = [dict(zip(axes.grid, combo, strict=True))
                  for combo in itertools.product(*axes.grid.values())]
     zip_rows = [dict(zip(axes.zipped, vals, strict=True))
@@ -347,7 +366,7 @@ def load_sweep_plan(path: str | Path, validate: bool = True) -> SweepPlan:
     """Read, expand and (by default) validate the sweep spec at ``path``."""
     path = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise BlisInputError(f"cannot read sweep spec {path}: {exc}") from None
     plan = parse_sweep_spec(text, path)

@@ -78,10 +78,15 @@ class SweepStore:
 
         Reads only: nothing is created here, so a refused sweep leaves no trace.
         """
+        from blis_fast.files import OutputPlan
+
+        if self.root.exists() and not self.root.is_dir():
+            raise BlisConfigError(f"--out {self.root}: not a directory")
+        plan = OutputPlan()
+        plan.add_inputs([("the sweep spec", str(self.plan.path))])
+        plan.check_dir(self.root, "--out")  # the folder can be made or written, before any run
         if not self.root.exists():
             return set()
-        if not self.root.is_dir():
-            raise BlisConfigError(f"--out {self.root}: not a directory")
         if not resume:
             if any(self.root.iterdir()):
                 raise BlisConfigError(f"--out {self.root}: directory is not empty; pass --resume "
@@ -94,6 +99,8 @@ class SweepStore:
             except (OSError, pa.ArrowException, KeyError) as exc:
                 raise BlisInputError(f"--resume: cannot read {path}: {exc}") from None
             done.update(ids)
+        if self.manifest_path.exists() or self.manifest_path.is_symlink():
+            self._manifest = self._read_manifest()
         foreign = sorted(done - self._values.keys())
         if foreign:
             raise BlisConfigError(
@@ -106,8 +113,10 @@ class SweepStore:
         self.summary_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.summary_dir.glob(".*.tmp"):
             stale.unlink()
-        if self.manifest_path.exists():
-            self._manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        if self._manifest:
+            pass  # read (and checked) by done_ids when resuming
+        elif self.manifest_path.exists():
+            self._manifest = self._read_manifest()
         else:
             from blis_fast import __version__
 
@@ -120,6 +129,20 @@ class SweepStore:
                                        "configs_to_run": pending})
         self._write_manifest()
 
+    def _read_manifest(self) -> dict[str, Any]:
+        """The manifest of a previous run; unreadable or malformed is an error naming it."""
+        from blis_fast.files import read_input_text
+
+        try:
+            doc = json.loads(read_input_text(self.manifest_path))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise BlisInputError(f"--resume: {self.manifest_path} is not a sweep manifest: "
+                                 f"{exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
+            raise BlisInputError(f"--resume: {self.manifest_path} is not a sweep manifest: "
+                                 "expected an object with a \"runs\" list")
+        return doc
+
     def finish(self, written: int, errors: int, interrupted: bool) -> None:
         """Close this run's manifest entry."""
         run = self._manifest["runs"][-1]
@@ -128,7 +151,8 @@ class SweepStore:
         self._write_manifest()
 
     def _write_manifest(self) -> None:
-        atomic_write_text(self.manifest_path, json.dumps(self._manifest, indent=2) + "\n")
+        atomic_write_text(self.manifest_path, json.dumps(self._manifest, indent=2) + "\n",
+                          flag="--out")
 
     def write(self, results: list[ConfigResult]) -> None:
         """Write a chunk's requests files, then its summary rows (which mark it done)."""
@@ -136,10 +160,10 @@ class SweepStore:
             if res.requests is not None:
                 part = self.requests_dir / f"config_id={res.config_id}"
                 part.mkdir(parents=True, exist_ok=True)
-                atomic_write_table(part / "requests.parquet", res.requests)
+                atomic_write_table(part / "requests.parquet", res.requests, flag="--out")
         ordered = sorted(results, key=lambda r: r.config_id)
         atomic_write_table(self.summary_dir / f"part-{ordered[0].config_id}.parquet",
-                           self.rows_table(ordered))
+                           self.rows_table(ordered), flag="--out")
 
     def rows_table(self, results: list[ConfigResult]) -> pa.Table:
         """The summary rows of ``results`` with the sweep's schema."""

@@ -7,12 +7,14 @@ from __future__ import annotations
 import copy
 import csv
 import glob
+import io
 import json
 import logging
 import math
 import os
 
 from blis_fast.errors import BlisInputError
+from blis_fast.files import MAX_TRACE_BYTES, read_input_text
 from blis_fast.gonum import NumError, parse_float
 from blis_fast.kernels.gomath import go_cos, go_f2i
 from blis_fast.workload.gofmt import go_pct_f, go_trim_space
@@ -303,25 +305,25 @@ def _read_servegen_trace(path: str) -> list[tuple[float, float, float, str]]:
     rows = []
     skipped = 0
     width = None
-    with open(path, encoding="utf-8", newline="") as fh:
-        for lineno, rec in enumerate(csv.reader(fh), start=1):
-            if not rec:
-                continue
-            if width is None:
-                width = len(rec)
-            elif len(rec) != width:
-                raise ValueError(
-                    f"reading trace CSV: record on line {lineno}: wrong number of fields"
-                )
-            if len(rec) < 4:
-                skipped += 1
-                continue
-            try:
-                vals = [parse_float(go_trim_space(rec[i])) for i in range(3)]
-            except NumError:
-                skipped += 1
-                continue
-            rows.append((vals[0], vals[1], vals[2], rec[3].strip()))
+    text = read_input_text(path, MAX_TRACE_BYTES, universal_newlines=False)
+    for lineno, rec in enumerate(csv.reader(io.StringIO(text, newline="")), start=1):
+        if not rec:
+            continue
+        if width is None:
+            width = len(rec)
+        elif len(rec) != width:
+            raise ValueError(
+                f"reading trace CSV: record on line {lineno}: wrong number of fields"
+            )
+        if len(rec) < 4:
+            skipped += 1
+            continue
+        try:
+            vals = [parse_float(go_trim_space(rec[i])) for i in range(3)]
+        except NumError:
+            skipped += 1
+            continue
+        rows.append((vals[0], vals[1], vals[2], rec[3].strip()))
     if skipped:
         log.warning(
             "parseServeGenTrace: %d rows in %s were skipped (short rows or parse errors)",
@@ -332,8 +334,7 @@ def _read_servegen_trace(path: str) -> list[tuple[float, float, float, str]]:
 
 def _load_servegen_dataset(path: str, sg: ServeGenDataSpec) -> tuple[dict, dict]:
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = json.loads(read_input_text(path))
     except OSError as exc:
         raise ValueError(f"reading dataset: open {path}: {(exc.strerror or str(exc)).lower()}") from None
     except json.JSONDecodeError as exc:

@@ -8,14 +8,23 @@ prefix group with a recorded length first, then per record its input and output 
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from blis_fast.config.strict_yaml import as_float, as_int, as_str, decode_struct, parse_root
+from blis_fast.config.strict_yaml import (
+    as_float,
+    as_int,
+    as_str,
+    decode_struct,
+    is_null,
+    mapping_items,
+    parse_root,
+)
 from blis_fast.errors import BlisInputError
+from blis_fast.files import MAX_TRACE_BYTES, read_input_text
 from blis_fast.gonum import NumError, atoi, parse_float
 from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
@@ -24,6 +33,7 @@ from blis_fast.workload.generator import SessionBlueprint
 from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import SamplerSpec
+from blis_fast.workload.trace_v2 import TRACE_V2_COLUMNS
 
 N_COLUMNS = 27
 INT64_MAX = (1 << 63) - 1
@@ -72,11 +82,24 @@ class TraceRecords:
 def load_trace_header(path: str) -> dict:
     """Parse the header YAML strictly (unknown keys are errors naming file and line)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise BlisInputError(f"--trace-header: cannot read {path}: {exc}") from None
     with parse_root(text, path, "trace header") as (ctx, root):
-        return decode_struct(ctx, root, "trace header", _HEADER)
+        header = decode_struct(ctx, root, "trace header", _HEADER)
+        lines = {key: knode.start_mark.line + 1
+                 for key, knode, _ in (mapping_items(ctx, root, "trace header")
+                                       if not is_null(root) else ())}
+    # a header of another version or time unit would be replayed with the wrong meaning
+    version = header.get("trace_version", 0)
+    if version not in (0, 2):
+        raise BlisInputError(f"--trace-header {path}:{lines['trace_version']}: trace_version "
+                             f"{version} is not supported (only 2)")
+    unit = header.get("time_unit", "")
+    if unit not in ("", "microseconds", "us"):
+        raise BlisInputError(f"--trace-header {path}:{lines['time_unit']}: time_unit "
+                             f"{go_quote(unit)} is not supported (only microseconds)")
+    return header
 
 
 def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) -> int:
@@ -86,6 +109,9 @@ def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) 
         v = atoi(text)
     except NumError:
         raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}") from None
+    if not -(1 << 63) <= v <= INT64_MAX:
+        raise BlisInputError(f"--trace-data {path}: row {row}: {what} {text} is outside the "
+                             "64-bit integer range")
     if minimum is not None and v < minimum:
         raise BlisInputError(f"--trace-data {path}: row {row}: {what} must be >= {minimum}, got {v}")
     return v
@@ -94,17 +120,21 @@ def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) 
 def load_trace_records(path: str) -> TraceRecords:
     """Read the data CSV (WL-9.4 with DELTA-60's 27 columns); errors name file and row."""
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
+        text = read_input_text(path, MAX_TRACE_BYTES, universal_newlines=False)
+        rows = list(csv.reader(io.StringIO(text, newline="")))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise BlisInputError(f"--trace-data: cannot read {path}: {exc}") from None
+    if not rows or not rows[0] or rows[0][0].strip().lstrip("\ufeff") != TRACE_V2_COLUMNS[0]:
+        first = ",".join(rows[0])[:40] if rows else ""
+        raise BlisInputError(f"--trace-data {path}: row 1: expected the header row "
+                             f"({TRACE_V2_COLUMNS[0]},{TRACE_V2_COLUMNS[1]},...), got {first!r}")
     cols: dict[str, list] = {k: [] for k in TraceRecords.__dataclass_fields__}
     for row_no, f in enumerate(rows[1:], start=2):
         if len(f) < N_COLUMNS:
             raise BlisInputError(f"--trace-data {path}: row {row_no}: CSV row has {len(f)} "
                                  f"columns, expected {N_COLUMNS}")
         cols["request_id"].append(_int(f[0], "request_id", row_no, path))
-        cols["round_index"].append(_int(f[5], "round_index", row_no, path))
+        cols["round_index"].append(_int(f[5], "round_index", row_no, path, 0))
         cols["prefix_length"].append(_int(f[7], "prefix_length", row_no, path, 0))
         if f[8] not in ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false",
                         "False"):

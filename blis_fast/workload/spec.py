@@ -336,6 +336,47 @@ def _check_dist(spec, path: str, prefix: str, d: DistSpec) -> None:
             )
 
 
+_TIME_LIMIT_US = 1 << 61
+"""Longest think time accepted (µs): event times stay far from int64 overflow."""
+_NON_NEGATIVE_PARAMS = ("mean", "std_dev", "sigma")  # bounds and constants: the sampler's own check
+_POSITIVE_PARAMS = ("alpha", "xm")
+
+
+def _check_meaningful(spec, c, path: str, p: str) -> None:
+    """Values the reference accepts but that have no meaning (blis_fast is stricter here, see
+    the README): negative spreads, means and bounds, a Pareto alpha or scale <= 0, a mixing
+    weight outside [0, 1], negative think times and network figures."""
+    for key, d in (("input_distribution", c.input_dist), ("output_distribution", c.output_dist)):
+        for name, val in d.params.items():
+            where = f"{path}.{key}.params.{name}"
+            if name in _NON_NEGATIVE_PARAMS and val < 0:
+                raise _fail(spec, where, f"{p}.{key}.params.{name} must be non-negative, "
+                                         f"got {go_pct_f(val)}")
+            if name in _POSITIVE_PARAMS and d.type == "pareto_lognormal" and val <= 0:
+                raise _fail(spec, where, f"{p}.{key}.params.{name} must be positive, "
+                                         f"got {go_pct_f(val)}")
+            if name == "mix_weight" and not 0 <= val <= 1:
+                raise _fail(spec, where, f"{p}.{key}.params.{name} must be in [0, 1], "
+                                         f"got {go_pct_f(val)}")
+    for where, think in (("think_time_us", getattr(c, "think_time_us", 0)),
+                         ("reasoning.multi_turn.think_time_us",
+                          c.reasoning.multi_turn.think_time_us if _has_multi_turn(c) else 0)):
+        if think > _TIME_LIMIT_US:
+            raise _fail(spec, f"{path}.{where}", f"{p}.{where} {think} is beyond the "
+                                                 "simulator's time range")
+    if _has_multi_turn(c) and c.reasoning.multi_turn.think_time_us < 0:
+        raise _fail(spec, path + ".reasoning.multi_turn.think_time_us",
+                    f"{p}.reasoning.multi_turn.think_time_us must be non-negative, "
+                    f"got {c.reasoning.multi_turn.think_time_us}")
+    net = getattr(c, "network", None)
+    if net is not None:
+        for name in ("rtt_ms", "bandwidth_mbps"):
+            val = getattr(net, name)
+            if not (val >= 0) or math.isinf(val):
+                raise _fail(spec, f"{path}.network.{name}", f"{p}.network.{name} must be a "
+                                                            f"finite value >= 0, got {go_pct_f(val)}")
+
+
 def _has_multi_turn(c) -> bool:
     return c.reasoning is not None and c.reasoning.multi_turn is not None
 
@@ -384,6 +425,7 @@ def _validate_client(spec, c: ClientSpec, i: int) -> None:
                     f"{p}: prefix_length must be non-negative, got {c.prefix_length}")  # fmt: skip
     _check_dist(spec, path + ".input_distribution", f"{p}.input_distribution", c.input_dist)
     _check_dist(spec, path + ".output_distribution", f"{p}.output_distribution", c.output_dist)
+    _check_meaningful(spec, c, path, p)
     if c.timeout is not None and c.timeout < 0:
         raise _fail(spec, path + ".timeout", f"{p}: timeout must be non-negative, got {c.timeout}")
     if _has_multi_turn(c) and c.reasoning.multi_turn.max_rounds < 1:
@@ -431,6 +473,7 @@ def _validate_cohort(spec, c: CohortSpec, i: int) -> None:
         _check_finite_positive(spec, path + ".arrival.cv", f"{p}.cv", c.arrival.cv)
     _check_dist(spec, path + ".input_distribution", f"{p}.input_distribution", c.input_dist)
     _check_dist(spec, path + ".output_distribution", f"{p}.output_distribution", c.output_dist)
+    _check_meaningful(spec, c, path, p)
     if c.diurnal is not None:
         r = c.diurnal.peak_to_trough_ratio
         if math.isnan(r) or math.isinf(r) or r < 1.0:
@@ -470,6 +513,8 @@ def _validate_cohort(spec, c: CohortSpec, i: int) -> None:
 
 def validate_spec(spec: WorkloadSpec) -> None:
     """Validate a spec in the reference's order (WL-4.5 + DELTA-55); raise on the first failure."""
+    if spec.version not in ("", "1", "2"):
+        raise _fail(spec, "version", f'version "{spec.version}" is not supported (1 or 2)')
     if spec.category not in VALID_CATEGORIES:
         raise _fail(spec, "category",
                     f'unknown category "{spec.category}"; valid: language, multimodal, '

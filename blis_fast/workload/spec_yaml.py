@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from blis_fast.errors import BlisInputError
+from blis_fast.files import YamlLimitError, check_yaml_limits, read_input_text
 from blis_fast.gonum import or_none, parse_float, parse_int, parse_uint
 from blis_fast.kernels.gomath import go_f2i
 from blis_fast.workload import spec as S
@@ -518,11 +519,23 @@ class _Decoder:
 def parse_workload_spec(text: str, source: str = "") -> S.WorkloadSpec:
     """Decode YAML ``text`` strictly into a WorkloadSpec, then upgrade v1 to v2 (WL-4.1/4.2)."""
     where = f" {source}" if source else ""
-    loader = _Loader(text)
     try:
+        check_yaml_limits(text)
+    except YamlLimitError as exc:
+        raise BlisInputError(f"parsing workload spec{where}: yaml: line "
+                             f"{exc.problem_mark.line + 1}: {exc.problem}") from None
+    except yaml.YAMLError:
+        pass  # a syntax error: the composer below reports it
+    loader = None
+    try:
+        loader = _Loader(text)
         if not loader.check_node():
             raise BlisInputError(f"parsing workload spec{where}: EOF")
         root = loader.get_node()
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise BlisInputError(f"parsing workload spec{where}: yaml: line {line}: control "
+                             f"characters are not allowed (#x{exc.character:04x})") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f"line {mark.line + 1}: " if mark is not None else ""
@@ -531,7 +544,8 @@ def parse_workload_spec(text: str, source: str = "") -> S.WorkloadSpec:
     except yaml.YAMLError as exc:
         raise BlisInputError(f"parsing workload spec{where}: yaml: {exc}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     dec = _Decoder()
     try:
         if isinstance(root, yaml.ScalarNode) and _scalar_info(root)[0] == NULL:
@@ -552,8 +566,7 @@ def parse_workload_spec(text: str, source: str = "") -> S.WorkloadSpec:
 def load_workload_spec(path: str) -> S.WorkloadSpec:
     """Read and strictly parse a workload-spec file (the reference's LoadWorkloadSpec)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        text = read_input_text(path)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise BlisInputError(

@@ -239,11 +239,19 @@ def build_trace_header(seed: int | None, mode: str = "generated") -> str:
 def export_trace_v2(prefix: str | Path, table: RequestTable, outcome: TraceOutcome,
                     replayed: bool = False) -> None:
     """Write ``<prefix>.yaml`` and ``<prefix>.csv``, as ``--trace-output`` does."""
+    from blis_fast.files import OutputPlan
+
+    with OutputPlan() as plan:
+        for path, text in trace_v2_files(prefix, table, outcome, replayed):
+            plan.stage_text(path, "--trace-output", text)
+        plan.commit()
+
+
+def trace_v2_files(prefix: str | Path, table: RequestTable, outcome: TraceOutcome,
+                   replayed: bool = False) -> list[tuple[str, str]]:
+    """``(path, text)`` of the two files of ``--trace-output <prefix>`` (header, then data)."""
     base = str(prefix)
     header = build_trace_header(None if replayed else table.seed,
                                 "replayed" if replayed else "generated")
     data = build_trace_csv(table, outcome, sort_by_arrival=not replayed)
-    with open(base + ".yaml", "w", encoding="utf-8", newline="") as f:
-        f.write(header)
-    with open(base + ".csv", "w", encoding="utf-8", newline="") as f:
-        f.write(data)
+    return [(base + ".yaml", header), (base + ".csv", data)]
