@@ -8,6 +8,7 @@ node is (used in messages); ``decode_struct`` maps a fixed key set to per-key de
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -65,10 +66,14 @@ def _v3_number(ctx: YamlContext, node: yaml.Node, what: str, kind: str) -> int |
         raise ctx.fail(node, f"{what}: expected {expected}, got {_value_text(node)}")
     tag, val = resolve_plain(node.value)
     if kind == "int":
-        if tag == INT and -(1 << 63) <= val < (1 << 63):
-            return int(val)
-        if tag == FLOAT and val <= 9.223372036854775807e18:
+        if tag == INT:
+            if -(1 << 63) <= val < (1 << 63):
+                return int(val)
+            raise ctx.fail(node, f"{what}: {node.value} is outside the 64-bit integer range")
+        if tag == FLOAT and -9.223372036854775808e18 <= val <= 9.223372036854775807e18:
             return int(go_f2i(val))
+        if tag == FLOAT and math.isfinite(val):  # an integer too large for int64 reads as float
+            raise ctx.fail(node, f"{what}: {node.value} is outside the 64-bit integer range")
     elif tag in (INT, FLOAT):
         return float(val)
     raise ctx.fail(node, f"{what}: expected {expected}, got {node.value!r}")

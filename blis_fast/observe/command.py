@@ -17,7 +17,6 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -136,13 +135,24 @@ def validate_flags(o: ObserveOptions) -> None:
         _fail(f"--min-tokens ({o.min_tokens}) exceeds --output-tokens ({o.output_tokens}); "
               "min_tokens must be <= the output-token mean")
     # Project addition: refuse unwritable destinations now rather than after the run.
-    paths = [("--trace-header", o.trace_header), ("--trace-data", o.trace_data)]
+    _output_plan(o)
+
+
+def _output_plan(o: ObserveOptions):
+    """The checked output paths of one observation (``blis_fast.files.OutputPlan``): every
+    file's folder exists and takes a file, none is a directory or one of the inputs."""
+    from blis_fast.files import OutputPlan
+
+    plan = OutputPlan()
+    plan.add_inputs([("--workload-spec", o.workload_spec),
+                     ("--defaults-filepath", o.defaults_filepath)])
+    plan.check_file(o.trace_header, "--trace-header")
+    plan.check_file(o.trace_data, "--trace-data")
     if o.record_itl:
-        paths.append(("--itl-output", o.itl_output or _itl_path(o)))
-    for flag, p in paths:
-        parent = Path(p).parent
-        if not parent.is_dir():
-            raise BlisInputError(f"{flag}: directory {str(parent)!r} does not exist")
+        plan.check_file(_itl_path(o), "--itl-output")
+    if o.output_dir:
+        plan.check_dir(o.output_dir, "--output-dir")
+    return plan
 
 
 def _itl_path(o: ObserveOptions) -> str:
@@ -343,32 +353,26 @@ async def _observe(o: ObserveOptions, w: Workload) -> ObserveResult:
 
 def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
     """Header, trace CSV, ITL file and Parquet, all renamed into place together (OBS-8)."""
-    from blis_fast.observe.output import (
-        AtomicFiles,
-        itl_csv,
-        observed_table,
-        trace_csv,
-        trace_header,
-    )
+    from blis_fast.observe.output import itl_csv, observed_table, trace_csv, trace_header
 
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    files = AtomicFiles()
-    try:
-        files.text(o.trace_header, trace_header(created, o.warmup_requests, w.seed,
-                                                w.header_spec, o.server_type, o.model, o.rtt_ms))
-        files.text(o.trace_data, trace_csv(r.result.observed))
+    with _output_plan(o) as plan:  # all files renamed into place together, or none
+        plan.stage_text(o.trace_header, "--trace-header",
+                        trace_header(created, o.warmup_requests, w.seed, w.header_spec,
+                                     o.server_type, o.model, o.rtt_ms))
+        plan.stage_text(o.trace_data, "--trace-data", trace_csv(r.result.observed))
         if o.record_itl:
             if not r.result.itl:
                 log.warning("--record-itl was set but no ITL data recorded (non-streaming requests?)")
-            files.text(_itl_path(o), itl_csv(r.result.itl))
+            plan.stage_text(_itl_path(o), "--itl-output", itl_csv(r.result.itl))
         if o.output_dir:
-            os.makedirs(o.output_dir, exist_ok=True)
-            files.parquet(Path(o.output_dir) / "observed_requests.parquet",
-                          observed_table(r.result.observed, r.result.start_wall_us))
-        files.commit()
-    except BaseException:
-        files.discard()
-        raise
+            import pyarrow.parquet as pq
+
+            folder = plan.make_dir(o.output_dir, "--output-dir")
+            table = observed_table(r.result.observed, r.result.start_wall_us)
+            plan.stage(folder / "observed_requests.parquet", "--output-dir",
+                       lambda tmp: pq.write_table(table, tmp))
+        plan.commit()
     log.info("Trace exported: %d records to %s / %s", len(r.result.observed), o.trace_header,
              o.trace_data)
 

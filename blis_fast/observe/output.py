@@ -9,10 +9,7 @@ renamed, so an interrupted or failed run leaves either complete files or none.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -148,43 +145,3 @@ def observed_table(observed: Sequence[Observed], start_wall_us: int) -> pa.Table
         else:  # pragma: no cover - the schema and this writer change together
             raise ValueError(f"observed_requests schema field {fld.name!r} has no writer")
     return pa.Table.from_arrays(cols, schema=schema)
-
-
-class AtomicFiles:
-    """Stage several output files as temporaries, then rename them all into place."""
-
-    def __init__(self) -> None:
-        self._staged: list[tuple[str, Path]] = []
-
-    def _temp(self, target: Path) -> str:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                   dir=str(target.parent) or ".")  # fmt: skip
-        os.close(fd)
-        self._staged.append((tmp, target))
-        return tmp
-
-    def text(self, path: str | os.PathLike, content: str) -> None:
-        target = Path(path)
-        tmp = self._temp(target)
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write(content)
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def parquet(self, path: str | os.PathLike, table: pa.Table) -> None:
-        import pyarrow.parquet as pq
-
-        target = Path(path)
-        pq.write_table(table, self._temp(target))
-
-    def commit(self) -> None:
-        for tmp, target in self._staged:
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        self._staged.clear()
-
-    def discard(self) -> None:
-        for tmp, _target in self._staged:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        self._staged.clear()
