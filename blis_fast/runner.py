@@ -486,6 +486,9 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         _fail("LLM name not provided (--model). Exiting simulation.")
     opts.values["model"] = opts.model.lower()
     latency = _resolve_latency(opts)
+    if opts.num_instances > K.MAX_INSTANCES:  # blis_fast's own limit: before any sizing
+        _fail(f"--num-instances must be <= {K.MAX_INSTANCES} (the most instances an event key "
+              f"can address), got {opts.num_instances}")
     sessions = None
     outputs_reenter = False  # replayed inputs never repeat outputs (follow-ups: ``sessions``)
     if replay:
@@ -495,9 +498,6 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
                                                               latency.total_kv_blocks)
     if opts.num_instances < 1:
         _fail("num-instances must be >= 1")
-    if opts.num_instances > K.MAX_INSTANCES:
-        _fail(f"--num-instances must be <= {K.MAX_INSTANCES} (the most instances an event key "
-              f"can address), got {opts.num_instances}")
     total_blocks = latency.total_kv_blocks
     if total_blocks <= 0:
         _fail(f"--total-kv-blocks must be > 0, got {total_blocks}")
