@@ -67,7 +67,7 @@ def _progress(stream):
               help="Exclude request ids below this (-1: each header's warm_up_requests)")
 @click.option("--network-rtt-us", default="-1", show_default=True,
               help="RTT in µs added to sim latencies (-1: each header's measured RTT)")
-@click.option("--max-evaluations", default="1500", show_default=True,
+@click.option("--max-evaluations", default="2000", show_default=True,
               help="Most replays of the trace set")
 @click.option("--time-limit", default="60", show_default=True, help="Seconds of fitting at most")
 @click.option("--seed", default="0", show_default=True, help="Seed of the optimizer's start")
