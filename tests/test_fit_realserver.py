@@ -3,6 +3,11 @@ predict the other.
 
 Marker ``realserver`` (``python -m pytest -m realserver``); skipped with the reason when vLLM
 cannot be installed or started. One server serves both loads.
+
+Measured on the shared 2-core machine (held-out mean-E2E error / E2E MAPE, default's MAPE):
+3.9 % / 13.3 % (21.7 %), 9.0 % / 14.5 % (20.4 %); a third observation with the same command
+line gave 17.5 % / 19.5 % (31.4 %). The 10 % bound is therefore near the noise of a CPU server
+shared with other jobs; it is kept as the issue states it.
 """
 
 from __future__ import annotations
