@@ -34,8 +34,9 @@ def fitted(traces, tmp_path_factory):
     out = tmp_path_factory.mktemp("fitout")
     res = invoke(["fit", "--trace-header", bh, "--trace-data", bd, "--holdout", f"{lh}:{ld}",
                   "--model", MODEL, "--seed", "0", "--out-coeffs", str(out / "c.json"),
-                  "--report", str(out / "r.json")])
+                  "--report", str(out / "r.json"), "--plot", str(out / "fit.png")])
     assert res.code == 0, res.stderr
+    assert (out / "fit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return res, json.loads((out / "c.json").read_text()), json.loads((out / "r.json").read_text())
 
 
