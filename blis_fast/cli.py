@@ -12,6 +12,7 @@ from blis_fast import workload_cli
 from blis_fast.calibrate import cli as calibrate_cli
 from blis_fast.errors import BlisError
 from blis_fast.evolve import cli as evolve_cli
+from blis_fast.fit import cli as fit_cli
 from blis_fast.observe import command as observe_command
 from blis_fast.options import REPLAY_ONLY_FLAGS, RUN_OPTIONS, WORKLOAD_FLAGS, build_options
 from blis_fast.sweep import cli as sweep_cli
@@ -59,6 +60,7 @@ sweep_cli.register(main_group)
 calibrate_cli.register(main_group)
 observe_command.register(main_group)
 evolve_cli.register(main_group)
+fit_cli.register(main_group)
 
 
 def _numba_without_scipy() -> None:

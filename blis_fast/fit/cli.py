@@ -1,0 +1,193 @@
+"""The ``blis fit`` command: fit blackbox α/β to observed traces, report, plot, predict holdouts.
+
+The documented way to use the result: the printed ``--latency-model blackbox --alpha-coeffs
+... --beta-coeffs ...`` flags, pasted into ``blis run``/``replay``. Every input is checked before
+the fit starts; output files are written atomically after it, all or none.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import click
+
+_PASSED = ("model", "hardware", "tp", "vllm-version", "total-kv-blocks", "max-num-running-reqs",
+           "max-num-scheduled-tokens", "num-instances")
+
+
+def _fail(msg: str):
+    from blis_fast.errors import BlisConfigError
+
+    raise BlisConfigError(msg)
+
+
+def _number(name: str, text: str, *, integer: bool = False) -> float:
+    from blis_fast.calibrate.cli import _float_flag, _int_flag
+
+    return _int_flag(name, text) if integer else _float_flag(name, text)
+
+
+def _progress(stream):
+    """An evaluation counter redrawn on a terminal (nothing when stderr is not one)."""
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+
+    def show(count: int, loss: float, best: float) -> None:
+        stream.write(f"\rfit: evaluation {count}, loss {loss:.4f}, best {best:.4f}\x1b[K")
+        stream.flush()
+
+    return show
+
+
+@click.command("fit")
+@click.option("--trace-header", multiple=True, metavar="FILE", help="Observed trace header "
+              "(from blis observe); repeat with --trace-data for several traces (required)")
+@click.option("--trace-data", multiple=True, metavar="FILE", help="Observed trace CSV (required)")
+@click.option("--itl-data", multiple=True, metavar="FILE", help="ITL chunk CSV of each trace "
+              "(from --record-itl): adds the ITL metric; give one per trace or none")
+@click.option("--holdout", multiple=True, metavar="HEADER:DATA[:ITL]",
+              help="A trace not used in the fit: its calibrate figures go to the report")
+@click.option("--model", default="", help="LLM name for the replay (required)")
+@click.option("--hardware", default=None, help="GPU type for the replay")
+@click.option("--tp", default=None, help="Tensor parallelism for the replay")
+@click.option("--vllm-version", default=None, help="vLLM version for the replay")
+@click.option("--total-kv-blocks", default=None, help="KV blocks per instance")
+@click.option("--max-num-running-reqs", default=None, help="Max requests in a running batch")
+@click.option("--max-num-scheduled-tokens", default=None, help="Token budget per step")
+@click.option("--num-instances", default=None, help="Instances serving the trace")
+@click.option("--latency-model", default="blackbox", show_default=True,
+              help="Backend to fit (blackbox only so far)")
+@click.option("--weight-ttft", default="1", show_default=True, help="Loss weight of TTFT MAPE")
+@click.option("--weight-itl", default="1", show_default=True,
+              help="Loss weight of ITL MAPE (used with --itl-data)")
+@click.option("--weight-e2e", default="1", show_default=True, help="Loss weight of E2E MAPE")
+@click.option("--warmup-requests", default="-1", show_default=True,
+              help="Exclude request ids below this (-1: each header's warm_up_requests)")
+@click.option("--network-rtt-us", default="-1", show_default=True,
+              help="RTT in µs added to sim latencies (-1: each header's measured RTT)")
+@click.option("--max-evaluations", default="2000", show_default=True,
+              help="Most replays of the trace set")
+@click.option("--time-limit", default="60", show_default=True, help="Seconds of fitting at most")
+@click.option("--seed", default="0", show_default=True, help="Seed of the optimizer's start")
+@click.option("--out-coeffs", default="", metavar="FILE", help="Write the fitted coefficients "
+              "(JSON: latency_model, alpha_coeffs, beta_coeffs)")
+@click.option("--report", default="", metavar="FILE", help="Write the fit report JSON")
+@click.option("--plot", "plot_path", default="", metavar="FILE",
+              help="Draw the loss curve and observed vs predicted per metric (.png, .svg, .pdf)")
+def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_model, weight_ttft,
+                weight_itl, weight_e2e, warmup_requests, network_rtt_us, max_evaluations,
+                time_limit, seed, out_coeffs, report, plot_path, **replay) -> None:
+    """Fit the latency model's coefficients so replays reproduce observed traces."""
+    from blis_fast.calibrate.cli import _write
+    from blis_fast.fit.problem import load_fit_trace
+
+    if not trace_header or not trace_data:
+        _fail("--trace-header and --trace-data are required")
+    if len(trace_header) != len(trace_data):
+        _fail(f"--trace-header given {len(trace_header)} times but --trace-data "
+              f"{len(trace_data)} times; give them in pairs")
+    if itl_data and len(itl_data) != len(trace_header):
+        _fail(f"--itl-data given {len(itl_data)} times for {len(trace_header)} traces; "
+              f"give one per trace or none")
+    if not model:
+        _fail("--model is required")
+    if latency_model != "blackbox":
+        _fail(f"--latency-model: only blackbox can be fitted so far, got {latency_model!r}")
+    weights = {m: _number(f"weight-{m}", v) for m, v in
+               (("ttft", weight_ttft), ("itl", weight_itl), ("e2e", weight_e2e))}
+    for m, w in weights.items():
+        if not math.isfinite(w) or w < 0:
+            _fail(f"--weight-{m} must be a finite number >= 0, got {w}")
+    if not any(weights[m] > 0 for m in ("ttft", "e2e")) and not (itl_data and weights["itl"] > 0):
+        _fail("every loss weight is 0 (--weight-itl counts only with --itl-data)")
+    warm_up = int(_number("warmup-requests", warmup_requests, integer=True))
+    rtt = int(_number("network-rtt-us", network_rtt_us, integer=True))
+    max_evals = int(_number("max-evaluations", max_evaluations, integer=True))
+    if max_evals < 1:
+        _fail(f"--max-evaluations must be >= 1, got {max_evals}")
+    limit = _number("time-limit", time_limit)
+    if not math.isfinite(limit) or limit <= 0:
+        _fail(f"--time-limit must be a number of seconds > 0, got {time_limit}")
+    seed_value = int(_number("seed", seed, integer=True))
+    if plot_path:
+        from blis_fast.calibrate.plot import check_plot_path
+
+        plot_format = check_plot_path(plot_path)
+    holdouts = []
+    for spec in holdout:
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or not all(parts):
+            _fail(f"--holdout {spec!r}: expected HEADER:DATA or HEADER:DATA:ITL")
+        holdouts.append(parts)
+    base = {name.replace("-", "_"): value for name, value in
+            (("model", model), *((k.replace("_", "-"), v) for k, v in replay.items()))
+            if value is not None}
+    traces = [load_fit_trace(h, d, itl_data[i] if itl_data else None, warmup_requests=warm_up,
+                             network_rtt_us=rtt)
+              for i, (h, d) in enumerate(zip(trace_header, trace_data, strict=True))]
+    held = [load_fit_trace(p[0], p[1], p[2] if len(p) == 3 else None, warmup_requests=warm_up,
+                           network_rtt_us=rtt) for p in holdouts]
+    from blis_fast.fit.optimize import initial_guess
+    from blis_fast.fit.problem import simulate
+
+    guess = initial_guess(traces)
+    for ft in traces + held:  # refuses bad replay flags and traces before the fit starts
+        simulate(ft, base, "blackbox", guess[:3], guess[3:])
+    from blis_fast.fit.optimize import fit
+    from blis_fast.fit.report import build_fit_report
+
+    result = fit(traces, base, weights, max_evaluations=max_evals, time_limit_s=limit,
+                 seed=seed_value, on_evaluation=_progress(sys.stderr))
+    if _progress(sys.stderr) is not None:
+        sys.stderr.write("\n")
+    fit_report, figures = build_fit_report(result, traces, held, base, weights)
+    outputs: list[tuple[str, str, bytes]] = []
+    if out_coeffs:
+        coeffs = {"latency_model": "blackbox", "alpha_coeffs": list(result.alpha),
+                  "beta_coeffs": list(result.beta)}
+        outputs.append(("out-coeffs", out_coeffs, (json.dumps(coeffs, indent=2) + "\n").encode()))
+    if report:
+        outputs.append(("report", report, (json.dumps(fit_report, indent=2) + "\n").encode()))
+    if plot_path:
+        from blis_fast.calibrate.plot import render_plot
+        from blis_fast.fit.plot import plot_fit
+
+        outputs.append(("plot", plot_path, render_plot(plot_fit(result, figures), plot_format)))
+    written: list[str] = []
+    try:
+        for flag, path, data in outputs:
+            _write(flag, path, data)
+            written.append(path)
+    except BaseException:
+        import os
+
+        for path in written:
+            os.unlink(path)
+        raise
+    for line in summary_lines(fit_report):
+        sys.stderr.write(line + "\n")
+    sys.stdout.write(paste_flags(result.alpha, result.beta) + "\n")
+
+
+def paste_flags(alpha, beta) -> str:
+    """The ``blis run``/``replay`` flags of fitted blackbox coefficients (full precision)."""
+    return (f"--latency-model blackbox --alpha-coeffs {','.join(repr(float(a)) for a in alpha)} "
+            f"--beta-coeffs {','.join(repr(float(b)) for b in beta)}")
+
+
+def summary_lines(fit_report: dict) -> list[str]:
+    """One line for the fit, one per trace with its MAPE per metric."""
+    lines = [f"fit: {len(fit_report['losses'])} evaluations in {fit_report['seconds']:.1f} s "
+             f"({fit_report['stopped']}), loss {fit_report['loss']:.4f}"]
+    for entry in fit_report["traces"] + fit_report["holdout"]:
+        figures = ", ".join(f"{m} MAPE {v['request_level']['mape'] * 100:.1f}%"
+                            for m, v in entry["calibration"]["metrics"].items())
+        lines.append(f"fit: {entry['role']} {entry['trace_data']}: {figures}")
+    return lines
+
+
+def register(main_group: click.Group) -> None:
+    """Add ``fit`` to the ``blis`` command group."""
+    main_group.add_command(fit_command)

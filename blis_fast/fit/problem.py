@@ -1,0 +1,114 @@
+"""The fit's objective: replay observed traces with candidate coefficients and score them.
+
+Scoring reuses calibrate's loader, pairing rules and MAPE, so a trace's figures here equal the
+ones ``blis calibrate`` reports for a replay with the same coefficients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from blis_fast.calibrate.calibration import UNSET, resolve_rtt_us
+from blis_fast.calibrate.inputs import (
+    ITLData,
+    ObservedTrace,
+    SimResult,
+    load_itl,
+    load_observed_trace,
+)
+from blis_fast.calibrate.pairing import CalibrationPairs, pair_requests
+from blis_fast.calibrate.report import build_report
+from blis_fast.calibrate.stats import mape_and_bias
+from blis_fast.errors import BlisInputError
+
+__all__ = ["METRICS", "FitTrace", "load_fit_trace", "metric_mapes", "pair_trace", "simulate",
+           "trace_loss"]
+
+METRICS = ("ttft", "itl", "e2e")
+
+
+@dataclass
+class FitTrace:
+    """One observed trace with its resolved warm-up and RTT (as calibrate resolves them)."""
+
+    header_path: str
+    data_path: str
+    itl_path: str | None
+    trace: ObservedTrace
+    itl: ITLData | None
+    warm_up: int
+    rtt_us: int
+
+
+def load_fit_trace(header_path: str, data_path: str, itl_path: str | None = None, *,
+                   warmup_requests: int = UNSET, network_rtt_us: int = UNSET) -> FitTrace:
+    """Load a trace v2 header + CSV (and ITL file); -1 takes warm-up/RTT from the header."""
+    trace = load_observed_trace(header_path, data_path)
+    if trace.records.request_id.size == 0:
+        raise BlisInputError(f"--trace-data {data_path}: no requests in the trace")
+    itl = load_itl(itl_path) if itl_path else None
+    warm_up = trace.warm_up_requests if warmup_requests == UNSET else warmup_requests
+    return FitTrace(header_path, data_path, itl_path, trace, itl, warm_up,
+                    resolve_rtt_us(network_rtt_us, trace))
+
+
+def sim_results(requests: Any) -> list[SimResult]:
+    """The SimResults ``blis replay --results-path`` would write for these request columns."""
+    ids = np.asarray(requests.request_id).astype(str).tolist()
+    ttft = np.asarray(requests.ttft_us, dtype=np.float64)
+    e2e = np.asarray(requests.e2e_us, dtype=np.float64)
+    pre = np.asarray(requests.num_prefill_tokens, dtype=np.int64).tolist()
+    dec = np.asarray(requests.num_decode_tokens, dtype=np.int64).tolist()
+    out: list[SimResult] = []
+    for i in np.flatnonzero(~np.isnan(ttft) & ~np.isnan(e2e)).tolist():
+        text = ids[i].removeprefix("request_")
+        if not text.lstrip("-").isdigit():
+            continue
+        out.append(SimResult(int(text), float(ttft[i]), float(e2e[i]), pre[i], dec[i]))
+    out.sort(key=lambda s: s.request_id)
+    return out
+
+
+def simulate(ft: FitTrace, base_options: dict[str, Any], latency_model: str,
+             alpha: tuple[float, ...], beta: tuple[float, ...]) -> list[SimResult]:
+    """Replay ``ft`` in-process with the given coefficients (diagnostics silenced)."""
+    from blis_fast.options import build_options
+    from blis_fast.runner import execute_replay
+
+    opts = dict(base_options, trace_header=ft.header_path, trace_data=ft.data_path,
+                latency_model=latency_model, alpha_coeffs=tuple(alpha),
+                beta_coeffs=tuple(beta), log="error")
+    return sim_results(execute_replay(build_options(opts, keywords=True)).requests)
+
+
+def pair_trace(ft: FitTrace, sims: list[SimResult]) -> CalibrationPairs:
+    """Calibrate's pairs of the trace with a replay's SimResults (no bandwidth delay)."""
+    return pair_requests(ft.trace.records, sims, warm_up=ft.warm_up, rtt_us=ft.rtt_us,
+                         bandwidth_mbps=0.0, itl=ft.itl)
+
+
+def metric_mapes(pairs: CalibrationPairs) -> dict[str, float]:
+    """Request-level MAPE (a fraction) of each metric that has pairs."""
+    out: dict[str, float] = {}
+    for name in METRICS:
+        vec = getattr(pairs, name)
+        if vec.real:
+            out[name] = mape_and_bias(vec.real, vec.sim)[0]
+    return out
+
+
+def trace_loss(mapes: dict[str, float], weights: dict[str, float]) -> float:
+    """Weighted mean of the MAPEs present (a metric without pairs drops out of the weights)."""
+    used = [(weights[m], mapes[m]) for m in METRICS if m in mapes and weights[m] > 0]
+    total = sum(w for w, _ in used)
+    if total == 0:
+        return float("nan")
+    return sum(w * v for w, v in used) / total
+
+
+def trace_report(ft: FitTrace, sims: list[SimResult]) -> dict:
+    """The calibrate report of one trace (trace info and per-metric figures)."""
+    return build_report(pair_trace(ft, sims))

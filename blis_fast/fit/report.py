@@ -1,0 +1,47 @@
+"""The fit report: losses, fitted values with bounds, calibrate figures per trace and holdout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blis_fast.calibrate.pairing import CalibrationPairs
+from blis_fast.calibrate.report import build_report
+from blis_fast.fit.optimize import BLACKBOX_BOUNDS, BLACKBOX_NAMES, FREE, FitResult
+from blis_fast.fit.problem import FitTrace, pair_trace, simulate
+
+__all__ = ["build_fit_report"]
+
+
+def build_fit_report(result: FitResult, traces: list[FitTrace], holdout: list[FitTrace],
+                     base_options: dict[str, Any], weights: dict[str, float]
+                     ) -> tuple[dict, list[tuple[str, CalibrationPairs]]]:
+    """The report dict and the (role, pairs) of every trace, replayed with the fitted values."""
+    entries, figures = [], []
+    for role, group in (("fit", traces), ("holdout", holdout)):
+        for ft in group:
+            pairs = pair_trace(ft, simulate(ft, base_options, "blackbox", result.alpha,
+                                            result.beta))
+            figures.append((role, pairs))
+            entries.append({"role": role, "trace_header": ft.header_path,
+                            "trace_data": ft.data_path, "itl_data": ft.itl_path,
+                            "calibration": build_report(pairs)})
+    coefficients = [
+        {"name": name, "value": value, "initial": start, "lower": lo, "upper": hi,
+         "fitted": k in FREE}
+        for k, (name, value, start, (lo, hi)) in enumerate(zip(
+            BLACKBOX_NAMES, result.coefficients, result.initial, BLACKBOX_BOUNDS, strict=True))
+    ]
+    report = {
+        "latency_model": "blackbox",
+        "alpha_coeffs": list(result.alpha),
+        "beta_coeffs": list(result.beta),
+        "coefficients": coefficients,
+        "weights": weights,
+        "loss": result.loss,
+        "stopped": result.stopped,
+        "seconds": result.seconds,
+        "losses": result.losses,
+        "traces": [e for e in entries if e["role"] == "fit"],
+        "holdout": [e for e in entries if e["role"] == "holdout"],
+    }
+    return report, figures
