@@ -80,7 +80,7 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
                 weight_itl, weight_e2e, warmup_requests, network_rtt_us, max_evaluations,
                 time_limit, seed, out_coeffs, report, plot_path, **replay) -> None:
     """Fit the latency model's coefficients so replays reproduce observed traces."""
-    from blis_fast.calibrate.cli import _write
+    from blis_fast.files import OutputPlan
     from blis_fast.fit.problem import load_fit_trace
 
     if not trace_header or not trace_data:
@@ -115,6 +115,14 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
         from blis_fast.calibrate.plot import check_plot_path
 
         plot_format = check_plot_path(plot_path)
+    plan = OutputPlan()  # every output checked before the fit, written together after it
+    plan.add_inputs([*(("--trace-header", h) for h in trace_header),
+                     *(("--trace-data", d) for d in trace_data),
+                     *(("--itl-data", i) for i in itl_data)])
+    for flag, path in (("--out-coeffs", out_coeffs), ("--report", report),
+                       ("--plot", plot_path)):
+        if path:
+            plan.check_file(path, flag)
     holdouts = []
     for spec in holdout:
         parts = spec.split(":")
@@ -155,17 +163,10 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
         from blis_fast.fit.plot import plot_fit
 
         outputs.append(("plot", plot_path, render_plot(plot_fit(result, figures), plot_format)))
-    written: list[str] = []
-    try:
+    with plan:
         for flag, path, data in outputs:
-            _write(flag, path, data)
-            written.append(path)
-    except BaseException:
-        import os
-
-        for path in written:
-            os.unlink(path)
-        raise
+            plan.stage(path, f"--{flag}", data)
+        plan.commit()
     for line in summary_lines(fit_report):
         sys.stderr.write(line + "\n")
     sys.stdout.write(paste_flags(result.alpha, result.beta) + "\n")
