@@ -197,13 +197,7 @@ def _generate(opts: RunOptions, horizon: int, total_blocks: int
         _fail("--workload and --workload-spec both choose the workload; give one of them")
     if opts.concurrency > 0 and opts.given("rate"):
         _fail("--concurrency and --rate are mutually exclusive; use one or the other")
-    params = DistributionParams(
-        rate=opts.rate, num_requests=opts.num_requests, prefix_tokens=opts.prefix_tokens,
-        prompt_tokens_mean=opts.prompt_tokens, prompt_tokens_stdev=opts.prompt_tokens_stdev,
-        prompt_tokens_min=opts.prompt_tokens_min, prompt_tokens_max=opts.prompt_tokens_max,
-        output_tokens_mean=opts.output_tokens, output_tokens_stdev=opts.output_tokens_stdev,
-        output_tokens_min=opts.output_tokens_min, output_tokens_max=opts.output_tokens_max,
-    )
+    params = DistributionParams.from_flags(opts)
     timeout_applies = True
     if opts.workload_spec:
         if opts.concurrency > 0:

@@ -224,13 +224,7 @@ def build_workload(o: ObserveOptions) -> Workload:
         spec = synthesize_from_preset(preset, o.rate, o.num_requests, seed=o.seed)
         header_spec = "preset:" + o.workload
     else:
-        params = DistributionParams(
-            rate=o.rate, num_requests=o.num_requests, prefix_tokens=o.prefix_tokens,
-            prompt_tokens_mean=o.prompt_tokens, prompt_tokens_stdev=o.prompt_tokens_stdev,
-            prompt_tokens_min=o.prompt_tokens_min, prompt_tokens_max=o.prompt_tokens_max,
-            output_tokens_mean=o.output_tokens, output_tokens_stdev=o.output_tokens_stdev,
-            output_tokens_min=o.output_tokens_min, output_tokens_max=o.output_tokens_max,
-        )  # fmt: skip
+        params = DistributionParams.from_flags(o)
         validate_distribution_params(params)
         if o.concurrency > 0:
             spec = synthesize_concurrency(params, o.concurrency, o.think_time_ms,

@@ -49,6 +49,19 @@ class DistributionParams:
     output_tokens_min: int = 2
     output_tokens_max: int = 7000
 
+    @classmethod
+    def from_flags(cls, flags: Any) -> DistributionParams:
+        """The parameters of an object carrying the distribution flags as attributes named
+        like the options (``rate``, ``prompt_tokens``, ``prompt_tokens_stdev``, ...): the parsed
+        options of ``blis run`` and of ``blis observe``."""
+        return cls(
+            rate=flags.rate, num_requests=flags.num_requests, prefix_tokens=flags.prefix_tokens,
+            prompt_tokens_mean=flags.prompt_tokens, prompt_tokens_stdev=flags.prompt_tokens_stdev,
+            prompt_tokens_min=flags.prompt_tokens_min, prompt_tokens_max=flags.prompt_tokens_max,
+            output_tokens_mean=flags.output_tokens, output_tokens_stdev=flags.output_tokens_stdev,
+            output_tokens_min=flags.output_tokens_min, output_tokens_max=flags.output_tokens_max,
+        )
+
 
 def _gaussian(mean: int, std: int, lo: int, hi: int) -> DistSpec:
     """Gaussian DistSpec with float params, as the reference builds them."""
