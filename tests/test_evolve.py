@@ -247,3 +247,26 @@ def test_a_benchmark_the_simulator_refuses_is_named_as_such():
     record = evaluate_source(LEAST_LOADED, "scorer", benchmark_from_dict(data))
     assert record["error"]["kind"] == "benchmark"
     assert "--routing-latency must be >= 0" in record["error"]["message"]
+
+
+def test_evolve_files_go_through_the_shared_file_checks(tmp_path, monkeypatch):
+    """A FIFO candidate or benchmark is refused at once (no hang), a deeply nested benchmark
+    is refused before composing, and ``init`` onto a path that is a file writes nothing."""
+    import os
+
+    from _cli import invoke
+
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "cand.fifo")
+    res = invoke(["evolve", "eval", "cand.fifo"])
+    assert res.code == 2 and len(res.stderr.splitlines()) == 1 and "cand.fifo" in res.stderr
+    (tmp_path / "deep.yaml").write_text("[" * 500 + "]" * 500)
+    (tmp_path / "cand.py").write_text("def score(x):\n    return 0.0\n")
+    res = invoke(["evolve", "eval", "cand.py", "--benchmark", "deep.yaml"])
+    assert res.code == 2 and "deep.yaml" in res.stderr and "Traceback" not in res.stderr
+    (tmp_path / "taken").write_text("not a folder")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = invoke(["evolve", "init", "openevolve", "--out", "taken"])
+    assert res.code == 2 and len(res.stderr.splitlines()) == 1 and "--out" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "taken").read_text() == "not a folder"

@@ -144,8 +144,8 @@ def write_openevolve_files(out_dir: str | Path, target: str, bench: Benchmark, *
                            memory_mb: int = DEFAULT_MEMORY_MB) -> list[Path]:
     """Write evaluator.py, initial_program.py, config.yaml and benchmark.yaml into
     ``out_dir``; returns the paths written."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from blis_fast.files import OutputPlan
+
     files = {
         "evaluator.py": EVALUATOR_TEMPLATE.format(target=target, function=FUNCTION_NAMES[target],
                                                   timeout=timeout_s, memory=memory_mb),
@@ -154,11 +154,15 @@ def write_openevolve_files(out_dir: str | Path, target: str, bench: Benchmark, *
                                       width=100),
         "benchmark.yaml": yaml.safe_dump(bench.to_dict(), sort_keys=False),
     }
-    written = []
-    for name, text in files.items():
-        (out / name).write_text(text)
-        written.append(out / name)
-    return written
+    with OutputPlan() as plan:  # checked, then written together (or not at all)
+        plan.check_dir(out_dir, "--out")
+        out = plan.make_dir(out_dir, "--out")
+        for name in files:
+            plan.check_file(out / name, "--out")
+        for name, text in files.items():
+            plan.stage_text(out / name, "--out", text)
+        plan.commit()
+    return [out / name for name in files]
 
 
 _EVALUATORS: dict[tuple, Evaluator] = {}

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from blis_fast.errors import BlisConfigError
+from blis_fast.files import check_yaml_limits, read_input_text
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 
@@ -202,9 +203,13 @@ def load_benchmark(path: str | os.PathLike | None) -> Benchmark:
     if path is None:
         return default_benchmark()
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        text = read_input_text(path)
+        check_yaml_limits(text)  # depth and alias bounds before composing
+        data = yaml.safe_load(text)
     except OSError as exc:
         raise BlisConfigError(f"--benchmark: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise BlisConfigError(f"--benchmark: {path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0]
         raise BlisConfigError(f"--benchmark: {path} is not valid YAML: {first}") from None

@@ -64,9 +64,10 @@ def eval_command(candidate: str, target: str, benchmark: str | None, stage: str,
 
     if timeout_s <= 0 or memory_mb <= 0:
         raise BlisConfigError("--timeout and --memory-mb must be > 0")
+    from blis_fast.files import read_input_text
+
     try:
-        with open(candidate, encoding="utf-8") as fh:
-            source = fh.read()
+        source = read_input_text(candidate)
     except OSError as exc:
         raise BlisConfigError(f"CANDIDATE: cannot read {candidate}: {exc.strerror}") from None
     except UnicodeDecodeError:
