@@ -162,6 +162,13 @@ def check_yaml_limits(text: str, max_depth: int = MAX_YAML_DEPTH,
             if total > max_nodes or counts[-1] > max_nodes:
                 raise YamlLimitError(None, None, f"the document expands to more than {max_nodes}"
                                      " nodes through aliases", ev.start_mark)
+    except yaml.MarkedYAMLError as exc:
+        # libyaml >= 0.2.5 scans ahead and stops a deep document with its own nesting limit
+        # before the events reach the check above: the same refusal, in the same words
+        if "maximum nesting depth" not in str(exc.problem or ""):
+            raise
+        raise YamlLimitError(None, None, f"nesting is deeper than {max_depth} levels",
+                             exc.problem_mark) from None
     finally:
         loader.dispose()
 
