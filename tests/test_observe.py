@@ -122,7 +122,10 @@ class Misbehaving:
         self.in_flight -= 1
         payload = json.dumps({"usage": {"prompt_tokens": 5, "completion_tokens": 3},
                               "choices": [{"finish_reason": "length"}]}).encode()
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+        # the handler closes the connection after answering: say so, or the client may reuse
+        # it for its next request and lose the race with the close (a stray "error" row)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                     % len(payload) + payload)
         await writer.drain()
 
     async def _stall(self, writer, body) -> None:
