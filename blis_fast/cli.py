@@ -106,10 +106,15 @@ def _numba_without_scipy() -> None:
 @click.pass_context
 def run_command(ctx: click.Context, **raw: object) -> None:
     """Generate a workload and simulate it; print the reference's metrics on stdout."""
-    _numba_without_scipy()
-    from blis_fast.runner import execute_run
+    _simulate_and_print(ctx, raw, replay=False)
 
-    result = execute_run(build_options(_given(ctx, raw)))
+
+def _simulate_and_print(ctx: click.Context, raw: dict, replay: bool) -> None:
+    """``blis run``/``blis replay``: build the options from the given flags, run, print."""
+    _numba_without_scipy()
+    from blis_fast.runner import execute_replay, execute_run
+
+    result = (execute_replay if replay else execute_run)(build_options(_given(ctx, raw)))
     sys.stdout.write(result.stdout)
     sys.stdout.flush()
 
@@ -130,12 +135,7 @@ def _add_replay_options(func):
 @click.pass_context
 def replay_command(ctx: click.Context, **raw: object) -> None:
     """Simulate the exact requests of a trace v2 (header + CSV); print the metrics on stdout."""
-    _numba_without_scipy()
-    from blis_fast.runner import execute_replay
-
-    result = execute_replay(build_options(_given(ctx, raw)))
-    sys.stdout.write(result.stdout)
-    sys.stdout.flush()
+    _simulate_and_print(ctx, raw, replay=True)
 
 
 class _CurrentStderrHandler(logging.StreamHandler):
