@@ -60,10 +60,11 @@ def test_kernel_codes_are_distinct_within_a_family(name):
 
 
 def test_valid_names_and_help_come_from_the_registries():
-    assert ADMISSION.valid_names() == ("always-admit", "gaie-legacy", "reject-all", "tier-shed",
-                                       "token-bucket")
-    assert family("latency_backends").valid_names() == (
-        "blackbox", "crossmodel", "roofline", "trained-physics", "trained-roofline")
+    names = ADMISSION.valid_names()
+    assert names == tuple(sorted(names)) and "custom" not in names  # a user-function entry
+    assert {"always-admit", "gaie-legacy", "reject-all", "tier-shed", "token-bucket"} <= set(names)
+    assert {"blackbox", "crossmodel", "roofline", "trained-physics", "trained-roofline"} <= set(
+        family("latency_backends").valid_names())
     assert "custom" in SCORERS and "custom" not in SCORERS.valid_names()
     assert OPTIONS_BY_FLAG["scheduler"].help_text() == (
         "instance scheduler: fcfs, priority-fcfs, reverse-priority, sjf; custom through the "
@@ -76,11 +77,13 @@ def test_valid_names_and_help_come_from_the_registries():
 
 
 def test_admission_reasons_cover_every_kernel_reason():
-    assert admission_reasons() == {
-        R.REASON_NONE: "", R.REASON_REJECT_ALL: "reject-all",
-        R.REASON_NO_TOKENS: "insufficient tokens", R.REASON_TIER_SHED: "tier-shed",
-        R.REASON_GAIE: "gaie-saturated", R.REASON_TENANT_BUDGET: "tenant-budget-shed",
-        R.REASON_CUSTOM: "custom"}
+    """Every reason code the kernel can record has its decision-trace text (CLU-6)."""
+    reasons = admission_reasons()
+    codes = {getattr(R, name) for name in dir(R) if name.startswith("REASON_")}
+    assert set(reasons) == codes
+    assert (reasons[R.REASON_NONE], reasons[R.REASON_NO_TOKENS], reasons[R.REASON_GAIE],
+            reasons[R.REASON_TENANT_BUDGET]) == ("", "insufficient tokens", "gaie-saturated",
+                                                 "tenant-budget-shed")
 
 
 def test_a_scorer_must_say_whether_it_reads_the_cache():
