@@ -60,7 +60,7 @@ def _add_run_options(func, skip: frozenset[str] = REPLAY_ONLY_FLAGS):
             continue
         option = {"cls": _RunOption, "spec": spec}
         if spec.kind == "bool":
-            func = click.option(f"--{spec.flag}", spec.field, is_flag=True, default=False,
+            func = click.option(f"--{spec.flag}", spec.field, is_flag=True, default=spec.default,
                                 **option)(func)
         elif spec.kind == "floats":  # pflag Float64Slice: a repeated flag appends its items
             func = click.option(f"--{spec.flag}", spec.field, type=str, multiple=True,

@@ -53,6 +53,7 @@ import blis_fast
 from blis_fast.engine import simulate as sim_mod
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisConfigError
+from blis_fast.gonum import INT64_MAX
 from blis_fast.kernels import engine as K
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.latency import queueing_time
@@ -65,7 +66,6 @@ from blis_fast.policies.scheduler import SCHEDULER
 from blis_fast.runner import prepare
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
-INT64_MAX = (1 << 63) - 1
 MAX_TOKENS_PER_REQUEST = 1024  # keeps the whole file fast; the cache bound is the real limit
 # The CPU KV tier (kv_cpu_blocks > 0) reloads blocks when a GPU allocation fails. Those reloads
 # used to overflow a request's block list (TIERED_POOL_OVERFLOW, fixed in 30c545d); set
