@@ -191,7 +191,8 @@ def select_policies(opts: Any, hooks: Any) -> Policies:
     """
     b = load_policy_bundle(opts.policy_config) if opts.policy_config else PolicyBundle()
 
-    def chosen(flag_field: str, bundle_value: str) -> str:
+    def chosen(registry: Any, bundle_value: str) -> str:
+        flag_field = registry.flag.replace("-", "_")
         given = opts.given(flag_field)
         return bundle_value if bundle_value and not given else getattr(opts, flag_field)
 
@@ -205,30 +206,28 @@ def select_policies(opts: Any, hooks: Any) -> Policies:
             elif p.bundle_default is not None and b.admission_policy == policy.name:
                 value = p.bundle_default
             params[p.key] = value
-    pol = Policies(admission=chosen("admission_policy", b.admission_policy),
-                   routing=chosen("routing_policy", b.routing_policy),
-                   priority=chosen("priority_policy", b.priority_policy),
-                   scheduler=chosen("scheduler", b.scheduler),
+    pol = Policies(admission=chosen(ADMISSION, b.admission_policy),
+                   routing=chosen(ROUTING, b.routing_policy),
+                   priority=chosen(PRIORITY, b.priority_policy),
+                   scheduler=chosen(SCHEDULER, b.scheduler),
                    scorers=tuple(b.scorers), params=params,
                    slo_priorities=dict(b.slo_priorities or {}),
                    tenant_budgets=dict(b.tenant_budgets or {}))
     selected = ADMISSION.entries.get(pol.admission)
     for p in selected.params if selected is not None else ():
-        message = p.check.error(p.flag, params[p.key]) if p.check is not None else None
+        message = p.check.error(p.flag or p.key, params[p.key]) if p.check else None
         if message is not None:
             raise BlisConfigError(message)
-    for flag, name, registry in (("admission-policy", pol.admission, ADMISSION),
-                                 ("routing-policy", pol.routing, ROUTING),
-                                 ("priority-policy", pol.priority, PRIORITY),
-                                 ("scheduler", pol.scheduler, SCHEDULER)):
+    for registry, name in ((ADMISSION, pol.admission), (ROUTING, pol.routing),
+                           (PRIORITY, pol.priority), (SCHEDULER, pol.scheduler)):
         entry = registry.entries.get(name)
         if name == "custom":  # a user function's entry (admission, scheduler)
             if entry is None or getattr(hooks, entry.hook, None) is None:
                 raise BlisConfigError(
-                    f"--{flag} custom needs a user function: pass it through the Python API "
+                    f"--{registry.flag} custom needs a user function: pass it through the Python API "
                     "(blis_fast.run(..., custom_admission=... / custom_scheduler_key=...))")
         elif name and entry is None:
-            raise BlisConfigError(f"--{flag}: unknown value {name!r}. Valid: "
+            raise BlisConfigError(f"--{registry.flag}: unknown value {name!r}. Valid: "
                                   + ", ".join(registry.valid_names()))
     return pol
 
