@@ -14,7 +14,13 @@ from blis_fast.errors import BlisError
 from blis_fast.evolve import cli as evolve_cli
 from blis_fast.fit import cli as fit_cli
 from blis_fast.observe import command as observe_command
-from blis_fast.options import REPLAY_ONLY_FLAGS, RUN_OPTIONS, WORKLOAD_FLAGS, build_options
+from blis_fast.options import (
+    REPLAY_ONLY_FLAGS,
+    RUN_OPTIONS,
+    WORKLOAD_FLAGS,
+    OptionSpec,
+    build_options,
+)
 from blis_fast.sweep import cli as sweep_cli
 
 EXIT_USAGE = 2
@@ -32,21 +38,36 @@ def _not_a_flag(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value
 
 
+class _RunOption(click.Option):
+    """A ``blis run`` flag whose help text is made when help is shown: a policy flag's lists
+    its registry's names, and the registries are not loaded otherwise."""
+
+    def __init__(self, *args, spec: OptionSpec, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.spec = spec
+
+    def get_help_record(self, ctx: click.Context):
+        text = self.spec.help_text()
+        self.help = text if self.spec.kind == "bool" else (
+            f"{text} [default: {self.spec.default}]")
+        return super().get_help_record(ctx)
+
+
 def _add_run_options(func, skip: frozenset[str] = REPLAY_ONLY_FLAGS):
     """Attach the RUN_OPTIONS flags (minus ``skip``) to a click command (raw string values)."""
     for spec in reversed(RUN_OPTIONS):
         if spec.flag in skip:
             continue
+        option = {"cls": _RunOption, "spec": spec}
         if spec.kind == "bool":
-            func = click.option(f"--{spec.flag}", spec.field, is_flag=True, default=False,
-                                help=spec.help)(func)
+            func = click.option(f"--{spec.flag}", spec.field, is_flag=True, default=spec.default,
+                                **option)(func)
         elif spec.kind == "floats":  # pflag Float64Slice: a repeated flag appends its items
             func = click.option(f"--{spec.flag}", spec.field, type=str, multiple=True,
-                                help=f"{spec.help} [default: {spec.default}]")(func)
+                                **option)(func)
         else:
             func = click.option(f"--{spec.flag}", spec.field, type=str, default=None,
-                                show_default=False, help=f"{spec.help} [default: {spec.default}]",
-                                callback=_not_a_flag)(func)
+                                show_default=False, callback=_not_a_flag, **option)(func)
     return func
 
 
@@ -85,10 +106,15 @@ def _numba_without_scipy() -> None:
 @click.pass_context
 def run_command(ctx: click.Context, **raw: object) -> None:
     """Generate a workload and simulate it; print the reference's metrics on stdout."""
-    _numba_without_scipy()
-    from blis_fast.runner import execute_run
+    _simulate_and_print(ctx, raw, replay=False)
 
-    result = execute_run(build_options(_given(ctx, raw)))
+
+def _simulate_and_print(ctx: click.Context, raw: dict, replay: bool) -> None:
+    """``blis run``/``blis replay``: build the options from the given flags, run, print."""
+    _numba_without_scipy()
+    from blis_fast.runner import execute_replay, execute_run
+
+    result = (execute_replay if replay else execute_run)(build_options(_given(ctx, raw)))
     sys.stdout.write(result.stdout)
     sys.stdout.flush()
 
@@ -109,12 +135,7 @@ def _add_replay_options(func):
 @click.pass_context
 def replay_command(ctx: click.Context, **raw: object) -> None:
     """Simulate the exact requests of a trace v2 (header + CSV); print the metrics on stdout."""
-    _numba_without_scipy()
-    from blis_fast.runner import execute_replay
-
-    result = execute_replay(build_options(_given(ctx, raw)))
-    sys.stdout.write(result.stdout)
-    sys.stdout.flush()
+    _simulate_and_print(ctx, raw, replay=True)
 
 
 class _CurrentStderrHandler(logging.StreamHandler):

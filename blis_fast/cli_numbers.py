@@ -1,7 +1,9 @@
 """click parameter types that read numbers as Go's pflag does (``blis_fast.gonum``).
 
 Every numeric flag of every ``blis`` subcommand uses these, so ``--rate 0x1p4`` and
-``--rate ' 5'`` mean the same (accepted, refused) whichever command reads them.
+``--rate ' 5'`` mean the same (accepted, refused, with the same message) whichever command
+reads them. ``flag_number`` parses a flag inside a command's body, where other checks must
+come first, with the same parser and message.
 """
 
 from __future__ import annotations
@@ -43,3 +45,12 @@ class GoFloat(click.ParamType):
 
 GO_INT = GoInt()
 GO_FLOAT = GoFloat()
+
+
+def flag_number(kind: GoInt | GoFloat, flag: str, text: str) -> int | float:
+    """The value of ``--flag`` read by ``kind`` (GO_INT or GO_FLOAT); an error reads as
+    click's for a typed option (``Invalid value for '--flag': ...``)."""
+    try:
+        return kind.convert(text, None, None)
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint=f"'--{flag}'") from None

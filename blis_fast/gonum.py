@@ -27,6 +27,8 @@ T = TypeVar("T")
 ERR_SYNTAX = "invalid syntax"
 ERR_RANGE = "value out of range"
 _U64_MAX = (1 << 64) - 1
+INT64_MAX = (1 << 63) - 1
+"""Go's ``math.MaxInt64``: the default horizon, the bound of the int64 values the reference keeps."""
 
 
 class NumError(ValueError):

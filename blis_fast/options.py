@@ -1,19 +1,97 @@
-"""The options of ``blis run``: one table shared by the CLI and the Python API.
+"""The options of ``blis run``: one table shared by the CLI, the Python API and sweeps.
 
-Each entry names the flag, its Python field, its kind (how a command-line string is parsed,
-with Go's ``strconv`` rules so ``0x10`` or ``NaN`` mean what they mean to the reference) and
-its default (the reference's defaults, ENG-10.1, CLU-9, DELTA-27).
+Each row names the flag, its kind (how a command-line string is parsed, with Go's ``strconv``
+rules so ``0x10`` or ``NaN`` mean what they mean to the reference), its default (the
+reference's defaults, ENG-10.1, CLU-9, DELTA-27), the checks of its own value and, for a flag
+the simulation kernel reads as is, the kernel config slot its value is packed into.
+
+Parsed options are a ``RunOptions``: a frozen dataclass generated from the table (one typed
+attribute per flag, plus the set of flags given explicitly). ``check_options(opts, stage)``
+runs the rows' checks at one point of the reference's validation order (DELTA-26),
+``CHECK_ORDER`` says which flags are checked at which point; checks across flags stay in the
+code that resolves them.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-from blis_fast.gonum import parse_bool, parse_float, parse_int
+from blis_fast.gonum import INT64_MAX, parse_bool, parse_float, parse_int
 
-INT64_MAX = (1 << 63) - 1
+TIME_LIMIT_US = 1 << 61
+"""Largest delay or duration accepted (µs): event times stay far from int64 overflow."""
+LOG_LEVELS = {
+    "trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+    "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR,
+    "fatal": logging.CRITICAL, "panic": logging.CRITICAL,
+}
+"""``--log`` values (logrus level names) and the Python level each one sets."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of a value: ``passes(value)``, else ``message`` formatted with ``flag`` (the
+    flag or key the value came from) and ``value`` (or a function of the two giving the text)."""
+
+    passes: Callable[[Any], bool]
+    message: str | Callable[[str, Any], str]
+
+    def error(self, name: str, value: Any) -> str | None:
+        """The error text for ``value`` of ``name``, or None when it passes."""
+        if self.passes(value):
+            return None
+        if callable(self.message):
+            return self.message(name, value)
+        return self.message.format(flag=name, value=value)
+
+
+def at_least(low: int) -> Check:
+    """``value >= low``."""
+    return Check(lambda v: v >= low, f"--{{flag}} must be >= {low}, got {{value}}")
+
+
+def positive() -> Check:
+    """``value > 0``."""
+    return Check(lambda v: v > 0, "--{flag} must be > 0, got {value}")
+
+
+def in_time_range(scale: int = 1, unit: str = "") -> Check:
+    """``value`` (in units of ``scale`` µs) within TIME_LIMIT_US."""
+    return Check(lambda v: v * scale <= TIME_LIMIT_US,
+                 f"--{{flag}} {{value}}{unit} is beyond the simulator's time range")
+
+
+def finite_positive(message: str = "--{flag} must be a finite value > 0, got {value}") -> Check:
+    """A finite ``value > 0`` (NaN fails)."""
+    return Check(lambda v: v > 0 and not math.isinf(v), message)
+
+
+def each_finite_non_negative() -> Check:
+    """Every item of a list finite and >= 0 (the first bad item is reported)."""
+
+    def bad_item(values: tuple[float, ...]) -> int:
+        return next((i for i, c in enumerate(values)
+                     if math.isnan(c) or math.isinf(c) or c < 0), -1)
+
+    return Check(lambda v: bad_item(v) < 0,
+                 lambda flag, v: f"--{flag}[{bad_item(v)}] must be a finite non-negative "
+                                 f"number, got {v[bad_item(v)]}")
+
+
+def required(message: str) -> Check:
+    """A non-empty value."""
+    return Check(bool, message)
+
+
+def _session_mode_text(flag: str, value: str) -> str:
+    from blis_fast.workload.gofmt import go_quote
+
+    return f'--{flag} must be "fixed" or "closed-loop", got {go_quote(value)}'
 
 
 @dataclass(frozen=True)
@@ -24,69 +102,113 @@ class OptionSpec:
     kind: str  # "int", "float", "floats", "str", "bool"
     default: Any
     help: str
+    checks: tuple[Check, ...] = ()
+    slot: str = ""  # "<config array>.<kernel constant>" the resolved value is packed into
+    choices: str = ""  # the policy family (blis_fast.policies) whose names are the values
+    file: str = ""  # "input" (a file read), "input-folder" (holds config.json), "output"
 
     @property
     def field(self) -> str:
         """The RunOptions attribute holding this flag's value."""
         return self.flag.replace("-", "_")
 
+    def help_text(self) -> str:
+        """The help line; a policy flag lists its family's names (loads the registry)."""
+        if not self.choices:
+            return self.help
+        from blis_fast.policies import family
+
+        return f"{self.help}: {family(self.choices).help_names()}"
+
+
+_NON_NEGATIVE = at_least(0)
+_POSITIVE = positive()
+_DELAY = (_NON_NEGATIVE, in_time_range())
 
 RUN_OPTIONS: tuple[OptionSpec, ...] = (
     # model, hardware, latency
-    OptionSpec("model", "str", "", "LLM name (required), e.g. meta-llama/llama-3.1-8b-instruct"),
+    OptionSpec("model", "str", "", "LLM name (required), e.g. meta-llama/llama-3.1-8b-instruct",
+               (required("LLM name not provided (--model). Exiting simulation."),)),
     OptionSpec("hardware", "str", "", "GPU type (default from defaults.yaml)"),
     OptionSpec("tp", "int", 0, "tensor parallelism (default from defaults.yaml)"),
     OptionSpec("vllm-version", "str", "", "vLLM version (default from defaults.yaml)"),
-    OptionSpec("latency-model", "str", "roofline",
-               "roofline, blackbox, trained-physics, crossmodel or trained-roofline"),
-    OptionSpec("alpha-coeffs", "floats", (0.0, 0.0, 0.0), "alpha coefficients (comma-separated)"),
-    OptionSpec("beta-coeffs", "floats", (0.0, 0.0, 0.0), "beta coefficients (comma-separated)"),
-    OptionSpec("model-config-folder", "str", "", "folder holding the model's config.json"),
-    OptionSpec("hardware-config", "str", "", "hardware_config.json to use"),
+    OptionSpec("latency-model", "str", "roofline", "latency model", choices="latency_backends"),
+    OptionSpec("alpha-coeffs", "floats", (0.0, 0.0, 0.0), "alpha coefficients (comma-separated)",
+               (each_finite_non_negative(),)),
+    OptionSpec("beta-coeffs", "floats", (0.0, 0.0, 0.0), "beta coefficients (comma-separated)",
+               (each_finite_non_negative(),)),
+    OptionSpec("model-config-folder", "str", "", "folder holding the model's config.json",
+               file="input-folder"),
+    OptionSpec("hardware-config", "str", "", "hardware_config.json to use", file="input"),
     OptionSpec("defaults-filepath", "str", "",
-               "defaults.yaml to use (default: the bundled copy)"),
-    OptionSpec("max-model-len", "int", 0, "max sequence length; 0 = derived or unlimited"),
-    OptionSpec("gpu-memory-utilization", "float", 0.9, "GPU memory fraction for the KV cache"),
+               "defaults.yaml to use (default: the bundled copy)", file="input"),
+    OptionSpec("max-model-len", "int", 0, "max sequence length; 0 = derived or unlimited",
+               (_NON_NEGATIVE,), slot="ic.IC_MAX_MODEL_LEN"),
+    OptionSpec("gpu-memory-utilization", "float", 0.9, "GPU memory fraction for the KV cache",
+               (Check(lambda u: 0 < u <= 1.0,
+                      "--{flag} must be a finite value in (0, 1.0], got {value:f}"),)),
     # KV cache and batching
-    OptionSpec("total-kv-blocks", "int", 1_000_000, "KV blocks per instance (default: derived)"),
-    OptionSpec("block-size-in-tokens", "int", 16, "tokens per KV block"),
-    OptionSpec("max-num-running-reqs", "int", 256, "max requests in a running batch"),
-    OptionSpec("max-num-scheduled-tokens", "int", 2048, "token budget per step"),
-    OptionSpec("long-prefill-token-threshold", "int", 0, "chunked-prefill chunk size; 0 = off"),
-    OptionSpec("kv-cpu-blocks", "int", 0, "CPU-tier KV blocks; > 0 enables tiered KV"),
-    OptionSpec("kv-offload-threshold", "float", 0.9, "deprecated; validated and ignored"),
+    OptionSpec("total-kv-blocks", "int", 1_000_000, "KV blocks per instance (default: derived)",
+               (_POSITIVE,)),
+    OptionSpec("block-size-in-tokens", "int", 16, "tokens per KV block", (_POSITIVE,),
+               slot="rcfg.RC_BLOCK_SIZE"),
+    OptionSpec("max-num-running-reqs", "int", 256, "max requests in a running batch",
+               (_POSITIVE,), slot="ic.IC_MAX_RUNNING"),
+    OptionSpec("max-num-scheduled-tokens", "int", 2048, "token budget per step", (_POSITIVE,),
+               slot="ic.IC_MAX_TOKENS"),
+    OptionSpec("long-prefill-token-threshold", "int", 0, "chunked-prefill chunk size; 0 = off",
+               (_NON_NEGATIVE,), slot="ic.IC_LONG_PREFILL"),
+    OptionSpec("kv-cpu-blocks", "int", 0, "CPU-tier KV blocks; > 0 enables tiered KV",
+               (_NON_NEGATIVE,)),
+    OptionSpec("kv-offload-threshold", "float", 0.9, "deprecated; validated and ignored",
+               (Check(lambda v: 0 <= v <= 1,
+                      "--{flag} must be a finite value in [0, 1], got {value:f}"),)),
     OptionSpec("kv-transfer-bandwidth", "float", 100.0, "CPU->GPU transfer rate (tokens/tick)"),
-    OptionSpec("kv-transfer-base-latency", "int", 0, "fixed ticks per reloaded block"),
+    OptionSpec("kv-transfer-base-latency", "int", 0, "fixed ticks per reloaded block", _DELAY),
     # simulation control
     OptionSpec("seed", "int", 42, "random seed"),
-    OptionSpec("horizon", "int", INT64_MAX, "simulation horizon in ticks (µs)"),
-    OptionSpec("log", "str", "warn", "log level for stderr diagnostics"),
+    OptionSpec("horizon", "int", INT64_MAX, "simulation horizon in ticks (µs)", (_POSITIVE,),
+               slot="ic.IC_HORIZON"),
+    OptionSpec("log", "str", "warn", "log level for stderr diagnostics",
+               (Check(lambda v: v.lower() in LOG_LEVELS,
+                      "--{flag}: invalid log level {value!r} (valid: "
+                      + ", ".join(LOG_LEVELS) + ")"),)),
     # cluster and policies
-    OptionSpec("num-instances", "int", 1, "number of instances"),
-    OptionSpec("admission-policy", "str", "always-admit", "admission policy"),
-    OptionSpec("admission-latency", "int", 0, "admission latency (µs)"),
-    OptionSpec("routing-latency", "int", 0, "routing latency (µs)"),
+    OptionSpec("num-instances", "int", 1, "number of instances",
+               (Check(lambda v: v >= 1, "num-instances must be >= 1"),), slot="ic.IC_N_INST"),
+    OptionSpec("admission-policy", "str", "always-admit", "admission policy",
+               choices="admission"),
+    OptionSpec("admission-latency", "int", 0, "admission latency (µs)", _DELAY,
+               slot="ic.IC_ADM_LATENCY"),
+    OptionSpec("routing-latency", "int", 0, "routing latency (µs)", _DELAY,
+               slot="ic.IC_ROUTE_LATENCY"),
     OptionSpec("token-bucket-capacity", "float", 10000.0, "token bucket capacity"),
     OptionSpec("token-bucket-refill-rate", "float", 1000.0, "token bucket refill (tokens/s)"),
-    OptionSpec("routing-policy", "str", "round-robin", "routing policy"),
+    OptionSpec("routing-policy", "str", "round-robin", "routing policy", choices="routing"),
     OptionSpec("routing-scorers", "str", "", "weighted-routing scorers, name:weight,..."),
-    OptionSpec("priority-policy", "str", "constant", "priority policy"),
-    OptionSpec("scheduler", "str", "fcfs", "instance scheduler"),
-    OptionSpec("policy-config", "str", "", "policy bundle YAML"),
+    OptionSpec("priority-policy", "str", "constant", "priority policy", choices="priority"),
+    OptionSpec("scheduler", "str", "fcfs", "instance scheduler", choices="scheduler"),
+    OptionSpec("policy-config", "str", "", "policy bundle YAML", file="input"),
     OptionSpec("fitness-weights", "str", "", "fitness weights, key:value,..."),
-    OptionSpec("trace-level", "str", "none", "decision trace level: none or decisions"),
-    OptionSpec("counterfactual-k", "int", 0, "counterfactual candidates per routing decision"),
+    OptionSpec("trace-level", "str", "none", "decision trace level: none or decisions",
+               (Check(lambda v: v in ("", "none", "decisions"),
+                      "--{flag}: unknown value {value!r}. Valid: none, decisions"),)),
+    OptionSpec("counterfactual-k", "int", 0, "counterfactual candidates per routing decision",
+               (_NON_NEGATIVE,), slot="rcfg.RC_CF_K"),
     OptionSpec("summarize-trace", "bool", False, "print the decision-trace summary"),
-    OptionSpec("snapshot-refresh-interval", "int", 0, "routing snapshot refresh interval (µs)"),
-    OptionSpec("cache-signal-delay", "int", 50_000, "prefix-cache signal delay (µs)"),
+    OptionSpec("snapshot-refresh-interval", "int", 0, "routing snapshot refresh interval (µs)",
+               _DELAY, slot="rcfg.RC_REFRESH"),
+    OptionSpec("cache-signal-delay", "int", 50_000, "prefix-cache signal delay (µs)", _DELAY,
+               slot="rcfg.RC_CACHE_DELAY"),
     # workload
     OptionSpec("workload", "str", "distribution", "distribution or a preset name"),
-    OptionSpec("workload-spec", "str", "", "workload spec YAML"),
+    OptionSpec("workload-spec", "str", "", "workload spec YAML", file="input"),
     OptionSpec("rate", "float", 1.0, "requests per second"),
-    OptionSpec("num-requests", "int", 100, "number of requests"),
-    OptionSpec("concurrency", "int", 0, "closed-loop virtual users"),
-    OptionSpec("think-time-ms", "int", 0, "think time between a response and the next request"),
-    OptionSpec("prefix-tokens", "int", 0, "shared prefix length"),
+    OptionSpec("num-requests", "int", 100, "number of requests", (_NON_NEGATIVE,)),
+    OptionSpec("concurrency", "int", 0, "closed-loop virtual users", (_NON_NEGATIVE,)),
+    OptionSpec("think-time-ms", "int", 0, "think time between a response and the next request",
+               (_NON_NEGATIVE, in_time_range(1000))),
+    OptionSpec("prefix-tokens", "int", 0, "shared prefix length", (_NON_NEGATIVE,)),
     OptionSpec("prompt-tokens", "int", 512, "mean prompt length"),
     OptionSpec("prompt-tokens-stdev", "int", 256, "prompt length standard deviation"),
     OptionSpec("prompt-tokens-min", "int", 2, "min prompt length"),
@@ -95,21 +217,57 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("output-tokens-stdev", "int", 256, "output length standard deviation"),
     OptionSpec("output-tokens-min", "int", 2, "min output length"),
     OptionSpec("output-tokens-max", "int", 7000, "max output length"),
-    OptionSpec("timeout", "int", 300, "per-request deadline (s); negative disables"),
+    OptionSpec("timeout", "int", 300, "per-request deadline (s); negative disables",
+               (Check(lambda v: v != 0,
+                      "--{flag} must be positive (seconds) or negative to disable; got 0"),
+                in_time_range(1_000_000, " s"))),
     # outputs
-    OptionSpec("trace-output", "str", "", "export the workload as <prefix>.yaml + <prefix>.csv"),
-    OptionSpec("metrics-path", "str", "", "write the summary + per-request JSON here"),
-    OptionSpec("results-path", "str", "", "same as --metrics-path (the older name)"),
-    OptionSpec("output-dir", "str", "", "write summary.parquet and requests.parquet here"),
+    OptionSpec("trace-output", "str", "", "export the workload as <prefix>.yaml + <prefix>.csv",
+               file="output"),
+    OptionSpec("metrics-path", "str", "", "write the summary + per-request JSON here",
+               file="output"),
+    OptionSpec("results-path", "str", "", "same as --metrics-path (the older name)",
+               file="output"),
+    OptionSpec("output-dir", "str", "", "write summary.parquet and requests.parquet here",
+               file="output"),
     # blis replay
-    OptionSpec("trace-header", "str", "", "replay: the trace v2 header YAML"),
-    OptionSpec("trace-data", "str", "", "replay: the trace v2 data CSV"),
+    OptionSpec("trace-header", "str", "", "replay: the trace v2 header YAML",
+               (required("--trace-header is required"),), file="input"),
+    OptionSpec("trace-data", "str", "", "replay: the trace v2 data CSV",
+               (required("--trace-data is required"),), file="input"),
     OptionSpec("session-mode", "str", "fixed",
-               "replay: fixed (trace arrivals) or closed-loop (follow-ups after completions)"),
+               "replay: fixed (trace arrivals) or closed-loop (follow-ups after completions)",
+               (Check(lambda v: v in ("fixed", "closed-loop"), _session_mode_text),)),
     OptionSpec("think-time-dist", "str", "",
                "replay closed-loop: think time, lognormal:mu=..,sigma=..[,min=..,max=..] or "
                "constant:value=<time>"),
 )
+
+CHECK_ORDER: dict[str, tuple[str, ...]] = {
+    "logging": ("log",),
+    "start": ("model", "total-kv-blocks"),
+    "latency": ("alpha-coeffs", "beta-coeffs", "gpu-memory-utilization", "block-size-in-tokens"),
+    "latency-end": ("max-model-len",),
+    "workload": ("num-requests", "prefix-tokens", "concurrency", "think-time-ms"),
+    "timeout": ("timeout",),
+    "replay-inputs": ("trace-header", "trace-data"),
+    "replay": ("session-mode",),
+    "engine": ("num-instances", "max-num-running-reqs", "max-num-scheduled-tokens",
+               "long-prefill-token-threshold", "horizon"),
+    "tracing": ("trace-level", "counterfactual-k"),
+    "kv-tier": ("kv-cpu-blocks", "kv-offload-threshold"),
+    "delays": ("kv-transfer-base-latency", "snapshot-refresh-interval", "cache-signal-delay",
+               "admission-latency", "routing-latency"),
+}
+"""Which flags' own checks run at each point of a run's validation (DELTA-26), in order.
+
+The stages are named where ``runner``/``config.latency`` call them: ``logging``; ``start``
+(before latency resolution; ``--total-kv-blocks`` early, so the max-model-len cap derived from
+it cannot report a confusing error); ``latency`` (after the backend name and the α/β pairing);
+``latency-end``; ``workload`` (before the workload source checks); ``timeout`` (after them);
+``replay-inputs``/``replay`` (``blis replay``); ``engine`` (after generation); ``tracing``,
+``kv-tier`` and ``delays`` (after the policy names; warnings and cross-flag checks sit
+between them)."""
 
 WORKLOAD_FLAGS = frozenset({
     "workload", "workload-spec", "rate", "num-requests", "concurrency", "think-time-ms",
@@ -120,24 +278,51 @@ WORKLOAD_FLAGS = frozenset({
 REPLAY_ONLY_FLAGS = frozenset({"trace-header", "trace-data", "session-mode", "think-time-dist"})
 
 OPTIONS_BY_FIELD = {spec.field: spec for spec in RUN_OPTIONS}
+OPTIONS_BY_FLAG = {spec.flag: spec for spec in RUN_OPTIONS}
+
+_PYTHON_TYPES = {"int": int, "float": float, "floats": tuple, "str": str, "bool": bool}
 
 
-@dataclass
-class RunOptions:
-    """Values of every ``blis run`` flag plus the set of flags given explicitly."""
+def _given(self, name: str) -> bool:
+    """True when the flag (field name, e.g. ``"num_requests"``) was set explicitly."""
+    return name in self.explicit
 
-    values: dict[str, Any] = field(default_factory=dict)
-    explicit: set[str] = field(default_factory=set)
 
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("values", {})
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
+@functools.cache
+def _run_options_class() -> type:
+    """RunOptions, made on first use (building a 70-field dataclass costs start-up time that
+    ``blis --help`` and the other subcommands need not pay)."""
+    cls = make_dataclass(
+        "RunOptions",
+        [(spec.field, _PYTHON_TYPES[spec.kind], field(default=spec.default))
+         for spec in RUN_OPTIONS] + [("explicit", frozenset, field(default=frozenset()))],
+        frozen=True,
+        namespace={"given": _given,
+                   "__doc__": "The value of every ``blis run`` flag (one attribute per row of "
+                              "RUN_OPTIONS) and the fields given explicitly (``explicit``)."},
+    )
+    cls.__module__ = __name__
+    return cls
 
-    def given(self, name: str) -> bool:
-        """True when the flag (field name, e.g. ``"num_requests"``) was set explicitly."""
-        return name in self.explicit
+
+def __getattr__(name: str) -> Any:
+    if name == "RunOptions":  # a frozen dataclass generated from RUN_OPTIONS
+        return _run_options_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_options(opts: Any, stage: str) -> None:
+    """Run the own checks of the flags of ``stage`` (CHECK_ORDER) in order; the first failure
+    is raised as a BlisConfigError."""
+    for flag in CHECK_ORDER[stage]:
+        spec = OPTIONS_BY_FLAG[flag]
+        value = getattr(opts, spec.field)
+        for check in spec.checks:
+            message = check.error(flag, value)
+            if message is not None:
+                from blis_fast.errors import BlisConfigError
+
+                raise BlisConfigError(message)
 
 
 def default_options() -> dict[str, Any]:
@@ -206,13 +391,12 @@ def _short_repr(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def build_options(given: dict[str, Any], *, keywords: bool = False) -> RunOptions:
+def build_options(given: dict[str, Any], *, keywords: bool = False) -> Any:
     """RunOptions from explicitly given values (field names), the rest at defaults.
 
     Errors name the flag; with ``keywords`` (the Python API) they name the keyword too.
     """
-    values = default_options()
-    explicit: set[str] = set()
+    values: dict[str, Any] = {}
     for name, value in given.items():
         spec = OPTIONS_BY_FIELD.get(name)
         if spec is None:
@@ -228,21 +412,20 @@ def build_options(given: dict[str, Any], *, keywords: bool = False) -> RunOption
                 raise BlisConfigError(f"{name}={_short_repr(value)} (--{spec.flag}): {exc}"
                                       ) from None
             raise BlisConfigError(f"--{spec.flag}: invalid value {value!r}: {exc}") from None
-        explicit.add(name)
-    return RunOptions(values=values, explicit=explicit)
-
-
-def is_finite(x: float) -> bool:
-    """True for a finite float."""
-    return not (math.isnan(x) or math.isinf(x))
+    return _run_options_class()(**values, explicit=frozenset(values))
 
 
 __all__ = [
-    "RUN_OPTIONS",
+    "CHECK_ORDER",
+    "INT64_MAX",
     "OPTIONS_BY_FIELD",
+    "OPTIONS_BY_FLAG",
+    "RUN_OPTIONS",
+    "TIME_LIMIT_US",
+    "Check",
     "OptionSpec",
-    "RunOptions",
     "build_options",
+    "check_options",
     "coerce",
     "default_options",
     "parse_go_floats",

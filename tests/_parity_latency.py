@@ -1,4 +1,5 @@
-"""Helpers shared by the latency tests: parity-case arguments → LatencyOptions, lone-request replay."""
+"""Helpers shared by the latency tests: options for latency resolution (from keywords or a parity
+case's arguments), lone-request replay."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from blis_fast.config.latency import LatencyConfig, LatencyOptions
+from blis_fast.config.latency import LatencyConfig
 from blis_fast.kernels import latency as K
+from blis_fast.options import RunOptions
 
 CASES_DIR = Path(__file__).resolve().parent / "reference_cases" / "cases"
 
@@ -44,8 +46,14 @@ def case_args(case: str) -> list[str]:
     return json.loads((CASES_DIR / case / "case.json").read_text())["args"]
 
 
-def options_for(case: str) -> LatencyOptions:
-    """LatencyOptions built from a parity case's command line (latency flags only)."""
+def latency_options(explicit=(), **values):
+    """RunOptions with ``values`` and ``explicit`` (flag or field names) marked as given."""
+    return RunOptions(**values, explicit=frozenset(
+        name.lstrip("-").replace("-", "_") for name in explicit))
+
+
+def options_for(case: str):
+    """RunOptions built from a parity case's command line (latency flags only)."""
     args = case_args(case)
     kw: dict = {}
     explicit = set()
@@ -58,7 +66,7 @@ def options_for(case: str) -> LatencyOptions:
             i += 2
         else:
             i += 1
-    return LatencyOptions(explicit=frozenset(explicit), **kw)
+    return latency_options(explicit, **kw)
 
 
 def stderr_messages(case: str) -> list[str]:

@@ -61,7 +61,7 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
 def test_run_returns_a_run_result(quickstart: RunResult) -> None:
     assert isinstance(quickstart, RunResult)
     assert quickstart.prepared.table.n == 100
-    assert quickstart.prepared.engine.num_instances == 1
+    assert quickstart.prepared.engine.options.num_instances == 1
     assert len(quickstart.per_instance) == 1
     assert quickstart.per_instance[0]["instance_id"] == "instance_0"
     assert quickstart.stdout.startswith("=== Simulation Metrics ===\n")

@@ -27,10 +27,10 @@ from _cli import invoke
 
 import blis_fast
 from blis_fast.data import data_path
+from blis_fast.gonum import INT64_MAX
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 BB = ("--alpha-coeffs", "100,1,100", "--beta-coeffs", "1000,10,5")  # blackbox, no model config
-INT64_MAX = (1 << 63) - 1
 
 
 @dataclass

@@ -8,16 +8,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import blis_fast
-from blis_fast import policies
 from blis_fast.kernels import hooks as H
+from blis_fast.policies.routing import ROUTING
+from blis_fast.policies.scorers import SCORERS
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
-SCORER_NAMES = sorted(policies.SCORERS)
+SCORER_NAMES = SCORERS.valid_names()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n_inst=st.integers(1, 8), rate=st.floats(1.0, 300.0),
-       policy=st.sampled_from(["round-robin", "least-loaded", "always-busiest", "weighted"]),
+       policy=st.sampled_from(ROUTING.valid_names()),
        scorers=st.lists(st.sampled_from(SCORER_NAMES), min_size=1, max_size=4, unique=True),
        seed=st.integers(0, 10_000))
 def test_routing_targets_stay_inside_the_cluster(n_inst, rate, policy, scorers, seed):
@@ -48,7 +49,7 @@ LOAD_COLUMNS = (H.SNAP_QUEUE, H.SNAP_BATCH, H.SNAP_IN_FLIGHT, H.SNAP_KV_UTIL)
 
 
 @settings(max_examples=200, deadline=None)
-@given(name=st.sampled_from([n for n in SCORER_NAMES if not isinstance(policies.SCORERS[n], int)]),
+@given(name=st.sampled_from([n for n in SCORER_NAMES if SCORERS.entries[n].function is not None]),
        n_inst=st.integers(2, 8), column=st.sampled_from(LOAD_COLUMNS),
        target=st.integers(0, 7), extra=st.integers(1, 50))
 def test_more_load_never_raises_a_score(name, n_inst, column, target, extra):
@@ -59,11 +60,11 @@ def test_more_load_never_raises_a_score(name, n_inst, column, target, extra):
     request = np.zeros(H.REQ_COLS)
     request[H.REQ_INPUT_LEN] = 512.0
     before = np.zeros(n_inst)
-    _call_scorer(policies.SCORERS[name], snaps, request, before)
+    _call_scorer(SCORERS.entries[name].function, snaps, request, before)
     loaded = snaps.copy()
     loaded[target, column] = min(1.0, extra / 50.0) if column == H.SNAP_KV_UTIL else float(extra)
     after = np.zeros(n_inst)
-    _call_scorer(policies.SCORERS[name], loaded, request, after)
+    _call_scorer(SCORERS.entries[name].function, loaded, request, after)
     assert after[target] <= before[target]
 
 

@@ -28,12 +28,12 @@ def test_bundled_sections(bundled):
     assert len(bundled.models) == 111
     assert len({m.id for m in bundled.models}) == 31
     assert bundled.version == "0.0.1"
-    assert bundled.trained_physics.alpha_coeffs == (15563.199579, 777.3455, 45.907545)
-    assert len(bundled.trained_physics.beta_coeffs) == 10
-    assert bundled.crossmodel.beta_coeffs == (116.110, 1226.868, 19.943, 9445.157)
-    assert bundled.crossmodel.alpha_coeffs == (13732.0, 0.0, 860.6)
-    assert bundled.trained_roofline.beta_coeffs[0] == 0.7726491335309499
-    assert bundled.trained_roofline.alpha_coeffs == (
+    assert bundled.coefficients["trained_physics_coefficients"].alpha_coeffs == (15563.199579, 777.3455, 45.907545)
+    assert len(bundled.coefficients["trained_physics_coefficients"].beta_coeffs) == 10
+    assert bundled.coefficients["crossmodel_defaults"].beta_coeffs == (116.110, 1226.868, 19.943, 9445.157)
+    assert bundled.coefficients["crossmodel_defaults"].alpha_coeffs == (13732.0, 0.0, 860.6)
+    assert bundled.coefficients["trained_roofline_defaults"].beta_coeffs[0] == 0.7726491335309499
+    assert bundled.coefficients["trained_roofline_defaults"].alpha_coeffs == (
         9315.338771116985,
         1849.5902371340574,
         1.7079389122469397,
@@ -155,4 +155,4 @@ def test_empty_and_malformed_files(tmp_path):
 
 def test_null_sections_are_empty(tmp_path):
     cfg = load_defaults(_write(tmp_path, "defaults:\nmodels:\ncrossmodel_defaults:\n"))
-    assert cfg.defaults == {} and cfg.models == () and cfg.crossmodel is None
+    assert cfg.defaults == {} and cfg.models == () and "crossmodel_defaults" not in cfg.coefficients

@@ -8,15 +8,27 @@ import shutil
 import numpy as np
 import pytest
 
-from blis_fast.config.latency import LatencyOptions, resolve_latency
+from blis_fast.config.latency import resolve_latency
 from blis_fast.data import data_path
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels import latency as K
 
 try:
-    from tests._parity_latency import CASES_DIR, LATENCY_CASES, options_for, stderr_messages
+    from tests._parity_latency import (
+        CASES_DIR,
+        LATENCY_CASES,
+        latency_options,
+        options_for,
+        stderr_messages,
+    )
 except ImportError:  # tests/ run as a plain folder (not a package)
-    from _parity_latency import CASES_DIR, LATENCY_CASES, options_for, stderr_messages
+    from _parity_latency import (
+        CASES_DIR,
+        LATENCY_CASES,
+        latency_options,
+        options_for,
+        stderr_messages,
+    )
 
 needs_parity = pytest.mark.skipif(not CASES_DIR.is_dir(), reason="parity cases not available")
 
@@ -76,27 +88,27 @@ def test_defaults_warnings_match_reference(case):
 
 def test_coefficients_per_backend():
     bb = resolve_latency(
-        LatencyOptions(
+        latency_options(
             model=LLAMA8, latency_model="blackbox", explicit=frozenset({"latency-model"})
         )
     )
     assert bb.alpha.tolist() == [10326.268121600151, 0.0, 0.0]
     assert bb.params.tolist() == [6472.007648778123, 19.79721387814611, 304.4021040302657]
     assert any("deprecated" in w for w in bb.warnings)  # DELTA-21
-    tp_ = resolve_latency(LatencyOptions(model=LLAMA8, latency_model="trained-physics"))
+    tp_ = resolve_latency(latency_options(model=LLAMA8, latency_model="trained-physics"))
     assert tp_.alpha.tolist() == [15563.199579, 777.3455, 45.907545]
     assert tp_.params[K.TP_PREFILL_SPLIT] == 1.0 and tp_.params[K.TP_DECODE_SPLIT] == 1.0
-    cm = resolve_latency(LatencyOptions(model=LLAMA8, latency_model="crossmodel"))
+    cm = resolve_latency(latency_options(model=LLAMA8, latency_model="crossmodel"))
     assert cm.alpha.tolist() == [13732.0, 0.0, 860.6]
     assert cm.params[:4].tolist() == [116.11, 1226.868, 19.943, 9445.157]
-    tr = resolve_latency(LatencyOptions(model=LLAMA8, latency_model="trained-roofline"))
+    tr = resolve_latency(latency_options(model=LLAMA8, latency_model="trained-roofline"))
     assert tr.alpha.tolist() == [9315.338771116985, 1849.5902371340574, 1.7079389122469397]
-    rf = resolve_latency(LatencyOptions(model=LLAMA8))
+    rf = resolve_latency(latency_options(model=LLAMA8))
     assert rf.alpha.tolist() == [0.0, 0.0, 0.0]
 
 
 def test_coefficients_select_blackbox_and_flags_win():
-    opts = LatencyOptions(
+    opts = latency_options(
         model="Meta-Llama/Llama-3.1-8B-Instruct",
         alpha_coeffs=[100, 1, 100],
         beta_coeffs=[1000, 10, 5],
@@ -111,7 +123,7 @@ def test_coefficients_select_blackbox_and_flags_win():
 
 
 def test_explicit_trained_physics_coefficients_allowed():
-    opts = LatencyOptions(
+    opts = latency_options(
         model=LLAMA8,
         latency_model="trained-physics",
         alpha_coeffs=[1, 2, 3],
@@ -125,11 +137,11 @@ def test_explicit_trained_physics_coefficients_allowed():
 
 def test_max_model_len_flag_and_cap():
     cfg = resolve_latency(
-        LatencyOptions(model=LLAMA8, max_model_len=4096, explicit=frozenset({"max-model-len"}))
+        latency_options(model=LLAMA8, max_model_len=4096, explicit=frozenset({"max-model-len"}))
     )
     assert cfg.max_model_len == 4096
     cfg = resolve_latency(
-        LatencyOptions(model=LLAMA8, total_kv_blocks=100, explicit=frozenset({"total-kv-blocks"}))
+        latency_options(model=LLAMA8, total_kv_blocks=100, explicit=frozenset({"total-kv-blocks"}))
     )
     assert cfg.total_kv_blocks == 100 and cfg.max_model_len == 1600
     assert any("capped to 1600" in w for w in cfg.warnings)
@@ -137,7 +149,7 @@ def test_max_model_len_flag_and_cap():
 
 def test_kv_auto_calc_failure_keeps_default_with_warning():
     # gpu memory utilisation too small for the weights: calculation fails, 1,000,000 kept.
-    cfg = resolve_latency(LatencyOptions(model=LLAMA8, gpu_memory_utilization=0.1))
+    cfg = resolve_latency(latency_options(model=LLAMA8, gpu_memory_utilization=0.1))
     assert cfg.total_kv_blocks == 1_000_000 and cfg.kv_blocks_source == "default"
     assert any("auto-calculation failed" in w for w in cfg.warnings)
 
@@ -148,7 +160,7 @@ def test_kv_auto_calc_failure_keeps_default_with_warning():
 def _err(match, **kw):
     explicit = kw.pop("explicit", ())
     with pytest.raises(BlisConfigError, match=match):
-        resolve_latency(LatencyOptions(explicit=frozenset(explicit), **kw))
+        resolve_latency(latency_options(explicit, **kw))
 
 
 def test_unknown_backend():
@@ -256,7 +268,7 @@ def test_model_config_folder_flag(tmp_path):
     src = data_path("model_configs") / "qwen3-14b" / "config.json"
     shutil.copy(src, tmp_path / "config.json")
     cfg = resolve_latency(
-        LatencyOptions(
+        latency_options(
             model="acme/custom", hardware="H100", tp=1, model_config_folder=str(tmp_path)
         )
     )
@@ -272,18 +284,18 @@ def test_custom_defaults_file(tmp_path):
     )
     with pytest.raises(BlisConfigError, match="--hardware-config"):
         resolve_latency(
-            LatencyOptions(model=LLAMA8, defaults_filepath=str(tmp_path / "defaults.yaml"))
+            latency_options(model=LLAMA8, defaults_filepath=str(tmp_path / "defaults.yaml"))
         )
     shutil.copy(data_path("hardware_config.json"), tmp_path / "hardware_config.json")
     cfg = resolve_latency(
-        LatencyOptions(model=LLAMA8, defaults_filepath=str(tmp_path / "defaults.yaml"))
+        latency_options(model=LLAMA8, defaults_filepath=str(tmp_path / "defaults.yaml"))
     )
     assert cfg.gpu == "L40S" and cfg.vllm_version == "v0"
     assert cfg.params[K.RF_PEAK_FLOPS] == 362.05e12
     # crossmodel needs crossmodel_defaults (or --beta-coeffs)
     with pytest.raises(BlisConfigError, match="crossmodel_defaults"):
         resolve_latency(
-            LatencyOptions(
+            latency_options(
                 model=LLAMA8,
                 latency_model="crossmodel",
                 defaults_filepath=str(tmp_path / "defaults.yaml"),
@@ -294,7 +306,7 @@ def test_custom_defaults_file(tmp_path):
     bad.mkdir(parents=True)
     (bad / "config.json").write_text('{"error": "x"}')
     cfg = resolve_latency(
-        LatencyOptions(model=LLAMA8, defaults_filepath=str(tmp_path / "defaults.yaml"))
+        latency_options(model=LLAMA8, defaults_filepath=str(tmp_path / "defaults.yaml"))
     )
     assert any("not a HuggingFace config" in w for w in cfg.warnings)
 
@@ -303,12 +315,12 @@ def test_strict_defaults_error_propagates(tmp_path):
     (tmp_path / "defaults.yaml").write_text("defaults: {}\nunexpected: 1\n")
     with pytest.raises(BlisInputError, match="unexpected"):
         resolve_latency(
-            LatencyOptions(model=LLAMA8, defaults_filepath=str(tmp_path / "defaults.yaml"))
+            latency_options(model=LLAMA8, defaults_filepath=str(tmp_path / "defaults.yaml"))
         )
 
 
 def test_blackbox_kv_autocalc_failure_is_only_a_warning():
-    opts = LatencyOptions(
+    opts = latency_options(
         model="acme/unknown-model",
         hardware="H100",
         tp=1,
@@ -323,7 +335,7 @@ def test_blackbox_kv_autocalc_failure_is_only_a_warning():
 
 def test_trained_roofline_quantization_warning():
     cfg = resolve_latency(
-        LatencyOptions(
+        latency_options(
             model="redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic",
             latency_model="trained-roofline",
         )
@@ -335,9 +347,9 @@ def test_trained_roofline_quantization_warning():
 def test_empty_backend_name_is_the_default_roofline():
     # the reference lets "" through its name check and then resolves no model config (CLU
     # OPEN-4); blis_fast reads "" as the default backend instead of failing later
-    empty = resolve_latency(LatencyOptions(model=LLAMA8, latency_model="",
+    empty = resolve_latency(latency_options(model=LLAMA8, latency_model="",
                                            explicit=frozenset({"latency-model"})))
-    default = resolve_latency(LatencyOptions(model=LLAMA8))
+    default = resolve_latency(latency_options(model=LLAMA8))
     assert empty.backend == default.backend == "roofline"
     assert empty.total_kv_blocks == default.total_kv_blocks
     assert np.array_equal(empty.params, default.params)

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from blis_fast.config.hardware import get_hw_config, load_hardware_table
-from blis_fast.config.latency import apply_rope_scaling
 from blis_fast.config.model_config import (
     HFConfig,
     ModelConfig,
@@ -18,6 +17,7 @@ from blis_fast.config.model_config import (
     parse_hf_config,
     parse_quantization_config,
 )
+from blis_fast.config.model_resolution import apply_rope_scaling
 from blis_fast.data import data_path
 from blis_fast.errors import BlisConfigError, BlisInputError
 

@@ -60,7 +60,7 @@ def _routed(result: RunResult, rows: np.ndarray | None = None) -> np.ndarray:
     inst = result.simulation.instance
     if rows is not None:
         inst = inst[rows]
-    return np.bincount(inst[inst >= 0], minlength=result.prepared.engine.num_instances)
+    return np.bincount(inst[inst >= 0], minlength=result.prepared.engine.options.num_instances)
 
 
 # ------------------------------------------------------------------ the whole directory

@@ -53,14 +53,19 @@ import blis_fast
 from blis_fast.engine import simulate as sim_mod
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisConfigError
+from blis_fast.gonum import INT64_MAX
 from blis_fast.kernels import engine as K
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.latency import queueing_time
 from blis_fast.options import build_options
+from blis_fast.policies.admission import ADMISSION as ADMISSION_POLICIES
+from blis_fast.policies.latency_backends import LATENCY_BACKENDS
+from blis_fast.policies.priority import PRIORITY
+from blis_fast.policies.routing import ROUTING as ROUTING_POLICIES
+from blis_fast.policies.scheduler import SCHEDULER
 from blis_fast.runner import prepare
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
-INT64_MAX = (1 << 63) - 1
 MAX_TOKENS_PER_REQUEST = 1024  # keeps the whole file fast; the cache bound is the real limit
 # The CPU KV tier (kv_cpu_blocks > 0) reloads blocks when a GPU allocation fails. Those reloads
 # used to overflow a request's block list (TIERED_POOL_OVERFLOW, fixed in 30c545d); set
@@ -107,19 +112,14 @@ SETTINGS = dict(deadline=None, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def _supported(attr: str, names: tuple[str, ...]) -> list[str]:
-    """The policy names the engine accepts today (the lead adds policies over time)."""
-    codes = getattr(sim_mod, attr, None)
-    if not isinstance(codes, dict):
-        return [names[0]]
-    return [n for n in names if n in codes] or [names[0]]
-
-
-ROUTING = _supported("ROUTING_CODES", ("round-robin", "least-loaded", "always-busiest",
-                                        "weighted"))
-ADMISSION = _supported("ADMISSION_CODES", ("always-admit", "reject-all", "token-bucket"))
+# every built-in policy of each registry (the user-function entries need a hook)
+ROUTING = list(ROUTING_POLICIES.valid_names())
+ADMISSION = list(ADMISSION_POLICIES.valid_names())
+SCHEDULERS = list(SCHEDULER.valid_names())
+PRIORITIES = list(PRIORITY.valid_names())
 # roofline (the default) most often; the other analytical backends the project keeps too
-ANALYTICAL = ["roofline"] * 3 + ["trained-physics", "crossmodel", "trained-roofline"]
+ANALYTICAL = ["roofline"] * 3 + [b.name for b in LATENCY_BACKENDS
+                                  if b.analytical and b.name != "roofline"]
 
 
 @st.composite
@@ -158,8 +158,8 @@ def configs(draw, *, horizon: str = "any", routing: str | None = None,
         max_num_running_reqs=draw(st.integers(1, 64)),
         max_num_scheduled_tokens=draw(st.integers(16, 4096)),
         timeout=draw(st.one_of(st.integers(-5, -1), st.integers(1, 300))),
-        scheduler=draw(st.sampled_from(["fcfs", "sjf", "priority-fcfs", "reverse-priority"])),
-        priority_policy=draw(st.sampled_from(["constant", "slo-based", "inverted-slo"])),
+        scheduler=draw(st.sampled_from(SCHEDULERS)),
+        priority_policy=draw(st.sampled_from(PRIORITIES)),
         routing_policy=routing or draw(st.sampled_from(ROUTING)),
         admission_policy=admission or draw(st.sampled_from(ADMISSION + ["always-admit"] * 8)),
         admission_latency=draw(st.one_of(st.just(0), st.integers(0, 50_000))),
@@ -249,12 +249,12 @@ def test_request_conservation(opts: dict) -> None:
     if _infinite(opts):
         assert inst_pipeline.sum() == 0 and cluster_pipeline.sum() == 0
 
-    max_len = eng.max_model_len
+    max_len = eng.options.max_model_len
     keys = ("completed_requests", "still_queued", "still_running", "dropped_unservable",
             "timed_out_requests", "injected_requests", "length_capped_requests",
             "total_input_tokens", "total_output_tokens", "preemption_count")
     cluster = dict.fromkeys(keys, 0)
-    assert len(res.per_instance) == eng.num_instances
+    assert len(res.per_instance) == eng.options.num_instances
     for i, per in enumerate(res.per_instance):
         mine = inst == i
         by_state = {s: int((mine & (state == s)).sum()) for s in
@@ -377,10 +377,10 @@ def test_kv_block_conservation(opts: dict) -> None:
     assert cap.kv is not None
     kv = _kv_view(cap.kv)
     eng = prepared.engine
-    total = eng.total_kv_blocks
+    total = eng.options.total_kv_blocks
     n = sim.table.n  # closed-loop follow-ups included
     holders_all = np.flatnonzero(kv.req_cnt[:n] > 0)
-    for i in range(eng.num_instances):
+    for i in range(eng.options.num_instances):
         free = int(kv.free[i])
         assert 0 <= free <= total
         # the free counter equals the free list (walked head -> tail) and the on-free flags
@@ -402,7 +402,7 @@ def test_kv_block_conservation(opts: dict) -> None:
         np.testing.assert_array_equal(kv.held_counts(i, mine), ref)
         # only requests still running hold blocks at the end (queued ones too with the CPU
         # tier: a failed admission keeps the blocks its reload committed, see TIERED_LIVELOCK)
-        holder_states = [K.ST_RUNNING] + ([K.ST_QUEUED] if eng.kv_cpu_blocks > 0 else [])
+        holder_states = [K.ST_RUNNING] + ([K.ST_QUEUED] if eng.options.kv_cpu_blocks > 0 else [])
         assert np.isin(sim.state[mine], holder_states).all(), sim.state[mine]
         used = total - free
         assert used == int((ref > 0).sum())
@@ -426,17 +426,17 @@ def test_kv_block_conservation(opts: dict) -> None:
 def test_causality(opts: dict) -> None:
     res = _quiet_run(**opts)
     sim, table, eng = res.simulation, res.simulation.table, res.prepared.engine
-    otp, post = eng.output_token_time, eng.post_decode_overhead
+    otp, post = eng.latency.output_token_time, eng.latency.post_decode_overhead
     assert otp >= 0 and post >= 0
 
     # per request in the kernel's arrays (ticks)
     admitted = sim.sched_delay_us >= 0
     assert ((sim.sched_delay_us == -1) | admitted).all()
-    alpha = np.asarray(eng.alpha, dtype=np.float64)
-    qdelay = np.array([queueing_time(eng.latency_code, alpha, int(x)) for x in table.input_len],
+    alpha = np.asarray(eng.latency.alpha, dtype=np.float64)
+    qdelay = np.array([queueing_time(eng.latency.code, alpha, int(x)) for x in table.input_len],
                       dtype=np.int64)
     assert (qdelay >= 0).all()
-    earliest = eng.admission_latency + eng.routing_latency + qdelay
+    earliest = eng.options.admission_latency + eng.options.routing_latency + qdelay
     assert (sim.sched_delay_us[admitted] >= earliest[admitted]).all()
     has_ttft = sim.ttft_us >= 0
     assert ((sim.ttft_us == -1) | has_ttft).all()
@@ -451,7 +451,7 @@ def test_causality(opts: dict) -> None:
     assert (ttft + np.where(out > 0, post, 0) <= e2e).all()
     # one ITL sample per decode step of the final attempt (DELTA-5), each >= 1 + alpha2
     capped = sim.length_capped[done] == 1
-    n_itl = np.where(capped, eng.max_model_len - 1 - table.input_len[done], out - 1)
+    n_itl = np.where(capped, eng.options.max_model_len - 1 - table.input_len[done], out - 1)
     np.testing.assert_array_equal(sim.itl_count[done], n_itl)
     assert (sim.itl_sum_us[done] >= sim.itl_count[done] * (1 + otp)).all()
 
@@ -475,14 +475,14 @@ def test_causality(opts: dict) -> None:
 def test_clock_monotonicity(opts: dict) -> None:
     res = _quiet_run(**opts)
     sim, eng = res.simulation, res.prepared.engine
-    horizon = eng.horizon
+    horizon = eng.options.horizon
     assert (sim.step_duration >= 1).all()
     assert (sim.step_time >= 0).all()
     assert (sim.step_time <= horizon).all()
-    assert (sim.step_running <= eng.max_running_reqs).all()  # ENG-9 bounds
+    assert (sim.step_running <= eng.options.max_num_running_reqs).all()  # ENG-9 bounds
     assert (sim.step_queue >= 0).all()
     ended = sim.sim_ended_us
-    for i in range(eng.num_instances):
+    for i in range(eng.options.num_instances):
         t = sim.step_time[sim.step_instance == i]
         assert (np.diff(t) > 0).all(), f"instance {i}: step times not strictly increasing"
         assert int(sim.counters[i, K.K_STEPS]) == len(t)
@@ -595,7 +595,7 @@ def _tiered_check(opts: dict) -> dict:
         out[label] = {"over_capacity": [int(r) for r in np.flatnonzero(cnt > capacity)],
                       "ref_mismatch": [int(b) for b in np.flatnonzero(counts != ref)],
                       "negative_ref": [int(b) for b in np.flatnonzero(ref < 0)],
-                      "used_at_end": int(p.engine.total_kv_blocks - kv.free[0])}
+                      "used_at_end": int(p.engine.options.total_kv_blocks - kv.free[0])}
     return out
 
 

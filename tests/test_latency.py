@@ -8,14 +8,26 @@ import random
 import numpy as np
 import pytest
 
-from blis_fast.config.latency import LatencyOptions, pack_latency_params, resolve_latency
+from blis_fast.config.latency import pack_latency_params, resolve_latency
 from blis_fast.config.model_config import ModelConfig
 from blis_fast.kernels import latency as K
 
 try:
-    from tests._parity_latency import CASES_DIR, LATENCY_CASES, lone_requests, options_for
+    from tests._parity_latency import (
+        CASES_DIR,
+        LATENCY_CASES,
+        latency_options,
+        lone_requests,
+        options_for,
+    )
 except ImportError:  # tests/ run as a plain folder (not a package)
-    from _parity_latency import CASES_DIR, LATENCY_CASES, lone_requests, options_for
+    from _parity_latency import (
+        CASES_DIR,
+        LATENCY_CASES,
+        latency_options,
+        lone_requests,
+        options_for,
+    )
 
 needs_parity = pytest.mark.skipif(not CASES_DIR.is_dir(), reason="parity cases not available")
 
@@ -78,7 +90,7 @@ def test_clamp_to_int64():
 
 @pytest.fixture(scope="module")
 def roofline8b():
-    return resolve_latency(LatencyOptions(model=LLAMA8))
+    return resolve_latency(latency_options(model=LLAMA8))
 
 
 def _roofline_reference(cfg, reqs):
@@ -234,7 +246,7 @@ def test_go_pow():
 def test_roofline_moe_expected_experts():
     # DELTA-16: MoE weight traffic grows with the expected number of distinct experts.
     cfg = resolve_latency(
-        LatencyOptions(model="mistralai/mixtral-8x7b-v0.1", hardware="H100", tp=2)
+        latency_options(model="mistralai/mixtral-8x7b-v0.1", hardware="H100", tp=2)
     )
     p = cfg.params
     assert (p[K.RF_N_MOE], p[K.RF_N_DENSE], p[K.RF_E], p[K.RF_K]) == (32.0, 0.0, 8.0, 2.0)
@@ -245,7 +257,7 @@ def test_roofline_moe_expected_experts():
 
 def test_roofline_interleaved_layers():
     cfg = resolve_latency(
-        LatencyOptions(model="redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic")
+        latency_options(model="redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic")
     )
     p = cfg.params
     assert (p[K.RF_N_MOE], p[K.RF_N_DENSE], p[K.RF_DFF_MOE], p[K.RF_DFF_DENSE]) == (
@@ -261,7 +273,7 @@ def test_roofline_interleaved_layers():
 
 
 def test_crossmodel_hand_checked():
-    cfg = resolve_latency(LatencyOptions(model=LLAMA8, latency_model="crossmodel"))
+    cfg = resolve_latency(latency_options(model=LLAMA8, latency_model="crossmodel"))
     p = cfg.params
     kv = (32.0 * 8.0 * 128.0 / 1.0) * 1e-6
     assert p[K.CM_KV_DIM_SCALED] == kv and p[K.CM_IS_MOE] == 0.0 and p[K.CM_IS_TP] == 0.0
@@ -277,7 +289,7 @@ def test_crossmodel_hand_checked():
 
 
 def test_trained_roofline_hand_checked():
-    cfg = resolve_latency(LatencyOptions(model=LLAMA8, latency_model="trained-roofline"))
+    cfg = resolve_latency(latency_options(model=LLAMA8, latency_model="trained-roofline"))
     b = cfg.params[:7]
     L, d, dkv, dh, dff, tp = 32.0, 4096.0, 1024.0, 128.0, 14336.0, 1.0
     F, Bw = 989.5e6, 3.35e6
@@ -301,7 +313,7 @@ def test_trained_roofline_hand_checked():
 
 
 def test_trained_physics_hand_checked():
-    cfg = resolve_latency(LatencyOptions(model=LLAMA8, latency_model="trained-physics"))
+    cfg = resolve_latency(latency_options(model=LLAMA8, latency_model="trained-physics"))
     b = cfg.params[:10]
     L, d, dkv, dh, tp = 32.0, 4096.0, 1024.0, 128.0, 1.0
     F, Bw = 989.5e6, 3.35e6
@@ -334,7 +346,7 @@ def test_trained_physics_hand_checked():
 
 def test_trained_physics_tp_term_and_interleaving():
     scout = resolve_latency(
-        LatencyOptions(
+        latency_options(
             model="redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic",
             latency_model="trained-physics",
         )

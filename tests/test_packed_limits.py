@@ -53,7 +53,7 @@ def test_unknown_backend_code_has_no_step_time():
 
 def test_kernel_refuses_an_unknown_backend_code():
     prepared = prepare(build_options({"model": MODEL, "num_requests": 3, "log": "error"}))
-    bad = replace(prepared.engine, latency_code=TRAINED_PHYSICS + 1)
+    bad = replace(prepared.engine, latency=replace(prepared.latency, code=TRAINED_PHYSICS + 1))
     with pytest.raises(BlisRuntimeError, match="latency backend code"):
         run_engine(prepared.table, bad, model=prepared.latency.model)
 

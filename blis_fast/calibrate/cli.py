@@ -12,6 +12,8 @@ import logging
 
 import click
 
+from blis_fast.cli_numbers import GO_FLOAT, GO_INT
+
 log = logging.getLogger("blis_fast")
 
 _REQUIRED = ("trace-header", "trace-data", "sim-results", "report")
@@ -28,28 +30,6 @@ def _info_logging():
         log.setLevel(previous)
 
 
-def _int_flag(name: str, text: str) -> int:
-    """An int flag as pflag reads it (``strconv.ParseInt(s, 0, 64)``)."""
-    from blis_fast.errors import BlisConfigError
-    from blis_fast.gonum import NumError, parse_int
-
-    try:
-        return parse_int(text, 0, 64)
-    except NumError:
-        raise BlisConfigError(f"--{name}: invalid integer {text!r}") from None
-
-
-def _float_flag(name: str, text: str) -> float:
-    """A float64 flag as pflag reads it (``strconv.ParseFloat(s, 64)``)."""
-    from blis_fast.errors import BlisConfigError
-    from blis_fast.gonum import NumError, parse_float
-
-    try:
-        return parse_float(text)
-    except NumError:
-        raise BlisConfigError(f"--{name}: invalid number {text!r}") from None
-
-
 @click.command("calibrate")
 @click.option("--trace-header", default="", metavar="FILE", help="Observed trace header YAML (from blis observe; "
               "required)")
@@ -58,12 +38,13 @@ def _float_flag(name: str, text: str) -> float:
 @click.option("--sim-results", default="", metavar="FILE", help="SimResult JSON (from blis replay "
               "--results-path; required)")
 @click.option("--report", default="", metavar="FILE", help="Calibration report JSON to write (required)")
-@click.option("--warmup-requests", default="-1", metavar="INT", show_default=True,
+@click.option("--warmup-requests", type=GO_INT, default="-1", metavar="INT", show_default=True,
               help="Exclude request ids below this (-1: the header's warm_up_requests; 0: none)")
-@click.option("--network-rtt-us", default="-1", metavar="INT", show_default=True,
+@click.option("--network-rtt-us", type=GO_INT, default="-1", metavar="INT", show_default=True,
               help="RTT in µs added to the sim latencies (-1: the header's "
               "network.measured_rtt_ms)")
-@click.option("--network-bandwidth-mbps", default="0", metavar="FLOAT", show_default=True,
+@click.option("--network-bandwidth-mbps", type=GO_FLOAT, default="0", metavar="FLOAT",
+              show_default=True,
               help="Bandwidth for the upload/download delay of 4 bytes per token (0: none)")
 @click.option("--itl-data", default="", metavar="FILE",
               help="ITL chunk CSV (from blis observe --record-itl): adds the itl metric")
@@ -71,16 +52,13 @@ def _float_flag(name: str, text: str) -> float:
               help="Also draw sim vs real (per-request scatter and CDFs of TTFT and E2E) to "
               "this image file (.png, .svg, .pdf)")
 def calibrate_command(trace_header: str, trace_data: str, sim_results: str, report: str,
-                      warmup_requests: str, network_rtt_us: str, network_bandwidth_mbps: str,
+                      warmup_requests: int, network_rtt_us: int, network_bandwidth_mbps: float,
                       itl_data: str, plot_path: str) -> None:
     """Compare the latencies of an observed trace with a replay's SimResults."""
     from blis_fast.calibrate.calibration import calibrate
     from blis_fast.calibrate.report import report_text, summary_lines
     from blis_fast.errors import BlisConfigError
 
-    warm_up = _int_flag("warmup-requests", warmup_requests)
-    rtt_us = _int_flag("network-rtt-us", network_rtt_us)
-    bandwidth = _float_flag("network-bandwidth-mbps", network_bandwidth_mbps)
     given = {"trace-header": trace_header, "trace-data": trace_data,
              "sim-results": sim_results, "report": report}
     for name in _REQUIRED:
@@ -98,8 +76,9 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
 
         plot_format = check_plot_path(plot_path)
         plan.check_file(plot_path, "--plot")
-    result = calibrate(trace_header, trace_data, sim_results, warmup_requests=warm_up,
-                       network_rtt_us=rtt_us, network_bandwidth_mbps=bandwidth,
+    result = calibrate(trace_header, trace_data, sim_results, warmup_requests=warmup_requests,
+                       network_rtt_us=network_rtt_us,
+                       network_bandwidth_mbps=network_bandwidth_mbps,
                        itl_data=itl_data or None)
     text = report_text(result.report)
     with plan:  # the report and its asked-for plot are written together or not at all

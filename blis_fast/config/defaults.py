@@ -7,8 +7,8 @@ Known layout::
     defaults:   {model id: {GPU, tensor_parallelism, vllm_version, hf_repo}}
     workloads:  {preset: {prefix_tokens, prompt_tokens, prompt_tokens_stdev, ..., output_tokens_max}}
     models:     [{id, GPU, tensor_parallelism, vllm_version, alpha_coeffs, beta_coeffs, best_loss}]
-    trained_physics_coefficients / crossmodel_defaults / trained_roofline_defaults:
-                {alpha_coeffs, beta_coeffs}
+    <a latency backend's coefficients section> (``policies.latency_backends``; e.g.
+    trained_physics_coefficients, crossmodel_defaults): {alpha_coeffs, beta_coeffs}
     version:    string
 
 ``total_kv_blocks`` is not a key of ``models:`` entries any more (DELTA-23) and is rejected.
@@ -95,7 +95,7 @@ class ModelCoefficients:
 
 @dataclass(frozen=True)
 class CoefficientSet:
-    """A global α/β pair (trained-physics, crossmodel or trained-roofline defaults)."""
+    """A latency backend's global α/β pair (its ``defaults.yaml`` section)."""
 
     alpha_coeffs: tuple[float, ...] | None = None
     beta_coeffs: tuple[float, ...] | None = None
@@ -109,9 +109,7 @@ class DefaultsConfig:
     defaults: dict[str, DefaultSpec] = field(default_factory=dict)
     workloads: dict[str, WorkloadPreset] = field(default_factory=dict)
     models: tuple[ModelCoefficients, ...] = ()
-    trained_physics: CoefficientSet | None = None
-    crossmodel: CoefficientSet | None = None
-    trained_roofline: CoefficientSet | None = None
+    coefficients: dict[str, CoefficientSet] = field(default_factory=dict)  # by section name
     version: str = ""
 
 
@@ -187,15 +185,19 @@ def _decode_coeffs(ctx: YamlContext, node: yaml.Node, what: str) -> CoefficientS
     return CoefficientSet(alpha_coeffs=v.get("alpha_coeffs"), beta_coeffs=v.get("beta_coeffs"))
 
 
-_TOP_FIELDS: dict[str, Callable[[YamlContext, yaml.Node, str], Any]] = {
+_FIXED_FIELDS: dict[str, Callable[[YamlContext, yaml.Node, str], Any]] = {
     "models": _decode_models,
     "defaults": _decode_defaults_map,
     "version": as_str,
     "workloads": _decode_workloads,
-    "trained_physics_coefficients": _decode_coeffs,
-    "crossmodel_defaults": _decode_coeffs,
-    "trained_roofline_defaults": _decode_coeffs,
 }
+
+
+def _coefficient_sections() -> tuple[str, ...]:
+    """The sections holding latency backends' global coefficients (their registry entries)."""
+    from blis_fast.policies.latency_backends import LATENCY_BACKENDS
+
+    return tuple(b.coefficients.section for b in LATENCY_BACKENDS if b.coefficients)
 
 _CACHE: dict[tuple[str, int, int], DefaultsConfig] = {}
 
@@ -211,16 +213,16 @@ def load_defaults(path: str | os.PathLike[str]) -> DefaultsConfig:
         text = read_input_text(p)
     except (OSError, ValueError) as exc:  # ValueError: bad UTF-8, a NUL byte in the path
         raise DefaultsReadError(f"cannot read defaults file {p}: {exc}") from exc
+    sections = _coefficient_sections()
+    fields = {**_FIXED_FIELDS, **dict.fromkeys(sections, _decode_coeffs)}
     with parse_root(text, p, "defaults file") as (ctx, root):
-        top = decode_struct(ctx, root, "defaults file", _TOP_FIELDS)
+        top = decode_struct(ctx, root, "defaults file", fields)
     cfg = DefaultsConfig(
         path=p,
         defaults=top.get("defaults", {}),
         workloads=top.get("workloads", {}),
         models=top.get("models", ()),
-        trained_physics=top.get("trained_physics_coefficients"),
-        crossmodel=top.get("crossmodel_defaults"),
-        trained_roofline=top.get("trained_roofline_defaults"),
+        coefficients={s: top[s] for s in sections if top.get(s) is not None},
         version=top.get("version", ""),
     )
     _CACHE[key] = cfg

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import yaml
 
@@ -26,26 +27,19 @@ from blis_fast.config.strict_yaml import (
 )
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.files import read_input_text
-from blis_fast.policies import SCORERS
-
-VALID_ADMISSION = ("always-admit", "gaie-legacy", "reject-all", "tier-shed", "token-bucket")
-VALID_ROUTING = ("always-busiest", "least-loaded", "round-robin", "weighted")
-VALID_PRIORITY = ("constant", "inverted-slo", "slo-based")
-VALID_SCHEDULER = ("fcfs", "priority-fcfs", "reverse-priority", "sjf")
-VALID_SCORERS = tuple(sorted(SCORERS))
+from blis_fast.policies.admission import ADMISSION, admission_params
+from blis_fast.policies.priority import PRIORITY
+from blis_fast.policies.routing import ROUTING
+from blis_fast.policies.scheduler import SCHEDULER
+from blis_fast.policies.scorers import SCORERS
 
 
 @dataclass
 class PolicyBundle:
-    """The content of a policy bundle; ``None`` means "not set"."""
+    """The content of a policy bundle; ``None`` or ``""`` means "not set"."""
 
     admission_policy: str = ""
-    token_bucket_capacity: float | None = None
-    token_bucket_refill_rate: float | None = None
-    tier_shed_threshold: int | None = None
-    tier_shed_min_priority: int | None = None
-    gaie_qd_threshold: float | None = None
-    gaie_kv_threshold: float | None = None
+    admission_params: dict[str, float | int] = field(default_factory=dict)  # set keys only
     slo_priorities: dict[str, int] | None = None
     routing_policy: str = ""
     scorers: list[tuple[str, float]] = field(default_factory=list)
@@ -91,18 +85,15 @@ def _unsupported(ctx: YamlContext, node: yaml.Node, what: str) -> None:
                          "(node pools and the autoscaler were not adopted)")
 
 
-_ADMISSION_FIELDS = {
-    "policy": as_str,
-    "token_bucket_capacity": _opt_float,
-    "token_bucket_refill_rate": _opt_float,
-    "tier_shed_threshold": _opt_int,
-    "tier_shed_min_priority": _opt_int,
-    "gaie_qd_threshold": _opt_float,
-    "gaie_kv_threshold": _opt_float,
-    "slo_priorities": _int_map,
-}
+def _admission_fields() -> dict:
+    """``admission:`` keys: the policy, every registered policy's parameters, SLO priorities."""
+    decoders = {int: _opt_int, float: _opt_float}
+    return {"policy": as_str, **{p.key: decoders[p.kind] for p in admission_params()},
+            "slo_priorities": _int_map}
+
+
 _TOP_FIELDS = {
-    "admission": lambda ctx, n, w: decode_struct(ctx, n, w, _ADMISSION_FIELDS),
+    "admission": lambda ctx, n, w: decode_struct(ctx, n, w, _admission_fields()),
     "routing": lambda ctx, n, w: decode_struct(ctx, n, w, {"policy": as_str,
                                                             "scorers": _scorers}),
     "priority": lambda ctx, n, w: decode_struct(ctx, n, w, {"policy": as_str}),
@@ -125,12 +116,8 @@ def load_policy_bundle(path: str) -> PolicyBundle:
     rt = top.get("routing", {})
     bundle = PolicyBundle(
         admission_policy=adm.get("policy", ""),
-        token_bucket_capacity=adm.get("token_bucket_capacity"),
-        token_bucket_refill_rate=adm.get("token_bucket_refill_rate"),
-        tier_shed_threshold=adm.get("tier_shed_threshold"),
-        tier_shed_min_priority=adm.get("tier_shed_min_priority"),
-        gaie_qd_threshold=adm.get("gaie_qd_threshold"),
-        gaie_kv_threshold=adm.get("gaie_kv_threshold"),
+        admission_params={p.key: adm[p.key] for p in admission_params()
+                          if adm.get(p.key) is not None},
         slo_priorities=adm.get("slo_priorities"),
         routing_policy=rt.get("policy", ""),
         scorers=rt.get("scorers", []),
@@ -152,37 +139,97 @@ def validate_bundle(b: PolicyBundle, path: str) -> None:
     def bad(msg: str) -> None:
         raise BlisConfigError(f"--policy-config {path}: {msg}")
 
-    for what, name, valid in (("admission policy", b.admission_policy, VALID_ADMISSION),
-                              ("routing policy", b.routing_policy, VALID_ROUTING),
-                              ("priority policy", b.priority_policy, VALID_PRIORITY),
-                              ("scheduler", b.scheduler, VALID_SCHEDULER)):
+    for what, name, registry in (("admission policy", b.admission_policy, ADMISSION),
+                                 ("routing policy", b.routing_policy, ROUTING),
+                                 ("priority policy", b.priority_policy, PRIORITY),
+                                 ("scheduler", b.scheduler, SCHEDULER)):
+        valid = registry.valid_names()
         if name and name not in valid:
             bad(f"unknown {what} {name!r}; valid options: {', '.join(valid)}")
-    for key in ("token_bucket_capacity", "token_bucket_refill_rate"):
-        v = getattr(b, key)
-        if v is not None and (not _finite(v) or v < 0):
-            bad(f"{key} must be a finite number >= 0, got {v}")
-    if b.tier_shed_threshold is not None and b.tier_shed_threshold < 0:
-        bad(f"tier_shed_threshold must be >= 0, got {b.tier_shed_threshold}")
-    if b.gaie_qd_threshold is not None and (not _finite(b.gaie_qd_threshold)
-                                            or b.gaie_qd_threshold <= 0):
-        bad(f"gaie_qd_threshold must be a finite value > 0, got {b.gaie_qd_threshold}")
-    if b.gaie_kv_threshold is not None and (not _finite(b.gaie_kv_threshold)
-                                            or not 0 < b.gaie_kv_threshold <= 1.0):
-        bad(f"gaie_kv_threshold must be a finite value in (0, 1.0], got {b.gaie_kv_threshold}")
+    for param in admission_params():
+        value = b.admission_params.get(param.key)
+        if value is not None and param.bundle_check is not None:
+            message = param.bundle_check.error(param.key, value)
+            if message is not None:
+                bad(message)
     for tenant, v in sorted((b.tenant_budgets or {}).items()):
         if not _finite(v) or v < 0 or v > 1:
             bad(f"tenant_budgets[{tenant!r}] must be in [0, 1], got {v}")
+    valid_scorers = SCORERS.valid_names()
     seen: set[str] = set()
     for k, (name, weight) in enumerate(b.scorers):
-        if name not in VALID_SCORERS:
-            bad(f"routing scorer[{k}]: unknown scorer {name!r}; valid: {', '.join(VALID_SCORERS)}")
+        if name not in valid_scorers:
+            bad(f"routing scorer[{k}]: unknown scorer {name!r}; valid: {', '.join(valid_scorers)}")
         if name in seen:
             bad(f"routing scorer[{k}]: duplicate scorer {name!r}")
         seen.add(name)
         if not _finite(weight) or weight <= 0:
             bad(f"routing scorer[{k}] {name!r}: weight must be a finite positive number, "
                 f"got {weight}")
+
+
+@dataclass
+class Policies:
+    """The policies a run uses: the bundle merged under the flags (CLU-5.4, DELTA-41)."""
+
+    admission: str
+    routing: str
+    priority: str
+    scheduler: str
+    scorers: tuple[tuple[str, float], ...]  # weighted routing's; () = the default profile
+    params: dict[str, float | int]  # every admission parameter's effective value, by key
+    slo_priorities: dict[str, int] = field(default_factory=dict)  # overrides (DELTA-38)
+    tenant_budgets: dict[str, float] = field(default_factory=dict)  # (DELTA-40)
+
+
+def select_policies(opts: Any, hooks: Any) -> Policies:
+    """Load, validate and merge ``--policy-config`` under the flags of ``opts``; check the
+    selected admission policy's parameters and every policy name (DELTA-26 order).
+
+    ``hooks`` (``engine.simulate.Hooks``) holds the user functions the ``custom`` entries need.
+    The scorers are the bundle's until ``--routing-scorers`` is parsed (later in the order).
+    """
+    b = load_policy_bundle(opts.policy_config) if opts.policy_config else PolicyBundle()
+
+    def chosen(registry: Any, bundle_value: str) -> str:
+        flag_field = registry.flag.replace("-", "_")
+        given = opts.given(flag_field)
+        return bundle_value if bundle_value and not given else getattr(opts, flag_field)
+
+    params: dict[str, float | int] = {}
+    for policy in ADMISSION:
+        for p in policy.params:
+            flag_field = p.flag.replace("-", "_")
+            value = getattr(opts, flag_field) if p.flag else p.default_value()
+            if p.key in b.admission_params and not (p.flag and opts.given(flag_field)):
+                value = b.admission_params[p.key]
+            elif p.bundle_default is not None and b.admission_policy == policy.name:
+                value = p.bundle_default
+            params[p.key] = value
+    pol = Policies(admission=chosen(ADMISSION, b.admission_policy),
+                   routing=chosen(ROUTING, b.routing_policy),
+                   priority=chosen(PRIORITY, b.priority_policy),
+                   scheduler=chosen(SCHEDULER, b.scheduler),
+                   scorers=tuple(b.scorers), params=params,
+                   slo_priorities=dict(b.slo_priorities or {}),
+                   tenant_budgets=dict(b.tenant_budgets or {}))
+    selected = ADMISSION.entries.get(pol.admission)
+    for p in selected.params if selected is not None else ():
+        message = p.check.error(p.flag or p.key, params[p.key]) if p.check else None
+        if message is not None:
+            raise BlisConfigError(message)
+    for registry, name in ((ADMISSION, pol.admission), (ROUTING, pol.routing),
+                           (PRIORITY, pol.priority), (SCHEDULER, pol.scheduler)):
+        entry = registry.entries.get(name)
+        if name == "custom":  # a user function's entry (admission, scheduler)
+            if entry is None or getattr(hooks, entry.hook, None) is None:
+                raise BlisConfigError(
+                    f"--{registry.flag} custom needs a user function: pass it through the Python API "
+                    "(blis_fast.run(..., custom_admission=... / custom_scheduler_key=...))")
+        elif name and entry is None:
+            raise BlisConfigError(f"--{registry.flag}: unknown value {name!r}. Valid: "
+                                  + ", ".join(registry.valid_names()))
+    return pol
 
 
 def parse_scorer_list(text: str, allow_custom: bool = False) -> list[tuple[str, float]]:
@@ -207,9 +254,9 @@ def parse_scorer_list(text: str, allow_custom: bool = False) -> list[tuple[str, 
         if name == "custom" and not allow_custom:
             raise BlisConfigError("Invalid --routing-scorers: the custom scorer needs a user "
                                   "function (blis_fast.run(..., custom_scorer=...))")
-        if name not in VALID_SCORERS and name != "custom":
+        if name not in SCORERS:
             raise BlisConfigError(f"Invalid --routing-scorers: unknown scorer {name!r}; valid: "
-                                  + ", ".join(VALID_SCORERS))
+                                  + ", ".join(SCORERS.valid_names()))
         if name in seen:
             raise BlisConfigError(f"Invalid --routing-scorers: duplicate scorer {name!r}; each "
                                   "scorer may appear at most once")

@@ -7,7 +7,8 @@ import math
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba.core.errors import NumbaExperimentalFeatureWarning
@@ -29,9 +30,17 @@ from blis_fast.kernels.kvcache import (
     new_kv_state,
     pool_slots,
 )
-from blis_fast.policies import SCORERS_READING_CACHE, scorer_code, scorer_table
+from blis_fast.options import RUN_OPTIONS
+from blis_fast.policies.admission import ADMISSION, admission_params
+from blis_fast.policies.latency_backends import LATENCY_BACKENDS
+from blis_fast.policies.priority import DEFAULT_SLO_PRIORITY, PRIORITY, SLO_PRIORITIES
+from blis_fast.policies.routing import ROUTING
+from blis_fast.policies.scheduler import SCHEDULER
+from blis_fast.policies.scorers import DEFAULT_PROFILE, SCORERS
 
-INT64_MAX = (1 << 63) - 1
+if TYPE_CHECKING:
+    from blis_fast.config.latency import LatencyConfig
+    from blis_fast.config.policy_bundle import Policies
 
 KERNEL_FAILURES = {
     K.STATUS_UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
@@ -43,67 +52,56 @@ KERNEL_FAILURES = {
 }
 """Messages for the kernel's error statuses (the kernel returns codes, it never raises)."""
 
-ADMISSION_CODES = {"": R.ADM_ALWAYS, "always-admit": R.ADM_ALWAYS,
-                   "reject-all": R.ADM_REJECT_ALL, "token-bucket": R.ADM_TOKEN_BUCKET,
-                   "tier-shed": R.ADM_TIER_SHED, "gaie-legacy": R.ADM_GAIE_LEGACY,
-                   "custom": R.ADM_CUSTOM}
-ROUTING_CODES = {"": R.ROUTE_ROUND_ROBIN, "round-robin": R.ROUTE_ROUND_ROBIN,
-                 "least-loaded": R.ROUTE_LEAST_LOADED, "weighted": R.ROUTE_WEIGHTED,
-                 "always-busiest": R.ROUTE_ALWAYS_BUSIEST}
-DEFAULT_SCORERS = (("precise-prefix-cache", 2.0), ("queue-depth", 1.0), ("kv-utilization", 1.0))
-"""The weighted-routing profile used when no scorers are configured (DELTA-31)."""
-SLO_PRIORITIES = {"critical": 4, "standard": 3, "batch": -1, "sheddable": -2, "background": -3}
-"""Default SLO-class priorities (DELTA-38); unknown or empty classes count as 3."""
-PRIORITY_CODES = {"": K.PRIO_CONSTANT, "constant": K.PRIO_CONSTANT,
-                  "slo-based": K.PRIO_SLO_BASED, "inverted-slo": K.PRIO_INVERTED_SLO}
-SCHEDULER_CODES = {"": K.SCHED_FCFS, "fcfs": K.SCHED_FCFS,
-                   "priority-fcfs": K.SCHED_PRIORITY_FCFS, "sjf": K.SCHED_SJF,
-                   "reverse-priority": K.SCHED_REVERSE_PRIORITY, "custom": K.SCHED_CUSTOM}
+SLOT_ARRAYS = {"ic": K, "rcfg": R, "rfl": R}
+"""Where the constants of each config array's slots live (``"<array>.<constant>"`` slots)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
-    """Everything the kernel needs besides the workload (resolved, validated values)."""
+    """What the kernel runs, composed from the resolved parts of a run.
 
-    num_instances: int = 1
-    horizon: int = INT64_MAX
-    total_kv_blocks: int = 1_000_000
-    block_size: int = 16
-    max_running_reqs: int = 256
-    max_scheduled_tokens: int = 2048
-    long_prefill_token_threshold: int = 0
-    max_model_len: int = 0
-    kv_cpu_blocks: int = 0
-    kv_transfer_bandwidth: float = 100.0
-    kv_transfer_base_latency: int = 0
-    admission_latency: int = 0
-    routing_latency: int = 0
-    admission_policy: str = "always-admit"
-    routing_policy: str = "round-robin"
-    priority_policy: str = "constant"
-    scheduler: str = "fcfs"
-    latency_code: int = 0
-    latency_params: np.ndarray = field(default_factory=lambda: np.zeros(1))
-    alpha: np.ndarray = field(default_factory=lambda: np.zeros(3))
-    output_token_time: int = 0
-    post_decode_overhead: int = 0
-    hash_decode_blocks: bool = False  # register decode-filled blocks (accumulating sessions;
-    # always if tiered)
-    seed: int = 42  # the run's --seed: the router's random stream derives from it
-    routing_scorers: tuple[tuple[str, float], ...] = ()  # weighted routing; () = default profile
-    snapshot_refresh_interval: int = 0
-    cache_signal_delay: int = 50_000
-    token_bucket_capacity: float = 10_000.0
-    token_bucket_refill_rate: float = 1_000.0
-    tier_shed_threshold: int = 0
-    tier_shed_min_priority: int = 0
-    gaie_qd_threshold: float = 5.0
-    gaie_kv_threshold: float = 0.8
-    slo_priorities: dict[str, int] = field(default_factory=dict)  # overrides of SLO_PRIORITIES
-    tenant_budgets: dict[str, float] = field(default_factory=dict)
-    trace_decisions: bool = False
-    counterfactual_k: int = 0
+    ``options`` holds every flag's effective value (the resolved horizon, KV blocks,
+    max-model-len and counterfactual k included); ``latency`` the backend's code, α and packed
+    parameters; ``policies`` the merged policy names, scorers and admission parameters.
+    """
+
+    options: Any  # blis_fast.options.RunOptions
+    latency: LatencyConfig
+    policies: Policies
+    hash_decode_blocks: bool = False  # register decode-filled blocks (accumulating sessions)
     hooks: Hooks | None = None  # user policies (custom scorer / admission / scheduler key)
+
+    @property
+    def scorers(self) -> tuple[tuple[str, float], ...]:
+        """Weighted routing's scorers and weights (the default profile when none is set)."""
+        return self.policies.scorers or DEFAULT_PROFILE
+
+    @property
+    def trace_decisions(self) -> bool:
+        """True when the decision trace is recorded (``--trace-level decisions``)."""
+        return self.options.trace_level == "decisions"
+
+    def slot_values(self) -> list[tuple[str, int | float]]:
+        """Every kernel config slot (``"<array>.<constant>"``) with its value: the options rows
+        naming a slot, each policy family's chosen code, the admission parameters and the
+        latency backend's per-token and post-decode times."""
+        pol, lat = self.policies, self.latency
+        values: list[tuple[str, int | float]] = [
+            (spec.slot, getattr(self.options, spec.field)) for spec in RUN_OPTIONS if spec.slot]
+        values += [(registry.slot, registry.code(name)) for registry, name in (
+            (ADMISSION, pol.admission), (ROUTING, pol.routing), (PRIORITY, pol.priority),
+            (SCHEDULER, pol.scheduler))]
+        values.append((LATENCY_BACKENDS.slot, lat.code))
+        values += [(p.slot, pol.params[p.key]) for p in admission_params()]
+        values += [("ic.IC_OUTPUT_TOKEN_TIME", lat.output_token_time),
+                   ("ic.IC_POST_DECODE", lat.post_decode_overhead)]
+        return values
+
+    def pack_slots(self, arrays: dict[str, np.ndarray]) -> None:
+        """Write ``slot_values`` into the config arrays named by their slots."""
+        for slot, value in self.slot_values():
+            array, constant = slot.split(".")
+            arrays[array][getattr(SLOT_ARRAYS[array], constant)] = value
 
 
 @dataclass(frozen=True)
@@ -174,7 +172,7 @@ class SimulationResult:
     @property
     def sim_ended_us(self) -> np.ndarray:
         """Per-instance SimEndedTime = min(clock, horizon)."""
-        return np.minimum(self.counters[:, K.K_CLOCK], self.config.horizon)
+        return np.minimum(self.counters[:, K.K_CLOCK], self.config.options.horizon)
 
 
 def id_rank_of(n: int, prefix: str = "request_") -> np.ndarray:
@@ -227,15 +225,14 @@ def _hook_args(hooks: Hooks | None) -> tuple:
     from blis_fast.kernels import hooks as H
 
     hooks = hooks or Hooks()
-    return (scorer_table(hooks.scorer or H.no_scorer), hooks.admission or H.admit_all,
+    return (SCORERS.table(hooks.scorer or H.no_scorer), hooks.admission or H.admit_all,
             hooks.scheduler_key or H.zero_key)
 
 
 def _delayed_cache_signal(cfg: EngineConfig) -> bool:
     """True when the router reads frozen copies of the instance caches (DELTA-33)."""
-    scorers = cfg.routing_scorers or DEFAULT_SCORERS
-    return (cfg.routing_policy == "weighted" and cfg.cache_signal_delay > 0
-            and any(name in SCORERS_READING_CACHE for name, _ in scorers))
+    return (cfg.policies.routing == "weighted" and cfg.options.cache_signal_delay > 0
+            and SCORERS.reads_cache(name for name, _ in cfg.scorers))
 
 
 def instance_rank_of(n: int) -> np.ndarray:
@@ -257,19 +254,20 @@ class _RequestMeta:
 def _request_metadata(table, cfg: EngineConfig, model: str) -> _RequestMeta:
     """Per-request SLO priority, sheddable flag, tenant code and model-mismatch flag."""
     priorities = dict(SLO_PRIORITIES)
-    priorities.update(cfg.slo_priorities)
+    priorities.update(cfg.policies.slo_priorities)
     clients = table.clients or [{}]
-    client_prio = np.array([priorities.get(str(c.get("slo_class", "") or ""), 3)
-                            for c in clients], dtype=np.int64)
-    tenants = sorted(cfg.tenant_budgets)
+    client_prio = np.array([priorities.get(str(c.get("slo_class", "") or ""),
+                                           DEFAULT_SLO_PRIORITY) for c in clients], np.int64)
+    budgets = cfg.policies.tenant_budgets
+    tenants = sorted(budgets)
     tenant_code = {t: k for k, t in enumerate(tenants)}
     client_tenant = np.array([tenant_code.get(str(c.get("tenant_id", "") or ""), -1)
                               for c in clients], dtype=np.int64)
     client_model_bad = np.array([1 if (c.get("model") or "") not in ("", model) else 0
                                  for c in clients], dtype=np.int8)
     cidx = table.client_idx if table.n else np.zeros(0, np.int32)
-    capacity = max(1, cfg.num_instances * cfg.max_running_reqs)
-    budget = np.array([cfg.tenant_budgets[t] * float(capacity) for t in tenants], np.float64)
+    capacity = max(1, cfg.options.num_instances * cfg.options.max_num_running_reqs)
+    budget = np.array([budgets[t] * float(capacity) for t in tenants], np.float64)
     prio = client_prio[cidx]
     return _RequestMeta(client_prio, client_tenant, client_model_bad, budget,
                         (prio, (prio < 0).astype(np.int8), client_tenant[cidx],
@@ -358,22 +356,10 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
               room: _Capacity) -> SimulationResult:
     n0 = table.n
     n = n0 + room.rows
-    n_inst = cfg.num_instances
-    max_batch = max(1, min(cfg.max_running_reqs, max(n, 1)))
+    opts = cfg.options
+    n_inst = opts.num_instances
+    max_batch = max(1, min(opts.max_num_running_reqs, max(n, 1)))
     ic = np.zeros(K.IC_SIZE, dtype=np.int64)
-    ic[K.IC_N_INST] = n_inst
-    ic[K.IC_HORIZON] = cfg.horizon
-    ic[K.IC_MAX_RUNNING] = cfg.max_running_reqs
-    ic[K.IC_MAX_TOKENS] = cfg.max_scheduled_tokens
-    ic[K.IC_LONG_PREFILL] = cfg.long_prefill_token_threshold
-    ic[K.IC_MAX_MODEL_LEN] = cfg.max_model_len
-    ic[K.IC_ADM_LATENCY] = cfg.admission_latency
-    ic[K.IC_ROUTE_LATENCY] = cfg.routing_latency
-    ic[K.IC_PRIORITY] = PRIORITY_CODES[cfg.priority_policy]
-    ic[K.IC_SCHEDULER] = SCHEDULER_CODES[cfg.scheduler]
-    ic[K.IC_LATENCY_CODE] = cfg.latency_code
-    ic[K.IC_OUTPUT_TOKEN_TIME] = cfg.output_token_time
-    ic[K.IC_POST_DECODE] = cfg.post_decode_overhead
 
     arrival = _pad(table.arrival_us, n, np.int64)
     input_len = _pad(table.input_len, n, np.int64)
@@ -383,17 +369,18 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     chunk_dig = _pad(table.chunk_digests, table.chunk_digests.shape[0] + room.chunks,
                      np.uint64)
     reload_ticks = 0
-    if cfg.kv_cpu_blocks > 0:
-        reload_ticks = cfg.kv_transfer_base_latency + int(
-            math.ceil(float(cfg.block_size) / cfg.kv_transfer_bandwidth))
-    kv = new_kv_state(n_inst, cfg.total_kv_blocks, cfg.block_size, chunk_off, chunk_dig,
-                      input_len, output_len, cfg.kv_cpu_blocks, reload_ticks,
+    block_size = opts.block_size_in_tokens
+    if opts.kv_cpu_blocks > 0:
+        reload_ticks = opts.kv_transfer_base_latency + int(
+            math.ceil(float(block_size) / opts.kv_transfer_bandwidth))
+    kv = new_kv_state(n_inst, opts.total_kv_blocks, block_size, chunk_off, chunk_dig,
+                      input_len, output_len, opts.kv_cpu_blocks, reload_ticks,
                       cfg.hash_decode_blocks, log_changes=_delayed_cache_signal(cfg),
                       pool_extra=room.pool, chunk_capacity=chunk_dig.shape[0])
     rs = K.new_req_state(n, _pad(table.max_output_len, n, np.int64))
     ins = K.new_inst_state(n_inst, max_batch)
     lg = K.new_step_log(max(1024, 4 * n), max(1024, 2 * n))
-    scorers = cfg.routing_scorers or DEFAULT_SCORERS
+    scorers = cfg.scorers
     total_weight = 0.0
     for _, weight in scorers:
         total_weight += weight
@@ -401,26 +388,24 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     prio, sheddable, tenant, model_bad = (_pad(a, n, a.dtype) for a in meta.per_request)
     rt = R.new_router_state(
         n_inst, n,
-        routing=ROUTING_CODES[cfg.routing_policy],
-        admission=ADMISSION_CODES[cfg.admission_policy],
-        scorer_codes=np.array([scorer_code(name) for name, _ in scorers], np.int64),
-        uses_cache_query=any(name in SCORERS_READING_CACHE for name, _ in scorers),
+        routing=ROUTING.code(cfg.policies.routing),
+        admission=ADMISSION.code(cfg.policies.admission),
+        scorer_codes=np.array([SCORERS.code(name) for name, _ in scorers], np.int64),
+        uses_cache_query=SCORERS.reads_cache(name for name, _ in scorers),
         scorer_weights=np.array([weight / total_weight for _, weight in scorers], np.float64),
-        rng_state=new_source(subsystem_seed(cfg.seed, "router")),
-        block_size=cfg.block_size,
-        refresh_interval=cfg.snapshot_refresh_interval,
-        cache_delay=cfg.cache_signal_delay,
+        rng_state=new_source(subsystem_seed(opts.seed, "router")),
+        block_size=block_size,
+        cache_delay=opts.cache_signal_delay,
         trace=cfg.trace_decisions,
-        counterfactual_k=cfg.counterfactual_k,
-        token_bucket=(cfg.token_bucket_capacity, cfg.token_bucket_refill_rate),
-        tier_shed=(cfg.tier_shed_threshold, cfg.tier_shed_min_priority),
-        gaie=(cfg.gaie_qd_threshold, cfg.gaie_kv_threshold),
+        counterfactual_k=opts.counterfactual_k,
         req_priority=prio, req_sheddable=sheddable, req_tenant=tenant, req_model_bad=model_bad,
         tenant_budget=meta.tenant_budget,
         max_chunks=room.max_chunks,
         table_size=kv.ht.shape[1],
     )
-    ranked = cfg.scheduler not in ("", "fcfs")
+    cfg.pack_slots({"ic": ic, "rcfg": rt.rcfg, "rfl": rt.rfl})
+    rt.tb_tokens[0] = rt.rfl[R.RF_TB_CAPACITY]  # the token bucket starts full
+    ranked = cfg.policies.scheduler not in ("", "fcfs")
     ids = table.id_strings() if ranked else []  # 100k strings cost a few garbage collections
     id_rank = _pad(_rank_of_ids(ids), n, np.int64) if ranked else np.zeros(n, np.int64)
     heap = K.new_heap(3 * n + 4 * n_inst + 16)
@@ -431,7 +416,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     req_session = np.full(n, -1, np.int32)
     driver = None
     if sessions and sessions.blueprints:
-        driver = SessionDriver(sessions.blueprints, sessions.follow_up_budget, cfg.block_size)
+        driver = SessionDriver(sessions.blueprints, sessions.follow_up_budget, block_size)
         for b, bp in enumerate(sessions.blueprints):
             req_session[bp.round0_row] = b
         think = driver.think_times()
@@ -443,8 +428,8 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
-        lat_params = np.ascontiguousarray(cfg.latency_params, dtype=np.float64)
-        alpha = np.ascontiguousarray(cfg.alpha, dtype=np.float64)
+        lat_params = np.ascontiguousarray(cfg.latency.params, dtype=np.float64)
+        alpha = np.ascontiguousarray(cfg.latency.alpha, dtype=np.float64)
         inst_rank = instance_rank_of(n_inst)
         simulate = K.simulate
         while True:

@@ -8,8 +8,11 @@ import numpy as np
 
 def compile_engine() -> None:
     """Run a one-request simulation: the engine's kernels compile into Numba's on-disk cache."""
+    from blis_fast.config.latency import LatencyConfig
+    from blis_fast.config.policy_bundle import select_policies
     from blis_fast.engine.simulate import EngineConfig, run_engine
     from blis_fast.kernels import latency as L
+    from blis_fast.options import RunOptions
     from blis_fast.workload.request_table import RequestTable
 
     table = RequestTable(
@@ -21,7 +24,11 @@ def compile_engine() -> None:
     )
     params = np.zeros(L.BB_SIZE, np.float64)
     params[L.BB_BETA0] = 1000.0
-    cfg = EngineConfig(total_kv_blocks=8, latency_code=L.BLACKBOX, latency_params=params)
+    opts = RunOptions(total_kv_blocks=8)
+    latency = LatencyConfig(backend="blackbox", code=L.BLACKBOX, alpha=np.zeros(3),
+                            beta=params.copy(), params=params, total_kv_blocks=8,
+                            max_model_len=0, model="", gpu="", tp=0, vllm_version="")
+    cfg = EngineConfig(options=opts, latency=latency, policies=select_policies(opts, None))
     run_engine(table, cfg)
 
 

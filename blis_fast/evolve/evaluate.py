@@ -226,10 +226,10 @@ def _weighted_fitness(result: Any, weights: str) -> float:
         compute_fitness,
         parse_fitness_weights,
     )
-    from blis_fast.runner import instance_metrics
+    from blis_fast.output.run_outputs import instance_metrics
 
     sim = result.simulation
-    report = ClusterReport(instances=instance_metrics(sim, sim.table), requests=result.requests,
+    report = ClusterReport(instances=instance_metrics(sim), requests=result.requests,
                            admission_rejections=sim.rejected_admission,
                            routing_rejections=sim.rejected_routing,
                            priority_policy=result.prepared.policies.priority)

@@ -24,9 +24,9 @@ def _fail(msg: str):
 
 
 def _number(name: str, text: str, *, integer: bool = False) -> float:
-    from blis_fast.calibrate.cli import _float_flag, _int_flag
+    from blis_fast.cli_numbers import GO_FLOAT, GO_INT, flag_number
 
-    return _int_flag(name, text) if integer else _float_flag(name, text)
+    return flag_number(GO_INT if integer else GO_FLOAT, name, text)
 
 
 def _progress(stream):

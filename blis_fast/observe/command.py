@@ -23,6 +23,7 @@ import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.gonum import INT64_MAX
 
 if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba out of it
     from blis_fast.observe.client import RealClient
@@ -30,7 +31,6 @@ if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba
 
 log = logging.getLogger("blis_fast.observe")
 
-MAX_INT64 = (1 << 63) - 1
 RATIO_TIMEOUT_S = 30.0
 
 
@@ -231,7 +231,7 @@ def build_workload(o: ObserveOptions) -> Workload:
                                           num_requests=o.num_requests, seed=o.seed)  # fmt: skip
         else:
             spec = synthesize_from_distribution(params, seed=o.seed)
-    horizon = MAX_INT64
+    horizon = INT64_MAX
     if o.is_given("horizon") and o.horizon > 0:
         horizon = o.horizon
     elif spec.horizon > 0:
@@ -239,7 +239,7 @@ def build_workload(o: ObserveOptions) -> Workload:
     max_requests = spec.num_requests
     if o.is_given("num_requests") and o.num_requests > 0:
         max_requests = o.num_requests
-    if max_requests <= 0 and horizon == MAX_INT64:
+    if max_requests <= 0 and horizon == INT64_MAX:
         _fail("Workload requires either num_requests, --num-requests, or --horizon to bound "
               "generation")
     try:

@@ -5,24 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.engine.simulate import DecisionTrace
-from blis_fast.kernels import routing as R
-
-ADMISSION_REASONS = {
-    R.REASON_NONE: "", R.REASON_REJECT_ALL: "reject-all", R.REASON_NO_TOKENS: "insufficient tokens",
-    R.REASON_TIER_SHED: "tier-shed", R.REASON_GAIE: "gaie-saturated",
-    R.REASON_TENANT_BUDGET: "tenant-budget-shed", R.REASON_CUSTOM: "custom",
-}
-
-
-def _routing_reason(policy: str, best: float) -> str:
-    """The reference's routing reason text (sim/routing.go)."""
-    if policy in ("", "round-robin"):
-        return f"round-robin[{int(best)}]"
-    if policy == "least-loaded":
-        return f"least-loaded (load={int(best)})"
-    if policy == "always-busiest":
-        return f"always-busiest (load={int(best)})"
-    return f"weighted-scoring (score={best:.3f})"
+from blis_fast.policies.admission import admission_reasons
+from blis_fast.policies.routing import reason_text
 
 
 def decision_columns(d: DecisionTrace, routing_policy: str) -> dict[str, list]:
@@ -34,8 +18,9 @@ def decision_columns(d: DecisionTrace, routing_policy: str) -> dict[str, list]:
         f"request_{int(r)}" for r in d.routing_request]
     clock = np.concatenate([d.admission_clock, d.routing_clock]).tolist()
     admitted = d.admitted.tolist() + [None] * nr
-    reason = [ADMISSION_REASONS[int(c)] for c in d.admission_reason] + [
-        _routing_reason(routing_policy, float(b)) for b in d.routing_best]
+    admission = admission_reasons()
+    reason = [admission[int(c)] for c in d.admission_reason] + [
+        reason_text(routing_policy, float(b)) for b in d.routing_best]
     chosen = [None] * na + [inst(t) for t in d.routing_target]
     regret = [None] * na + d.routing_regret.tolist()
     scores = [None] * na + ([row.tolist() for row in d.routing_scores]

@@ -51,11 +51,11 @@ MAX_SWEEP_CONFIGS = 100_000
 """Most configurations one sweep may expand to (counted before any is built)."""
 """The axis sections of a spec, in the order they nest (the last varies fastest)."""
 
-PATH_OPTIONS = frozenset({"workload_spec", "policy_config", "model_config_folder",
-                          "hardware_config", "defaults_filepath", "trace_header", "trace_data"})
+PATH_OPTIONS = frozenset(spec.field for spec in RUN_OPTIONS
+                         if spec.file in ("input", "input-folder"))
 """Options naming input files: relative paths are taken relative to the spec file."""
 
-OUTPUT_OPTIONS = frozenset({"output_dir", "metrics_path", "results_path", "trace_output"})
+OUTPUT_OPTIONS = frozenset(spec.field for spec in RUN_OPTIONS if spec.file == "output")
 """Per-run output options: a sweep writes its own outputs under ``--out``."""
 
 RUN_DEFAULTS = {"log": "error"}

@@ -1,0 +1,248 @@
+"""What one ``blis run``/``blis replay`` writes, made from the kernel's results.
+
+``plan_outputs`` checks every output path before anything runs; ``build_outputs`` turns a
+``SimulationResult`` into the per-instance and cluster metrics, the per-request columns and
+the stdout report (ENG-7, CLU-7); ``write_outputs`` stages the requested files and publishes
+them all or none (``files.OutputPlan``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from blis_fast.engine.simulate import SimulationResult
+from blis_fast.errors import BlisConfigError
+from blis_fast.files import OutputPlan
+from blis_fast.kernels import engine as K
+from blis_fast.options import RUN_OPTIONS
+from blis_fast.output.report import ClusterReport, render_report, summarize_trace
+from blis_fast.output.summary import (
+    InstanceMetrics,
+    RequestColumns,
+    aggregate_instances,
+    build_metrics_output,
+    replay_results_text,
+    results_text,
+)
+from blis_fast.workload.request_table import RequestTable
+from blis_fast.workload.trace_v2 import TraceOutcome, trace_v2_files
+
+
+@dataclass
+class RunOutputs:
+    """The metrics of a run, as printed and as written."""
+
+    stdout: str
+    summary: dict  # the cluster's metrics (the results file's summary)
+    per_instance: list[dict]
+    requests: RequestColumns
+
+
+def plan_outputs(opts: Any, replay: bool) -> OutputPlan:
+    """Check every output path of the run before anything is generated or simulated."""
+    plan = OutputPlan()  # no output may overwrite an input
+    for spec in RUN_OPTIONS:
+        path = getattr(opts, spec.field)
+        if spec.file == "input":
+            plan.add_inputs([(f"--{spec.flag}", path)])
+        elif spec.file == "input-folder" and path:
+            plan.add_inputs([(f"--{spec.flag}", os.path.join(path, "config.json"))])
+    if opts.metrics_path and opts.results_path and (
+            os.path.realpath(opts.metrics_path) != os.path.realpath(opts.results_path)):
+        raise BlisConfigError("--metrics-path and --results-path are two names of one output; "
+                              f"give one of them (got {opts.metrics_path!r} and "
+                              f"{opts.results_path!r})")
+    if replay and opts.results_path:
+        plan.check_file(opts.results_path, "--results-path")
+    elif opts.metrics_path or opts.results_path:
+        flag = "--metrics-path" if opts.metrics_path else "--results-path"
+        plan.check_file(opts.metrics_path or opts.results_path, flag)
+    if opts.trace_output:
+        plan.check_file(opts.trace_output + ".yaml", "--trace-output")
+        plan.check_file(opts.trace_output + ".csv", "--trace-output")
+    if opts.output_dir:
+        plan.check_dir(opts.output_dir, "--output-dir")
+        if os.path.isdir(opts.output_dir):
+            for name in ("summary.parquet", "requests.parquet", "decisions.parquet"):
+                plan.check_file(os.path.join(opts.output_dir, name), "--output-dir")
+    return plan
+
+
+def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
+    """Per-instance metrics objects for the report (ENG-7, CLU-7.1)."""
+    out: list[InstanceMetrics] = []
+    ended = res.sim_ended_us
+    otp = res.config.latency.output_token_time
+    for i in range(res.config.options.num_instances):
+        c = res.counters[i]
+        mine = res.instance == i
+        ttft = res.ttft_us[mine & (res.ttft_us >= 0)].astype(np.float64)
+        e2e = res.e2e_us[mine & (res.e2e_us >= 0)].astype(np.float64)
+        sched = res.sched_delay_us[mine & (res.sched_delay_us >= 0)].astype(np.int64)
+        steps = (res.step_instance == i) & (res.step_itl_count > 0)
+        out.append(InstanceMetrics(
+            completed=int(c[K.K_COMPLETED]),
+            still_queued=int(res.still_queued[i]),
+            still_running=int(res.still_running[i]),
+            dropped_unservable=int(c[K.K_DROPPED]),
+            timed_out=int(c[K.K_TIMED_OUT]),
+            length_capped=int(c[K.K_LENGTH_CAPPED]),
+            total_input_tokens=int(c[K.K_IN_TOKENS]),
+            total_output_tokens=int(c[K.K_OUT_TOKENS]),
+            preemption_count=int(c[K.K_PREEMPTIONS]),
+            kv_allocation_failures=int(c[K.K_KV_FAIL]),
+            sim_ended_time_us=int(ended[i]),
+            ttft_us=ttft,
+            e2e_us=e2e,
+            scheduling_delay_us=sched,
+            itl_values_us=res.step_duration[steps] + otp,
+            itl_counts=res.step_itl_count[steps],
+            wait_queue_len_sum=int(res.wait_queue_sum[i, 0]),
+            wait_queue_len_steps=int(res.wait_queue_sum[i, 1]),
+            cache_hit_rate=float(res.cache_hit_rate[i]),
+            kv_thrashing_rate=float(res.thrashing_rate[i]),
+        ))
+    return out
+
+
+def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumns:
+    """Per-request records of every request registered at an instance (ENG-7.6, CLU-7.24)."""
+    rows = np.flatnonzero(res.registered == 1)
+    completed = res.state[rows] == K.ST_COMPLETED
+    out_len = table.output_len[rows]
+    capped = res.length_capped[rows] == 1
+    n_itl = np.where(capped, res.itl_count[rows], out_len)
+    denom = np.maximum(n_itl - 1, 1).astype(np.float64)
+    itl = res.itl_sum_us[rows].astype(np.float64) / denom
+    itl = np.where(out_len > 0, itl, 0.0)
+    itl = np.where(completed, itl, np.nan)
+    ttft = res.ttft_us[rows]
+    e2e = res.e2e_us[rows]
+    clients = table.clients
+    cidx = table.client_idx[rows]
+
+    def meta(key: str) -> np.ndarray:
+        values = np.array([str(c.get(key, "") or "") for c in clients] or [""], dtype=object)
+        return values[cidx] if len(clients) else np.full(len(rows), "", dtype=object)
+
+    return RequestColumns(
+        request_id=np.array(table.id_strings(), dtype=object)[rows],
+        arrival_us=table.arrival_us[rows],
+        num_prefill_tokens=table.input_len[rows],
+        num_decode_tokens=out_len,
+        ttft_us=np.where(ttft >= 0, ttft.astype(np.float64), np.nan),
+        itl_us=itl,
+        e2e_us=np.where(e2e >= 0, e2e.astype(np.float64), np.nan),
+        scheduling_delay_us=res.sched_delay_us[rows].astype(np.int64),
+        handled_by=res.instance[rows].astype(np.int32),
+        slo_class=meta("slo_class"),
+        tenant_id=meta("tenant_id"),
+        model=meta("model"),
+        length_capped=capped,
+    )
+
+
+def trace_outcome(res: SimulationResult, n: int | None = None) -> TraceOutcome:
+    """Per-request status/TTFT/ITL sums for the trace v2 export (WL-9.5) of the first ``n``
+    requests (default: all)."""
+    state = res.state[:n]
+    status = np.full(state.shape[0], 2, dtype=np.int8)
+    status[state == K.ST_COMPLETED] = 0
+    status[state == K.ST_TIMED_OUT] = 1
+    return TraceOutcome(status=status, ttft_us=res.ttft_us[:n].astype(np.int64),
+                        itl_sum_us=res.itl_sum_us[:n].astype(np.int64))
+
+
+def shed_by_tier(res: SimulationResult) -> dict[str, int]:
+    """Admission rejections per SLO class (DELTA-11)."""
+    if res.rejected_admission == 0:
+        return {}
+    table = res.table
+    counts: dict[str, int] = {}
+    for idx in np.flatnonzero(res.registered == K.REG_REJECTED_ADMISSION):
+        client = table.clients[table.client_idx[idx]] if table.clients else {}
+        tier = str(client.get("slo_class", "") or "") or "standard"
+        counts[tier] = counts.get(tier, 0) + 1
+    return counts
+
+
+def trace_summary(res: SimulationResult):
+    """The --summarize-trace section's numbers (CLU-6.5), when tracing was on."""
+    if res.decisions is None:
+        return None
+    d = res.decisions
+    return summarize_trace(d.admitted, d.routing_target, d.routing_regret)
+
+
+def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
+    """The metrics and the stdout report of a simulated run (``opts``: its RunOptions)."""
+    instances = instance_metrics(res)
+    requests = request_columns(res, res.table)  # pre-generated requests, then follow-ups
+    aggregate = aggregate_instances(instances)
+    per_instance = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(instances)]
+    summary = build_metrics_output("cluster", aggregate)
+    report = ClusterReport(
+        instances=instances,
+        requests=requests,
+        admission_rejections=res.rejected_admission,
+        routing_rejections=res.rejected_routing,
+        shed_by_tier=shed_by_tier(res),
+        priority_policy=res.config.policies.priority,
+        fitness_weights="" if replay else opts.fitness_weights,
+        trace_summary=trace_summary(res) if opts.summarize_trace else None,
+        aggregate=aggregate,
+        metrics_outputs=[*per_instance, summary],
+        subcommand="replay" if replay else "run",
+    )
+    return RunOutputs(stdout=render_report(report), summary=summary,
+                      per_instance=per_instance, requests=requests)
+
+
+def write_outputs(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
+                  res: SimulationResult, outputs: RunOutputs) -> None:
+    """Stage every requested output file and publish them together (any failure removes them
+    all); ``injected`` is the table of the requests the run injected itself."""
+    with plan:
+        _stage(plan, opts, replay, injected, res, outputs)
+        plan.commit()
+
+
+def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
+           res: SimulationResult, outputs: RunOutputs) -> None:
+    if opts.trace_output and replay:
+        # a replay exports the requests it injected, in injection order (DELTA-64/65)
+        files = trace_v2_files(opts.trace_output, injected, trace_outcome(res, injected.n),
+                               replayed=True)
+    elif opts.trace_output:
+        files = trace_v2_files(opts.trace_output, res.table, trace_outcome(res))
+    else:
+        files = []
+    for path, text in files:
+        plan.stage_text(path, "--trace-output", text)
+    if replay and opts.results_path:
+        plan.stage_text(opts.results_path, "--results-path", replay_results_text(outputs.requests))
+    elif opts.metrics_path or opts.results_path:
+        flag = "--metrics-path" if opts.metrics_path else "--results-path"
+        plan.stage_text(opts.metrics_path or opts.results_path, flag,
+                        results_text(outputs.summary, outputs.requests))
+    if opts.output_dir:
+        import pyarrow.parquet as pq
+
+        from blis_fast.output.parquet import requests_table, summary_table
+
+        tables = [("summary.parquet", summary_table(outputs.summary)),
+                  ("requests.parquet", requests_table(outputs.requests))]
+        if res.decisions is not None:
+            from blis_fast.output.decisions import decision_columns
+            from blis_fast.output.parquet import decisions_table
+
+            tables.append(("decisions.parquet", decisions_table(
+                decision_columns(res.decisions, res.config.policies.routing))))
+        out_dir = plan.make_dir(opts.output_dir, "--output-dir")
+        for name, tab in tables:
+            plan.stage(out_dir / name, "--output-dir",
+                       lambda tmp, tab=tab: pq.write_table(tab, tmp))
