@@ -5,8 +5,11 @@ Configurations are drawn by hypothesis: arrival rates 0.5..400 req/s, 1..300 req
 chunked prefill on/off, tight batch limits, blackbox latency with random non-negative
 coefficients or an analytical backend (roofline, trained-physics, crossmodel,
 trained-roofline), optional max-model-len, timeouts, finite or infinite horizons, every
-scheduler and priority policy, the routing and admission policies the engine supports, and
-the tiered CPU KV cache on/off (bounded by a horizon or timeouts, see TIERED_LIVELOCK).
+scheduler, priority, routing and admission policy and every routing scorer the package
+exposes (names read from the package; parameters, policy bundles included, from
+``_policies.POLICY_OPTIONS``: a policy the table does not know fails
+``test_strategies_draw_every_policy``), and the tiered CPU KV cache on/off (bounded by a
+horizon or timeouts, see TIERED_LIVELOCK).
 
 Every request fits the whole cache on its own (``ceil((input + output) / block size) <= total
 blocks``): the reference drops a request whose input alone needs more blocks than the cache
@@ -46,6 +49,7 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
+from _policies import POLICY_OPTIONS, drawn_policies, policy_names, policy_options
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -105,19 +109,9 @@ TIERED_POOL_OVERFLOW = dict(
 
 SETTINGS = dict(deadline=None, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+NAMES = policy_names()  # every policy name the package accepts, per family
 
 
-def _supported(attr: str, names: tuple[str, ...]) -> list[str]:
-    """The policy names the engine accepts today (the lead adds policies over time)."""
-    codes = getattr(sim_mod, attr, None)
-    if not isinstance(codes, dict):
-        return [names[0]]
-    return [n for n in names if n in codes] or [names[0]]
-
-
-ROUTING = _supported("ROUTING_CODES", ("round-robin", "least-loaded", "always-busiest",
-                                        "weighted"))
-ADMISSION = _supported("ADMISSION_CODES", ("always-admit", "reject-all", "token-bucket"))
 # roofline (the default) most often; the other analytical backends the project keeps too
 ANALYTICAL = ["roofline"] * 3 + ["trained-physics", "crossmodel", "trained-roofline"]
 
@@ -158,10 +152,10 @@ def configs(draw, *, horizon: str = "any", routing: str | None = None,
         max_num_running_reqs=draw(st.integers(1, 64)),
         max_num_scheduled_tokens=draw(st.integers(16, 4096)),
         timeout=draw(st.one_of(st.integers(-5, -1), st.integers(1, 300))),
-        scheduler=draw(st.sampled_from(["fcfs", "sjf", "priority-fcfs", "reverse-priority"])),
-        priority_policy=draw(st.sampled_from(["constant", "slo-based", "inverted-slo"])),
-        routing_policy=routing or draw(st.sampled_from(ROUTING)),
-        admission_policy=admission or draw(st.sampled_from(ADMISSION + ["always-admit"] * 8)),
+        scheduler=draw(st.sampled_from(NAMES["scheduler"])),
+        priority_policy=draw(st.sampled_from(NAMES["priority"])),
+        **draw(policy_options("routing", routing)),
+        **draw(policy_options("admission", admission)),
         admission_latency=draw(st.one_of(st.just(0), st.integers(0, 50_000))),
         routing_latency=draw(st.one_of(st.just(0), st.integers(0, 50_000))),
     )
@@ -660,3 +654,31 @@ def test_strategy_respects_the_livelock_bound() -> None:
             assert not _infinite(opts) or opts["timeout"] > 0
 
     check()
+
+
+def test_strategies_draw_every_policy() -> None:
+    """The configurations above run every policy and scorer the package exposes: a policy
+    added to (or removed from) the package without an entry in ``tests/_policies.py``
+    POLICY_OPTIONS fails here instead of going untested."""
+    for family, table in POLICY_OPTIONS.items():
+        package, tested = set(NAMES[family]), set(table)
+        assert package <= tested, (
+            f"{family} policies {sorted(package - tested)} have no invariant coverage: add how "
+            f"a random configuration runs them to POLICY_OPTIONS[{family!r}] in "
+            f"tests/_policies.py")
+        assert tested <= package, (
+            f"POLICY_OPTIONS[{family!r}] in tests/_policies.py names {sorted(tested - package)}, "
+            f"which the package no longer accepts: remove them")
+    seen: dict[str, set[str]] = {family: set() for family in NAMES}
+
+    @settings(max_examples=400, derandomize=True, **SETTINGS)
+    @given(opts=configs())
+    def record(opts: dict) -> None:
+        for family, names in drawn_policies(opts).items():
+            seen[family] |= names
+
+    record()
+    for family, names in NAMES.items():
+        assert seen[family] == set(names), (
+            f"{family}: the configurations never draw {sorted(set(names) - seen[family])} "
+            f"(or draw unknown names {sorted(seen[family] - set(names))})")
