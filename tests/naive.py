@@ -626,10 +626,22 @@ class PrefixCache:
 
 ARRIVAL, QUEUED, STEP, SCHEDULED, LEFT, TIMEOUT = range(6)  # event priorities (ENG-1.2)
 
+PRIORITY_POLICIES = {  # request priority while queued, from its age (ENG-4.1)
+    "constant": lambda age: 0.0,
+    "slo-based": lambda age: 0.0 + 1e-6 * age,
+    "inverted-slo": lambda age: 0.0 - 1e-6 * age,
+}
+SCHEDULER_KEYS = {  # the wait queue's stable sort key each step (ENG-4.1); None: keep order
+    "fcfs": None,
+    "priority-fcfs": lambda r: (-r.priority, r.arrival, r.id),
+    "sjf": lambda r: (len(r.input), r.arrival, r.id),
+    "reverse-priority": lambda r: (r.priority, r.arrival, r.id),
+}
+
 
 @dataclass(frozen=True)
 class InstanceConfig:
-    """The flags of one instance the twin models (blackbox latency, FCFS, constant priority)."""
+    """The flags of one instance the twin models (blackbox latency, single-tier cache)."""
 
     block_size: int
     total_blocks: int
@@ -640,6 +652,8 @@ class InstanceConfig:
     alpha: tuple[float, float, float] = (0.0, 0.0, 0.0)
     beta: tuple[float, float, float] = (0.0, 0.0, 0.0)
     horizon: int = INT64_MAX
+    scheduler: str = "fcfs"
+    priority_policy: str = "constant"
 
 
 @dataclass(eq=False)
@@ -655,6 +669,7 @@ class Request:
     state: str = "queued"
     progress: int = 0
     num_new: int = 0
+    priority: float = 0.0
     ttft_set: bool = False
     first_token_time: int = 0
     itl: list[int] = field(default_factory=list)
@@ -714,14 +729,19 @@ class Instance:
     """One vLLM instance behind a one-instance cluster with always-admit and no pipeline
     latencies, as ``blis run``/``blis replay`` drive it (CLU-1.5, CLU-1.17).
 
-    Scope: FCFS with constant priority (the wait queue is never reordered), blackbox latency,
-    single-tier KV cache. Rules: the event order of ENG-1.2 and CLU-1.6, enqueue guards
-    ENG-3.4, the step ENG-2 with DELTA-2/3/4/6, batch formation ENG-4.2-4.5 with DELTA-5
-    (preemption of the running batch's tail), the KV cache ENG-5 with DELTA-13/14, lazy
-    timeout cancellation DELTA-1, metrics ENG-7.2.
+    Scope: blackbox latency, single-tier KV cache, the schedulers and priority policies of
+    ``SCHEDULER_KEYS`` and ``PRIORITY_POLICIES``. Rules: the event order of ENG-1.2 and
+    CLU-1.6, enqueue guards ENG-3.4, the step ENG-2 with DELTA-2/3/4/6, queue order ENG-4.1,
+    batch formation ENG-4.2-4.5 with DELTA-5 (preemption of the running batch's tail), the KV
+    cache ENG-5 with DELTA-13/14, lazy timeout cancellation DELTA-1, metrics ENG-7.2.
     """
 
     def __init__(self, cfg: InstanceConfig) -> None:
+        for table, name, where in ((SCHEDULER_KEYS, cfg.scheduler, "SCHEDULER_KEYS"),
+                                   (PRIORITY_POLICIES, cfg.priority_policy, "PRIORITY_POLICIES")):
+            if name not in table:
+                raise KeyError(f"naive.Instance has no twin of {name!r}: add it to {where} in "
+                               "tests/naive.py")
         self.cfg = cfg
         self.kv = PrefixCache(cfg.total_blocks, cfg.block_size)
         self.heap: list[tuple] = []
@@ -872,6 +892,12 @@ class Instance:
             self.step_pending = False
             return
         self.step_count += 1
+        priority = PRIORITY_POLICIES[self.cfg.priority_policy]
+        for r in self.wait:
+            r.priority = priority(float(now - r.arrival))
+        key = SCHEDULER_KEYS[self.cfg.scheduler]
+        if key is not None:
+            self.wait.sort(key=key)  # stable, as sort.SliceStable
         newly = self.form_batch()
         for req in newly:
             self.push(now, SCHEDULED, "scheduled", req)
