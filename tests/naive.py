@@ -697,6 +697,7 @@ class InstanceResult:
     hits: int
     misses: int
     steps: int
+    event_times: list[int]  # the time of every event executed, in order
 
     def summary(self) -> dict[str, float | int]:
         """The metrics JSON of ``SaveResults`` (ENG-7.4, DELTA-6/9): counters always, the
@@ -768,6 +769,7 @@ class Instance:
         self.sched_delay: dict[str, int] = {}
         self.all_itls: list[int] = []
         self.requests: list[Request] = []
+        self.event_times: list[int] = []
 
     # ---- latency model (ENG-6.2, ENG-6.3)
     def queueing_time(self, req: Request) -> int:
@@ -823,6 +825,7 @@ class Instance:
             if kind == "timeout" and req.state == "completed":
                 continue  # cancelled lazily: the clock does not move (DELTA-1)
             self.clock = time
+            self.event_times.append(time)
             getattr(self, "on_" + kind)(time, req)
         return self.finish()
 
@@ -1078,4 +1081,4 @@ class Instance:
             length_capped={r.id for r in self.requests if r.length_capped},
             preemptions={r.id: r.preemptions for r in self.requests},
             all_itls=self.all_itls, hits=self.kv.hits, misses=self.kv.misses,
-            steps=self.step_count)
+            steps=self.step_count, event_times=self.event_times)

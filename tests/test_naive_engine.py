@@ -22,6 +22,7 @@ import csv
 import io
 import math
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import naive
@@ -210,8 +211,16 @@ def workloads(draw, cfg: naive.InstanceConfig, max_requests: int = 10) -> list[d
 
 @st.composite
 def cases(draw, max_requests: int = 10) -> tuple[naive.InstanceConfig, list[dict]]:
+    """A configuration and its requests; now and then the horizon is put on (or next to) the
+    time of an event of the unbounded run, where "at the horizon" and "past it" differ."""
     cfg = draw(configs())
-    return cfg, draw(workloads(cfg, max_requests))
+    rows = draw(workloads(cfg, max_requests))
+    if draw(st.integers(0, 3)) == 0:
+        times = naive.Instance(replace(cfg, horizon=INT64_MAX)).run(twin_requests(rows)).event_times
+        if times:
+            at = draw(st.sampled_from(times)) + draw(st.sampled_from([-1, 0, 0, 1]))
+            cfg = replace(cfg, horizon=max(1, at))
+    return cfg, rows
 
 
 # ------------------------------------------------------------------ tests
