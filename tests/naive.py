@@ -14,8 +14,8 @@ The module is long on purpose: it is the one place every twin lives. Sections:
 * latency formulas (roofline step, KV-capacity auto-calculation);
 * workload generation (the WL-5 loop and the WL-14 draw order);
 * the KV cache: the LRU free list and a dict-based prefix cache (ENG-5, DELTA-13/14);
-* one vLLM instance: events, batch formation, chunked prefill, preemption, completion
-  (ENG-1..4, ENG-7, DELTA-1..7).
+* one vLLM instance: events, queue order, batch formation, chunked prefill, preemption,
+  completion, timeouts (ENG-1..4, ENG-7, DELTA-1..7).
 
 The only package code twins use is the Go ``math/rand`` port (``blis_fast.kernels.gorand``,
 checked against Go's own outputs in ``test_gorand.py``) and the 64-bit content digest that

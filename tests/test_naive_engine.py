@@ -7,8 +7,8 @@ and horizon, blackbox coefficients). blis_fast replays exactly those requests fr
 (``blis replay``: arrivals, lengths and prefix groups come from the CSV; token ids are drawn,
 and the twin names them symbolically: a group's prefix tokens are shared, every other token
 is its request's own). Both must agree exactly on every per-request figure (TTFT, E2E, mean
-ITL, scheduling delay, length cap, which requests have a record) and on every number of the
-metrics JSON, and on the cache hit rate.
+ITL, the sum and count of ITL samples, scheduling delay, length cap, which requests have a
+record), on every number of the metrics JSON and on the cache hit rate.
 
 Block sizes are at least 2: token ids are drawn from 128000 values, so with one-token blocks
 two requests' first tokens would collide about once in 128000 pairs (a prefix hit the twin's
@@ -152,6 +152,12 @@ def assert_same(rows: list[dict], cfg: naive.InstanceConfig, seed: int = 42) -> 
         assert blis[key] == value, (key, blis[key], value)
     hit_rate = twin.hits / (twin.hits + twin.misses) if twin.hits + twin.misses else 0.0
     assert float(res.simulation.cache_hit_rate[0]) == hit_rate
+    # ITL samples of each completed request's final attempt: their sum and how many
+    sim = res.simulation
+    for k, rid in enumerate(sim.table.id_strings()):
+        if rid in twin.e2e:
+            assert (int(sim.itl_sum_us[k]), int(sim.itl_count[k])) == (
+                twin.itl_sum[rid], twin.itl_count[rid]), rid
     return twin
 
 
