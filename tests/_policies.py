@@ -144,12 +144,12 @@ select and configure it. Must hold exactly the package's names (test_invariants 
 
 
 @st.composite
-def policy_options(draw, family: str, name: str | None = None) -> dict:
+def policy_options(draw, family: str, name: str | None = None, default_weight: int = 0) -> dict:
     """Run options selecting one policy of ``family`` (``name``, or drawn from the package's
-    names with the CLI default weighted up) and its parameters."""
+    names, the CLI default ``default_weight`` times more often) and its parameters."""
     if name is None:
         names = policy_names()[family]
-        name = draw(st.sampled_from([default_policy(family)] * 4 + list(names)))
+        name = draw(st.sampled_from([default_policy(family)] * default_weight + list(names)))
     return draw(POLICY_OPTIONS[family][name])
 
 
