@@ -1,24 +1,32 @@
-"""Properties of the cluster control plane on random configurations (issue: cluster)."""
+"""Properties of the cluster control plane on random configurations (issue: cluster).
+
+Policy and scorer names come from the package (``_policies.policy_names``): every routing
+and admission policy it exposes is drawn.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numba
 import numpy as np
+import yaml
+from _policies import policy_names, policy_options
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import blis_fast
 from blis_fast.kernels import hooks as H
-from blis_fast.policies.routing import ROUTING
 from blis_fast.policies.scorers import SCORERS
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
-SCORER_NAMES = SCORERS.valid_names()
+NAMES = policy_names()  # every policy name the package accepts, per family
+SCORER_NAMES = list(NAMES["scorer"])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n_inst=st.integers(1, 8), rate=st.floats(1.0, 300.0),
-       policy=st.sampled_from(ROUTING.valid_names()),
+       policy=st.sampled_from(NAMES["routing"]),
        scorers=st.lists(st.sampled_from(SCORER_NAMES), min_size=1, max_size=4, unique=True),
        seed=st.integers(0, 10_000))
 def test_routing_targets_stay_inside_the_cluster(n_inst, rate, policy, scorers, seed):
@@ -31,13 +39,32 @@ def test_routing_targets_stay_inside_the_cluster(n_inst, rate, policy, scorers, 
     assert handled.min() >= 0 and handled.max() < n_inst
 
 
-@settings(max_examples=15, deadline=None)
-@given(n_inst=st.integers(1, 8), k=st.integers(1, 12), rate=st.floats(0.5, 200.0))
-def test_round_robin_spreads_requests_evenly(n_inst, k, rate):
-    r = blis_fast.run(model=MODEL, num_instances=n_inst, rate=rate, num_requests=n_inst * k,
-                      log="error")
-    counts = np.bincount(np.asarray(r.requests.handled_by), minlength=n_inst)
-    assert counts.tolist() == [k] * n_inst
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n_inst=st.integers(1, 4), rate=st.floats(5.0, 400.0), seed=st.integers(0, 10_000),
+       policy=st.sampled_from(NAMES["admission"]), data=st.data())
+def test_every_admission_policy_accounts_for_every_request(n_inst, rate, seed, policy, data):
+    """Each generated request is either rejected at admission or routed to an instance and
+    recorded there (infinite horizon); reject-all rejects all, always-admit none, and a
+    policy that sheds by SLO class never sheds a class that is not sheddable."""
+    opts = data.draw(policy_options("admission", policy))
+    r = blis_fast.run(model=MODEL, num_instances=n_inst, rate=rate, num_requests=60, seed=seed,
+                      log="error", **opts)
+    rejected = r.simulation.rejected_admission
+    handled = np.asarray(r.requests.handled_by)
+    assert rejected + len(handled) == 60
+    assert handled.size == 0 or (handled.min() >= 0 and handled.max() < n_inst)
+    if policy == "reject-all":
+        assert rejected == 60
+    if policy == "always-admit":
+        assert rejected == 0
+    if policy in ("gaie-legacy", "tier-shed"):
+        # every generated request has the SLO class "": priority 3 unless the bundle says
+        adm = yaml.safe_load(Path(opts["policy_config"]).read_text())["admission"]
+        priority = adm.get("slo_priorities", {}).get("", 3)
+        if policy == "gaie-legacy" and priority >= 0:  # not sheddable (DELTA-39)
+            assert rejected == 0
+        if policy == "tier-shed" and priority >= adm.get("tier_shed_min_priority", 3):
+            assert rejected == 0  # DELTA-38: only classes below the minimum are shed
 
 
 @numba.njit

@@ -1,8 +1,9 @@
-"""KV-capacity auto-calculation (ENG-6.8, DELTA-23.5)."""
+"""KV-capacity auto-calculation (ENG-6.8, DELTA-23.5), against ``naive.kv_blocks``."""
 
 from __future__ import annotations
 
 import pytest
+from naive import kv_blocks
 
 from blis_fast.config.hardware import get_hw_config
 from blis_fast.config.kv_capacity import (
@@ -38,35 +39,14 @@ def test_delta_23_5_examples(name, expected):
     assert _blocks(name) == expected
 
 
-def _naive_blocks(L, d, H, hkv, inter, vocab, bpp, mem, tp, block, util, moe=None, tied=False):
-    """Straight transcription of ENG-6.8 (naive twin)."""
-    dh = d // H
-    per_block = int(L * 2.0 * dh * hkv * bpp / tp * block)
-    available = mem * util * tp
-    if moe is None:
-        mlp = 3 * d * inter
-    else:
-        experts, dexp = moe
-        mlp = 3 * d * dexp * experts + experts * d
-    params = (
-        vocab * d
-        + L * (d * (d + 2 * hkv * dh) + d * d + mlp + 2 * d)
-        + (0 if tied else vocab * d)
-        + d
-    )
-    weights = int(params * bpp)
-    overhead = weights / 2**30 + (8.0 if moe else 5.5) + (0.15 if tp == 1 else 0.6) * tp
-    return int((available - overhead) * 2**30) // per_block
-
-
 def test_parity_models_against_naive_formula():
-    assert _blocks("llama-3.1-8b-instruct") == _naive_blocks(
+    assert _blocks("llama-3.1-8b-instruct") == kv_blocks(
         32, 4096, 32, 8, 14336, 128256, 2.0, 80.0, 1, 16, 0.9
     )
-    assert _blocks("llama-3.1-70b-instruct", "A100-80", 4) == _naive_blocks(
+    assert _blocks("llama-3.1-70b-instruct", "A100-80", 4) == kv_blocks(
         80, 8192, 64, 8, 28672, 128256, 2.0, 80.0, 4, 16, 0.9
     )
-    assert _blocks("mixtral-8x7b-v0.1", "H100", 2) == _naive_blocks(
+    assert _blocks("mixtral-8x7b-v0.1", "H100", 2) == kv_blocks(
         32, 4096, 32, 8, 14336, 32000, 2.0, 80.0, 2, 16, 0.9, moe=(8, 14336)
     )
     assert _blocks("llama-3.1-8b-instruct") == 26312

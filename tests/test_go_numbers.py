@@ -8,21 +8,20 @@ Two independent checks:
   out from ``atof.go``/``atoi.go`` (marked "derived");
 * property tests: generated numeric strings checked against a small twin written from the Go
   grammar (the spec's floating-point and integer literal productions, as ``ParseFloat`` /
-  ``ParseInt`` document them) with regular expressions and exact rational arithmetic. The twin
-  shares no code with the parser under test (it never calls ``float(str)`` or
-  ``float.fromhex``).
+  ``ParseInt`` document them) with regular expressions and exact rational arithmetic
+  (``naive.parse_float``, ``naive.parse_int``). The twin shares no code with the parser under
+  test (it never calls ``float(str)`` or ``float.fromhex``).
 """
 
 from __future__ import annotations
 
 import math
-import re
-import sys
-from fractions import Fraction
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from naive import parse_float as twin_parse_float
+from naive import parse_int as twin_parse_int
 
 from blis_fast.gonum import (
     ERR_RANGE,
@@ -37,117 +36,6 @@ from blis_fast.gonum import (
 INF = math.inf
 NAN = math.nan
 S, R = ERR_SYNTAX, ERR_RANGE
-
-
-# ------------------------------------------------------------------------------ the twin
-# Go spec, "Floating-point literals" (ParseFloat also takes a sign, plain integers and the
-# special names); underscores only between digits or after the 0x prefix.
-_DD = r"[0-9](?:_?[0-9])*"
-_HD = r"[0-9a-fA-F](?:_?[0-9a-fA-F])*"
-_TWIN_DEC = re.compile(
-    rf"(?P<sign>[+-]?)(?:(?P<i>{_DD})(?:\.(?P<f>{_DD})?)?|\.(?P<f2>{_DD}))"
-    rf"(?:[eE](?P<es>[+-]?)(?P<e>{_DD}))?", re.ASCII)
-_TWIN_HEX = re.compile(
-    rf"(?P<sign>[+-]?)0[xX](?:_?(?P<i>{_HD})(?:\.(?P<f>{_HD})?)?|\.(?P<f2>{_HD}))"
-    rf"[pP](?P<es>[+-]?)(?P<e>{_DD})", re.ASCII)
-_TWIN_INF = re.compile(r"[+-]?(?:inf|infinity)", re.ASCII | re.IGNORECASE)
-_TWIN_NAN = re.compile(r"nan", re.ASCII | re.IGNORECASE)
-_HUGE_EXPONENT = 20_000  # far past float64 range; Go saturates such exponents (atof.go)
-
-
-def _big_int(digits: str, base: int) -> int:
-    """``int(digits, base)`` without CPython's 4300-digit guard (Go's tables have 10000)."""
-    old = sys.get_int_max_str_digits()
-    sys.set_int_max_str_digits(0)
-    try:
-        return int(digits, base)
-    finally:
-        sys.set_int_max_str_digits(old)
-
-
-def twin_parse_float(s: str) -> float | str:
-    """Go's answer for ``ParseFloat(s, 64)``: a float, or the error text."""
-    if _TWIN_NAN.fullmatch(s):
-        return NAN
-    if _TWIN_INF.fullmatch(s):
-        return -INF if s.startswith("-") else INF
-    m = _TWIN_DEC.fullmatch(s)
-    radix, per_digit = 10, 1
-    if m is None:
-        m = _TWIN_HEX.fullmatch(s)
-        radix, per_digit = 2, 4
-        if m is None:
-            return S
-    ints = (m["i"] or "").replace("_", "")
-    frac = (m["f"] or m["f2"] or "").replace("_", "")
-    mant = _big_int(ints + frac or "0", 16 if radix == 2 else 10)
-    neg = m["sign"] == "-"
-    exp = int((m["e"] or "0").replace("_", "")) * (-1 if m["es"] == "-" else 1)
-    if mant == 0:
-        return -0.0 if neg else 0.0
-    exp -= per_digit * len(frac)
-    magnitude = exp + mant.bit_length() * (1 if radix == 2 else 0.30103)  # ~log(value)
-    if magnitude > _HUGE_EXPONENT:
-        return R
-    if magnitude < -_HUGE_EXPONENT:
-        return -0.0 if neg else 0.0
-    q = Fraction(mant) * Fraction(radix) ** exp
-    try:
-        value = float(q)  # int/int true division: correctly rounded, OverflowError past max
-    except OverflowError:
-        return R
-    if math.isinf(value):
-        return R
-    return -value if neg else value
-
-
-# Go spec, "Integer literals" (ParseInt with base 0 also takes a sign).
-_TWIN_INT0 = re.compile(
-    r"[+-]?(?:0|[1-9](?:_?[0-9])*|0[bB]_?[01](?:_?[01])*|0[oO]?_?[0-7](?:_?[0-7])*"
-    r"|0[xX]_?[0-9a-fA-F](?:_?[0-9a-fA-F])*)", re.ASCII)
-_TWIN_INT10 = re.compile(r"[+-]?[0-9]+", re.ASCII)
-_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
-
-
-def _overflows_before_bad_char(body: str, base: int, underscores: bool) -> bool:
-    """ParseUint's rule: an overflow met before the first bad character is a range error."""
-    acc = 0
-    for c in body:
-        if c == "_" and underscores:
-            continue
-        if c.lower() not in _DIGITS[:base] or not c.isascii():
-            return False
-        acc = acc * base + _DIGITS.index(c.lower())
-        if acc >= 1 << 64:
-            return True
-    return False
-
-
-def twin_parse_int(s: str, base: int) -> int | str:
-    """Go's answer for ``ParseInt(s, base, 64)`` with base 0 or 10: an int or the error text."""
-    body = s[1:] if s[:1] in ("+", "-") else s
-    if base == 0:
-        low = body[:2].lower()
-        if len(body) >= 3 and low in ("0x", "0o", "0b"):
-            real, digits = {"0x": 16, "0o": 8, "0b": 2}[low], body[2:]
-        elif body.startswith("0"):
-            real, digits = 8, body[1:]
-        else:
-            real, digits = 10, body
-        if _overflows_before_bad_char(digits, real, underscores=True):
-            return R
-        if not _TWIN_INT0.fullmatch(s):
-            return S
-        text = body.replace("_", "")
-        value = int(text[2:] if real != 10 and text[1:2].isalpha() else text, real)
-    else:
-        if _overflows_before_bad_char(body, 10, underscores=False):
-            return R
-        if not _TWIN_INT10.fullmatch(s):
-            return S
-        value = int(body)
-    value = -value if s.startswith("-") else value
-    return value if -(1 << 63) <= value < (1 << 63) else R
 
 
 # ------------------------------------------------------------------------------ helpers

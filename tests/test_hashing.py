@@ -9,57 +9,23 @@ and compare the two hash partitions block by block.
 
 from __future__ import annotations
 
-import hashlib
-import math
-
 import numpy as np
 import pytest
+from naive import distribution_tokens, go_hash_block
 
-from blis_fast.kernels import gorand
 from blis_fast.kernels.hashing import EMPTY_HASH, chain_hash, content_digest
 from blis_fast.workload.generator import generate_requests
 from blis_fast.workload.synthesis import DistributionParams, synthesize_from_distribution
 
-VOCAB = 128000
-
-
-def go_hash_block(prev: str, tokens) -> str:
-    """The reference's HashBlock: hex SHA-256 of the previous hex digest then "t|" per token."""
-    h = hashlib.sha256()
-    h.update(prev.encode())
-    h.update("".join(f"{int(t)}|" for t in tokens).encode())
-    return h.hexdigest()
-
-
-def _go_round(x: float) -> float:
-    t = math.trunc(x)
-    if abs(x - t) >= 0.5:
-        t += math.copysign(1.0, x)
-    return t
-
-
-def _gaussian(s, mean, std, lo, hi) -> int:
-    if lo == hi:
-        return lo
-    v = gorand.norm_float64(s) * std + mean
-    return max(1, int(_go_round(min(hi, max(lo, v)))))
-
 
 def rebuild_tokens(p: DistributionParams, seed: int, n: int) -> list[np.ndarray]:
     """Token ids (input ++ output) of a distribution workload, drawn as the reference does."""
-    wg = gorand.new_source(gorand.subsystem_seed(seed, "workload-gen"))
-    prefix = [gorand.intn(wg, VOCAB) for _ in range(p.prefix_tokens)]
-    client = gorand.new_source(gorand.int63(wg))
-    out = []
-    for _ in range(n):
-        n_in = _gaussian(client, p.prompt_tokens_mean, p.prompt_tokens_stdev,
-                         p.prompt_tokens_min, p.prompt_tokens_max)
-        n_out = _gaussian(client, p.output_tokens_mean, p.output_tokens_stdev,
-                          p.output_tokens_min, p.output_tokens_max)
-        ids_in = [gorand.intn(client, VOCAB) for _ in range(n_in)]
-        ids_out = [gorand.intn(client, VOCAB) for _ in range(n_out)]
-        out.append(np.array(prefix + ids_in + ids_out, dtype=np.int64))
-    return out
+    lengths = ((p.prompt_tokens_mean, p.prompt_tokens_stdev, p.prompt_tokens_min,
+                p.prompt_tokens_max),
+               (p.output_tokens_mean, p.output_tokens_stdev, p.output_tokens_min,
+                p.output_tokens_max))
+    return [np.array(ids, dtype=np.int64)
+            for ids in distribution_tokens(p.prefix_tokens, lengths, seed, n)]
 
 
 CASES = [  # (params, seed, block size, requests): parity workloads with shared prefixes

@@ -5,8 +5,11 @@ Configurations are drawn by hypothesis: arrival rates 0.5..400 req/s, 1..300 req
 chunked prefill on/off, tight batch limits, blackbox latency with random non-negative
 coefficients or an analytical backend (roofline, trained-physics, crossmodel,
 trained-roofline), optional max-model-len, timeouts, finite or infinite horizons, every
-scheduler and priority policy, the routing and admission policies the engine supports, and
-the tiered CPU KV cache on/off (bounded by a horizon or timeouts, see TIERED_LIVELOCK).
+scheduler, priority, routing and admission policy and every routing scorer the package
+exposes (names read from the package; parameters, policy bundles included, from
+``_policies.POLICY_OPTIONS``: a policy the table does not know fails
+``test_strategies_draw_every_policy``), and the tiered CPU KV cache on/off (bounded by a
+horizon or timeouts, see TIERED_LIVELOCK).
 
 Every request fits the whole cache on its own (``ceil((input + output) / block size) <= total
 blocks``): the reference drops a request whose input alone needs more blocks than the cache
@@ -46,8 +49,10 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from _policies import POLICY_OPTIONS, drawn_policies, policy_names, policy_options
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 import blis_fast
 from blis_fast.engine import simulate as sim_mod
@@ -58,11 +63,7 @@ from blis_fast.kernels import engine as K
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.latency import queueing_time
 from blis_fast.options import build_options
-from blis_fast.policies.admission import ADMISSION as ADMISSION_POLICIES
 from blis_fast.policies.latency_backends import LATENCY_BACKENDS
-from blis_fast.policies.priority import PRIORITY
-from blis_fast.policies.routing import ROUTING as ROUTING_POLICIES
-from blis_fast.policies.scheduler import SCHEDULER
 from blis_fast.runner import prepare
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
@@ -110,13 +111,9 @@ TIERED_POOL_OVERFLOW = dict(
 
 SETTINGS = dict(deadline=None, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+NAMES = policy_names()  # every policy name the package accepts, per family
 
 
-# every built-in policy of each registry (the user-function entries need a hook)
-ROUTING = list(ROUTING_POLICIES.valid_names())
-ADMISSION = list(ADMISSION_POLICIES.valid_names())
-SCHEDULERS = list(SCHEDULER.valid_names())
-PRIORITIES = list(PRIORITY.valid_names())
 # roofline (the default) most often; the other analytical backends the project keeps too
 ANALYTICAL = ["roofline"] * 3 + [b.name for b in LATENCY_BACKENDS
                                   if b.analytical and b.name != "roofline"]
@@ -158,10 +155,11 @@ def configs(draw, *, horizon: str = "any", routing: str | None = None,
         max_num_running_reqs=draw(st.integers(1, 64)),
         max_num_scheduled_tokens=draw(st.integers(16, 4096)),
         timeout=draw(st.one_of(st.integers(-5, -1), st.integers(1, 300))),
-        scheduler=draw(st.sampled_from(SCHEDULERS)),
-        priority_policy=draw(st.sampled_from(PRIORITIES)),
-        routing_policy=routing or draw(st.sampled_from(ROUTING)),
-        admission_policy=admission or draw(st.sampled_from(ADMISSION + ["always-admit"] * 8)),
+        scheduler=draw(st.sampled_from(NAMES["scheduler"])),
+        priority_policy=draw(st.sampled_from(NAMES["priority"])),
+        **draw(policy_options("routing", routing)),
+        # mostly always-admit (the default), so that most runs simulate every request
+        **draw(policy_options("admission", admission, default_weight=8)),
         admission_latency=draw(st.one_of(st.just(0), st.integers(0, 50_000))),
         routing_latency=draw(st.one_of(st.just(0), st.integers(0, 50_000))),
     )
@@ -660,3 +658,28 @@ def test_strategy_respects_the_livelock_bound() -> None:
             assert not _infinite(opts) or opts["timeout"] > 0
 
     check()
+
+
+def test_strategies_draw_every_policy() -> None:
+    """The configurations above run every policy and scorer the package exposes: a policy
+    added to (or removed from) the package without an entry in ``tests/_policies.py``
+    POLICY_OPTIONS fails here instead of going untested."""
+    for family, table in POLICY_OPTIONS.items():
+        package, tested = set(NAMES[family]), set(table)
+        assert package <= tested, (
+            f"{family} policies {sorted(package - tested)} have no invariant coverage: add how "
+            f"a random configuration runs them to POLICY_OPTIONS[{family!r}] in "
+            f"tests/_policies.py")
+        assert tested <= package, (
+            f"POLICY_OPTIONS[{family!r}] in tests/_policies.py names {sorted(tested - package)}, "
+            f"which the package no longer accepts: remove them")
+    search = settings(max_examples=5000, phases=[Phase.generate], database=None,
+                      suppress_health_check=list(HealthCheck))
+    for family, names in NAMES.items():
+        for name in names:  # each is drawn (one in ~100 configurations for a scorer)
+            try:
+                find(configs(), lambda o, f=family, n=name: n in drawn_policies(o)[f],
+                     settings=search)
+            except NoSuchExample:
+                raise AssertionError(f"the configurations never draw the {family} {name!r}; "
+                                     "draw it in configs() (tests/test_invariants.py)") from None

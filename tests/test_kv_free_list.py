@@ -1,10 +1,12 @@
-"""The KV cache's free list (a ring with stale entries) against a plain Python LRU list."""
+"""The KV cache's free list (a ring with stale entries) against a plain Python LRU list
+(``naive.LRUFreeList``)."""
 
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from naive import LRUFreeList
 
 from blis_fast.kernels import kvcache as kvc
 
@@ -23,12 +25,12 @@ def _state(n_instances: int = 2):
                               st.integers(0, 1), st.integers(0, TOTAL - 1)), max_size=300))
 def test_free_list_keeps_lru_order(ops: list[tuple[str, int, int]]) -> None:
     kv = _state()
-    model = [list(range(TOTAL)), list(range(TOTAL))]  # free blocks, LRU head first
+    model = [LRUFreeList(TOTAL), LRUFreeList(TOTAL)]  # free blocks, LRU head first
     for op, i, b in ops:
         free = model[i]
         if op == "pop":
             got = kvc._pop_free(kv, i)
-            assert got == (free.pop(0) if free else -1)
+            assert got == free.pop()
         elif op == "append" and b not in free:
             kvc._free_append(kv, i, b)
             free.append(b)
@@ -37,9 +39,10 @@ def test_free_list_keeps_lru_order(ops: list[tuple[str, int, int]]) -> None:
             free.remove(b)
         assert kv.meta[i, kvc.M_FREE] == len(free)
         assert kv.meta[i, kvc.M_TAIL] - kv.meta[i, kvc.M_HEAD] <= kv.free_ring.shape[1]
-        assert [int(x) for x in np.flatnonzero(kv.blk[i, :, kvc.B_FREE] == 1)] == sorted(free)
+        assert [int(x) for x in np.flatnonzero(kv.blk[i, :, kvc.B_FREE] == 1)] == sorted(
+            free.order)
     for i in range(2):  # drain: the rest comes out in LRU order
-        assert [kvc._pop_free(kv, i) for _ in range(len(model[i]))] == model[i]
+        assert [kvc._pop_free(kv, i) for _ in range(len(model[i]))] == model[i].order
         assert kvc._pop_free(kv, i) == -1
 
 

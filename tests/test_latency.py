@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from naive import go_pow, roofline_step_time
 
 from blis_fast.config.latency import pack_latency_params, resolve_latency
 from blis_fast.config.model_config import ModelConfig
@@ -94,43 +95,13 @@ def roofline8b():
 
 
 def _roofline_reference(cfg, reqs):
-    """Plain-Python transcription of the roofline step (ENG-6.4 + DELTA-16/17, dense model)."""
+    """The plain-Python roofline step (``naive.roofline_step_time``) on ``cfg``'s packed
+    dense-model figures."""
     p = cfg.params
-    d, L, H, hkv = p[K.RF_D], p[K.RF_L], p[K.RF_H], p[K.RF_HKV]
-    dh = d / H
-    dkv = hkv * dh
-    dff = p[K.RF_DFF_DENSE]
-    bpp, tp = p[K.RF_BPP], p[K.RF_TP]
-
-    def flops(s, t):
-        t = float(t)
-        gemm = (2 * t * (d * d + 2 * d * dkv) + 2 * t * d * d) * L
-        ctx = s + (t - 1) / 2.0 if t > 1 else float(s)
-        gemm += 4 * H * t * ctx * dh * L
-        sram = (5 * H * t * ctx + 2 * t * d) * L
-        gemm += 2 * t * (2 * d * dff) * L
-        return gemm + sram
-
-    def weights():
-        return ((d * (d + 2 * dkv) + d * d) * L + (2 * d * dff) * L) * bpp
-
-    def dyn(s, t):
-        w = weights()
-        kv = 2 * L * hkv * dh * bpp
-        return (w + kv * t + kv * s + L * d * bpp * t) - w
-
-    compute = 0.0
-    dynamic = 0.0
-    for s, t, inp, _out in reqs:
-        if s < inp:
-            compute += flops(s, t) / tp / (p[K.RF_PEAK_FLOPS] * p[K.RF_MFU_PREFILL])
-            dynamic += dyn(s, t) / tp
-    for s, _t, inp, out in reqs:
-        if s >= inp and out > 0:
-            compute += flops(s, 1) / tp / (p[K.RF_PEAK_FLOPS] * p[K.RF_MFU_DECODE])
-            dynamic += dyn(s, 1) / tp
-    memory = (weights() / tp + dynamic) / p[K.RF_PEAK_BW]
-    return max(1, int(max(compute, memory) * 1e6))
+    return roofline_step_time(
+        p[K.RF_D], p[K.RF_L], p[K.RF_H], p[K.RF_HKV], p[K.RF_DFF_DENSE], p[K.RF_BPP],
+        p[K.RF_TP], p[K.RF_PEAK_FLOPS], p[K.RF_MFU_PREFILL], p[K.RF_MFU_DECODE], p[K.RF_PEAK_BW],
+        reqs)
 
 
 def test_roofline_against_transcription(roofline8b):
@@ -203,40 +174,12 @@ def test_roofline_fp8_peak_selection(roofline8b):
     assert p[K.RF_PEAK_FLOPS] == 989.5e12
 
 
-def _go_pow_twin(x, y):
-    """Pure-Python transcription of Go's math.Pow integer-exponent path."""
-    if y == 0 or x == 1:
-        return 1.0
-    if y == 1:
-        return x
-    yi = float(int(abs(y)))
-    a1, ae = 1.0, 0
-    x1, xe = math.frexp(x)
-    i = int(yi)
-    while i != 0:
-        if xe < -4096 or xe > 4096:
-            ae += xe
-            break
-        if i & 1:
-            a1 *= x1
-            ae += xe
-        x1 *= x1
-        xe <<= 1
-        if x1 < 0.5:
-            x1 += x1
-            xe -= 1
-        i >>= 1
-    if y < 0:
-        a1, ae = 1 / a1, -ae
-    return math.ldexp(a1, ae)
-
-
 def test_go_pow():
     rng = random.Random(11)
     for _ in range(2000):
         x = rng.choice([0.75, 0.5, 120 / 128, 7 / 8, 0.9375, rng.random()])
         y = float(rng.randint(-40, 20000))
-        assert K.go_pow(x, y) == _go_pow_twin(x, y)
+        assert K.go_pow(x, y) == go_pow(x, y)
     assert K.go_pow(0.0, 5.0) == 0.0 and K.go_pow(0.0, -1.0) == math.inf
     assert K.go_pow(2.0, 0.5) == math.sqrt(2.0)
     assert math.isnan(K.go_pow(-2.0, 0.5))

@@ -1,4 +1,6 @@
-"""Go-exact statistics (ENG-7.5, CLU-7.7): compared with literal translations of the Go loops."""
+"""Go-exact statistics (ENG-7.5, CLU-7.7): compared with literal translations of the Go loops
+(``naive.mean_ms``, ``naive.percentile_ms``, ``naive.distribution``: sim/metrics_utils.go and
+sim/cluster/metrics.go)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from naive import distribution as go_distribution
+from naive import mean_ms as naive_mean_ms
+from naive import percentile_ms as naive_percentile_ms
 
 from blis_fast.output import stats
 from blis_fast.output.stats import (
@@ -20,51 +25,10 @@ from blis_fast.output.stats import (
     weighted_percentile_ms,
 )
 
-# --- naive twins: direct transcriptions of sim/metrics_utils.go and sim/cluster/metrics.go ---
-
-
-def naive_mean_ms(values: list) -> float:
-    data = sorted(values)
-    if not data:
-        return 0.0
-    s = 0.0
-    for v in data:
-        s += float(v)
-    return (s / float(len(data))) / 1000
-
-
-def naive_percentile_ms(values: list, p: float) -> float:
-    data = sorted(values)
-    n = len(data)
-    if n == 0:
-        return 0.0
-    rank = p / 100.0 * float(n - 1)
-    lo, hi = int(math.floor(rank)), int(math.ceil(rank))
-    if lo == hi:
-        return float(data[lo]) / 1000
-    if hi >= n:
-        return float(data[n - 1]) / 1000
-    return float(data[lo]) / 1000 + float(data[hi] - data[lo]) * (rank - float(lo)) / 1000
-
 
 def naive_distribution(values: list[float]) -> Distribution:
-    if not values:
-        return Distribution()
-    s = sorted(values)
-    total = 0.0
-    for v in s:
-        total += v
-
-    def pct(p: float) -> float:
-        if len(s) == 1:
-            return s[0]
-        rank = p / 100.0 * float(len(s) - 1)
-        lo, hi = int(math.floor(rank)), int(math.ceil(rank))
-        if lo == hi:
-            return s[lo]
-        return s[lo] + (rank - float(lo)) * (s[hi] - s[lo])
-
-    return Distribution(total / float(len(s)), pct(50), pct(95), pct(99), s[0], s[-1], len(s))
+    """The Go ``NewDistribution`` twin as the package's record type."""
+    return Distribution(*go_distribution(values))
 
 
 def same(a: float, b: float) -> bool:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
+from naive import generate_requests as naive_generate_requests
 
 from blis_fast.errors import BlisConfigError, BlisInputError
-from blis_fast.kernels import gorand as g
-from blis_fast.kernels.hashing import content_digest
 from blis_fast.workload.generator import (
     MAX_INT64,
     apply_timeout,
@@ -49,73 +46,10 @@ def _gauss(mean, std, lo, hi) -> DistSpec:
     return DistSpec("gaussian", {"mean": mean, "std_dev": std, "min": lo, "max": hi})
 
 
-# --- naive twin: the reference's loop written plainly with the Go RNG port ------------------
-def _go_round(x: float) -> int:
-    r = math.trunc(x)
-    if abs(x - r) >= 0.5:
-        r += 1 if x > 0 else -1
-    return r
-
-
-def _naive_length(s, d: DistSpec) -> int:
-    p = d.params
-    if d.type == "gaussian":
-        lo, hi = math.trunc(p["min"]), math.trunc(p["max"])
-        if lo == hi:
-            return lo
-        v = g.norm_float64(s) * p["std_dev"] + p["mean"]
-        return max(1, _go_round(min(float(hi), max(float(lo), v))))
-    if d.type == "exponential":
-        return max(1, _go_round(g.exp_float64(s) * p["mean"]))
-    if d.type == "constant":
-        return max(1, math.trunc(p["value"]))
-    raise AssertionError(d.type)
-
-
 def _naive_generate(spec: WorkloadSpec, horizon: int, max_requests: int, bs: int):
-    """Straight transcription of WL-5 (with the reference's own 2N per-client cap)."""
-    wg = g.new_source(g.subsystem_seed(spec.seed, "workload-gen"))
+    """The reference's loop written plainly with the Go RNG port (``naive.generate_requests``)."""
     rates = normalize_rate_fractions(spec.clients, spec.aggregate_rate)
-    prefixes: dict[str, list[int]] = {}
-    for c in spec.clients:
-        if c.prefix_group and c.prefix_group not in prefixes:
-            n = c.prefix_length if c.prefix_length > 0 else 50
-            prefixes[c.prefix_group] = [g.intn(wg, 128000) for _ in range(n)]
-    reqs = []
-    for ci, c in enumerate(spec.clients):
-        if rates[ci] <= 0:
-            continue
-        cs = g.new_source(g.int63(wg))
-        rate = max(rates[ci], 1e-15)
-        t = count = 0
-        while t < horizon:
-            if max_requests > 0 and count >= 2 * max_requests:
-                break
-            if c.arrival.process == "constant":
-                iat = max(1, math.trunc(1.0 / rate))
-            else:
-                iat = max(1, math.trunc(g.exp_float64(cs) / rate))
-            t += iat
-            if t >= horizon:
-                break
-            if c.lifecycle is not None:
-                if not any(w.start_us <= t < w.end_us for w in c.lifecycle.windows):
-                    if t >= max(w.end_us for w in c.lifecycle.windows):
-                        break
-                    continue
-            ilen = _naive_length(cs, c.input_dist)
-            olen = _naive_length(cs, c.output_dist)
-            itok = [g.intn(cs, 128000) for _ in range(ilen)]
-            otok = [g.intn(cs, 128000) for _ in range(olen)]
-            pre = prefixes.get(c.prefix_group, []) if c.prefix_group else []
-            seq = np.array(pre + itok + otok, dtype=np.int64)
-            dig = [int(content_digest(seq, k * bs, bs)) for k in range(len(seq) // bs)]
-            reqs.append((t, ci, len(pre) + ilen, olen, len(pre), dig))
-            count += 1
-    reqs.sort(key=lambda r: r[0])  # Python's sort is stable, like sort.SliceStable
-    if max_requests > 0:
-        reqs = reqs[:max_requests]
-    return reqs
+    return naive_generate_requests(spec, rates, horizon, max_requests, bs)
 
 
 def _assert_matches_naive(table: RequestTable, naive) -> None:
