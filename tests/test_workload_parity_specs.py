@@ -19,9 +19,9 @@ import yaml
 from parity import CASES_DIR, case_distribution_params, run_case_params
 
 from blis_fast.errors import BlisInputError
-from blis_fast.kernels.generation import _skip_ids
 from blis_fast.kernels.gorand import new_source
 from blis_fast.kernels.samplers import sample_length
+from blis_fast.kernels.token_ids import skip_token_ids
 from blis_fast.workload.generator import (
     MAX_INT64,
     apply_timeout_to_workload,
@@ -128,7 +128,7 @@ def test_follow_up_draws_come_from_blueprint_streams(name, case, flags):
         for r in rows:
             i = sample_length(s, b.input_sampler.code, b.input_sampler.params)
             o = sample_length(s, b.output_sampler.code, b.output_sampler.params)
-            _skip_ids(s, i + o)
+            skip_token_ids(s, i + o)
             assert int(r["output_tokens"]) == o, (b.session_id, r["round_index"])
             if b.context_growth != "accumulate":
                 assert int(r["input_tokens"]) == len(b.prefix) + i
