@@ -69,9 +69,8 @@ def _next_iat(s, k, ci, cf, iv, iv_off, iv_n, iv_i):
 def next_arrival(s, k, t, count, iv_i, ci, cf, win_start, win_end, horizon, iv, iv_off, iv_n):
     """Next arrival of a standard / multi-session client: (found, t, iv_i).
 
-    Called once per request, so it takes the arrays of a ClientParams (``ci`` = ints,
-    ``cf`` = rates, the window arrays) rather than the tuple: each array handed to a Numba
-    function costs a reference-count update, a tuple one per member.
+    ``ci``, ``cf`` and the window arrays are those of a ClientParams: called once per
+    request, it takes arrays (see ``generation_rows``).
     """
     cap = ci[k, C.CAP]
     w0 = ci[k, C.WINDOW_FIRST]
@@ -99,7 +98,7 @@ def next_arrival(s, k, t, count, iv_i, ci, cf, win_start, win_end, horizon, iv, 
         return True, t, iv_i
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, error_model="numpy")
 def single_session_start(s, k, clients, horizon, iv, iv_off, iv_n):
     """Start of a single-session client's one session: (found, start, iv_i)."""
     iat, iv_i = _next_iat(s, k, clients.ints, clients.rates, iv, iv_off, iv_n, 0)

@@ -14,8 +14,8 @@ Stages of ``generate_kernel``:
 1. ``group_prefixes`` (``token_ids.py``): the prefix groups' ids and block digests;
 2. ``start_client_streams`` (``arrivals.py``): seeds, first arrivals, and the failures the
    reference meets at a client's first request;
-3. ``_merge_streams``: pops the heap and emits each item - ``_draw_request`` then
-   ``_store_request`` (one standard request), ``emit_session`` (a whole multi-turn session,
+3. ``_merge_streams``: pops the heap and emits each item - ``_draw_request`` and the row
+   (one standard request), ``emit_session`` (a whole multi-turn session,
    ``generation_sessions.py``) or ``emit_pending_round`` (a session round whose arrival came);
 4. ``_result``: the :class:`GenerationResult`.
 
@@ -41,6 +41,7 @@ from blis_fast.kernels.generation_layout import (
 from blis_fast.kernels.generation_layout import GenClientCol as C
 from blis_fast.kernels.generation_layout import GenCount as N
 from blis_fast.kernels.generation_layout import GenStatus as S
+from blis_fast.kernels.generation_layout import PendCol as P
 from blis_fast.kernels.generation_rows import (
     close_row,
     draw_length,
@@ -82,52 +83,56 @@ def _new_session_buffers(n_clients, prefix_capture_len):
 
 
 # --- one standard request -----------------------------------------------------------------------
-@njit(cache=True)
-def _modality_tokens(s, clients, k, size_col, count_col):
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _modality_tokens(s, k, ci, size_col, count_col, code, off, params):
     """Tokens of one modality: a count draw, then that many size draws (0 if unset)."""
-    s_size = clients.ints[k, size_col]
-    s_cnt = clients.ints[k, count_col]
+    s_size = ci[k, size_col]
+    s_cnt = ci[k, count_col]
     total = 0
     if s_size >= 0 and s_cnt >= 0:
-        for _ in range(draw_length(s, s_cnt, clients.sampler_code, clients.sampler_off,
-                                          clients.sampler_params)):
-            total += draw_length(s, s_size, clients.sampler_code, clients.sampler_off,
-                                 clients.sampler_params)
+        for _ in range(draw_length(s, s_cnt, code, off, params)):
+            total += draw_length(s, s_size, code, off, params)
     return total
 
 
-@njit(cache=True)
-def _multimodal_lengths(s, k, clients):
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _multimodal_lengths(s, k, ci, code, off, params):
     """Multimodal input length (WL-6.1; an all-zero sum counts as one token) and the
     (text, image, audio, video) counts."""
     text = 0
-    if clients.ints[k, C.MM_TEXT] >= 0:
-        text = draw_length(s, clients.ints[k, C.MM_TEXT], clients.sampler_code,
-                           clients.sampler_off, clients.sampler_params)
-    image = _modality_tokens(s, clients, k, C.MM_IMAGE, C.MM_IMAGE_COUNT)
-    audio = _modality_tokens(s, clients, k, C.MM_AUDIO, C.MM_AUDIO_COUNT)
-    video = _modality_tokens(s, clients, k, C.MM_VIDEO, C.MM_VIDEO_COUNT)
+    if ci[k, C.MM_TEXT] >= 0:
+        text = draw_length(s, ci[k, C.MM_TEXT], code, off, params)
+    image = _modality_tokens(s, k, ci, C.MM_IMAGE, C.MM_IMAGE_COUNT, code, off, params)
+    audio = _modality_tokens(s, k, ci, C.MM_AUDIO, C.MM_AUDIO_COUNT, code, off, params)
+    video = _modality_tokens(s, k, ci, C.MM_VIDEO, C.MM_VIDEO_COUNT, code, off, params)
     ilen = text + image + audio + video
     return (ilen if ilen != 0 else 1), (text, image, audio, video)
 
 
 @njit(cache=True)
-def _draw_multimodal_request(s, k, clients, tok, plen):
-    """Lengths and ids (after the prefix in ``tok``) of one multimodal request: (status,
-    input length, output length, (text, image, audio, video), tok)."""
-    ilen, modal = _multimodal_lengths(s, k, clients)
-    if ilen < 0:
-        return S.NEGATIVE_LENGTH, ilen, ilen, modal, tok
-    if plen + ilen > tok.shape[0]:
-        tok = grow_1d(tok, max(plen + ilen, 2 * tok.shape[0]))
-    draw_token_ids(s, tok, plen, ilen)
-    olen = draw_length(s, clients.ints[k, C.OUTPUT], clients.sampler_code, clients.sampler_off,
-                       clients.sampler_params)
-    if olen < 0:
+def _draw_request(s, k, ci, code, off, params, tok, plen):
+    """Lengths and ids (after the prefix in ``tok``) of one standard request: (status, input
+    length, output length, (text, image, audio, video), tok). A multimodal request draws its
+    input ids before its output length."""
+    if ci[k, C.MULTIMODAL] != 0:
+        ilen, modal = _multimodal_lengths(s, k, ci, code, off, params)
+        if ilen < 0:
+            return S.NEGATIVE_LENGTH, ilen, ilen, modal, tok
+        if plen + ilen > tok.shape[0]:
+            tok = grow_1d(tok, max(plen + ilen, 2 * tok.shape[0]))
+        draw_token_ids(s, tok, plen, ilen)
+        olen = draw_length(s, ci[k, C.OUTPUT], code, off, params)
+        new_ids = olen
+    else:
+        modal = (0, 0, 0, 0)
+        ilen = draw_length(s, ci[k, C.INPUT], code, off, params)
+        olen = draw_length(s, ci[k, C.OUTPUT], code, off, params)
+        new_ids = ilen + olen
+    if ilen < 0 or olen < 0:
         return S.NEGATIVE_LENGTH, ilen, olen, modal, tok
     if plen + ilen + olen > tok.shape[0]:
         tok = grow_1d(tok, max(plen + ilen + olen, 2 * tok.shape[0]))
-    draw_token_ids(s, tok, plen + ilen, olen)
+    draw_token_ids(s, tok, plen + ilen + olen - new_ids, new_ids)
     return S.OK, ilen, olen, modal, tok
 
 
@@ -135,12 +140,9 @@ def _draw_multimodal_request(s, k, clients, tok, plen):
 @njit(cache=True)
 def _merge_streams(cfg, streams, out, sess, cnt):
     """Pop items in (arrival, client, push order) and emit them until the heap drains or
-    ``cfg.limit`` rows are out: (status, out, sess).
-
-    The per-request path works on arrays unpacked once (and again after a buffer grows):
-    every array a Numba call receives inside a tuple costs a reference-count update.
-    """
-    ci, rates, code, soff, sp, win_start, win_end, group_len = cfg.clients
+    ``cfg.limit`` rows are out: (status, out, sess). Works on the arrays of its NamedTuples,
+    unpacked again whenever one grows (cost model: ``generation_rows``)."""
+    ci, cf, code, soff, sp, win_start, win_end, group_len = cfg.clients
     p_off, p_tok, g_full, g_doff, g_dig = cfg.prefixes
     rng, slot, last_t, count, iv_cursor, iv_off, iv_n, iv, first_found = streams
     bs = cfg.block_size
@@ -152,6 +154,7 @@ def _merge_streams(cfg, streams, out, sess, cnt):
         if first_found[k]:
             push(times, ties, kinds, payloads, cnt, last_t[k], k, -1, shift)
     pend = new_pending(keep)
+    p_rows, p_ratio, p_info, p_free, p_digests, p_ids = pend
     tok = np.empty(8192, dtype=np.int64)
     rows, ratio, offsets, digests, ids, ids_off = out
     while cnt[N.HEAP] > 0:
@@ -161,11 +164,15 @@ def _merge_streams(cfg, streams, out, sess, cnt):
         if cnt[N.ROWS] == rows.shape[0]:
             out = grow_rows(out, keep)
             rows, ratio, offsets, digests, ids, ids_off = out
-        if ref >= 0:
-            if short_of_room(digests, ids, cnt, pend.dig_len[ref], pend.ids_len[ref], keep):
-                out = grow_row_data(out, cnt, pend.dig_len[ref], pend.ids_len[ref], cfg.limit)
+        if ref >= 0:  # a pending session round
+            ln = p_info[ref, P.DIG_LEN]
+            nid = p_info[ref, P.IDS_LEN]
+            if short_of_room(digests, ids, cnt, ln, nid, keep):
+                out = grow_row_data(out, cnt, ln, nid, cfg.limit)
                 rows, ratio, offsets, digests, ids, ids_off = out
-            emit_pending_round(ref, keep, out, pend, cnt)
+            emit_pending_round(ref, rows, digests, p_rows, p_info, p_digests, p_free, cnt)
+            close_row(ratio, offsets, ids, ids_off, cnt, p_ratio[ref], keep, p_ids,
+                      p_info[ref, P.IDS_OFF], nid)  # fmt: skip
             continue
         multi_turn = ci[k, C.MULTI_TURN] != 0
         pushes = 1 + (ci[k, C.ROUNDS] if multi_turn else 0)
@@ -183,36 +190,27 @@ def _merge_streams(cfg, streams, out, sess, cnt):
             status, out, sess, pend, tok = emit_session(s, k, t, cfg, out, sess, pend, heap, tok,
                                                         cnt, g, plen)  # fmt: skip
             rows, ratio, offsets, digests, ids, ids_off = out
+            p_rows, p_ratio, p_info, p_free, p_digests, p_ids = pend
             if status != S.OK:
                 return status, out, sess
             if count[k] < 0:
                 continue  # single session: no further sessions
             count[k] += ci[k, C.ROUNDS]
         else:
-            if ci[k, C.MULTIMODAL] != 0:
-                status, ilen, olen, modal, tok = _draw_multimodal_request(s, k, cfg.clients, tok,
-                                                                          plen)  # fmt: skip
-                if status != S.OK:
-                    return status, out, sess
-            else:
-                modal = (0, 0, 0, 0)
-                ilen = draw_length(s, ci[k, C.INPUT], code, soff, sp)
-                olen = draw_length(s, ci[k, C.OUTPUT], code, soff, sp)
-                if ilen < 0 or olen < 0:
-                    return S.NEGATIVE_LENGTH, out, sess
-                if plen + ilen + olen > tok.shape[0]:
-                    tok = grow_1d(tok, max(plen + ilen + olen, 2 * tok.shape[0]))
-                draw_token_ids(s, tok, plen, ilen + olen)
-            total = plen + ilen + olen
-            if short_of_room(digests, ids, cnt, total // bs, plen + ilen, keep):
-                out = grow_row_data(out, cnt, total // bs, plen + ilen, cfg.limit)
+            status, ilen, olen, modal, tok = _draw_request(s, k, ci, code, soff, sp, tok, plen)
+            if status != S.OK:
+                return status, out, sess
+            nch = (plen + ilen + olen) // bs
+            nid = plen + ilen if keep else 0
+            if short_of_room(digests, ids, cnt, nch, nid, keep):
+                out = grow_row_data(out, cnt, nch, nid, cfg.limit)
                 rows, ratio, offsets, digests, ids, ids_off = out
-            cnt[N.DIGESTS] += fill_block_digests(tok, total, bs, g, g_full, g_doff, g_dig,
-                                                 digests, cnt[N.DIGESTS])  # fmt: skip
+            cnt[N.DIGESTS] += fill_block_digests(tok, plen + ilen + olen, bs, g, g_full, g_doff,
+                                                 g_dig, digests, cnt[N.DIGESTS])  # fmt: skip
             write_row(rows[cnt[N.ROWS]], t, plen + ilen, olen, plen, k, -1, 0, modal, 0)
-            close_row(ratio, offsets, ids, ids_off, cnt, 0.0, keep, tok, plen + ilen)
+            close_row(ratio, offsets, ids, ids_off, cnt, 0.0, keep, tok, 0, nid)
             count[k] += 1
-        found, t_next, iv_i = next_arrival(s, k, last_t[k], count[k], iv_cursor[k], ci, rates,
+        found, t_next, iv_i = next_arrival(s, k, last_t[k], count[k], iv_cursor[k], ci, cf,
                                            win_start, win_end, cfg.horizon, iv, iv_off[k],
                                            iv_n[k])  # fmt: skip
         last_t[k] = t_next

@@ -202,17 +202,26 @@ class SessionBuffers(NamedTuple):
     context: np.ndarray  # the accumulated context of the session being drawn
 
 
+class PendColT(NamedTuple):
+    DIG_OFF: int  # the round's digests: PendingRounds.digests[DIG_OFF:DIG_OFF + DIG_LEN]
+    DIG_LEN: int
+    IDS_OFF: int  # its input ids: PendingRounds.ids[IDS_OFF:IDS_OFF + IDS_LEN]
+    IDS_LEN: int
+    LIVE: int  # 1 while the slot holds a round (compaction keeps only live digests)
+
+
+PendCol = PendColT(*range(len(PendColT._fields)))
+"""Columns of ``PendingRounds.info``."""
+PEND_COLS = len(PendCol)
+
+
 class PendingRounds(NamedTuple):
     """Session rounds >= 1 waiting in the heap; their digests and ids in append-only pools."""
 
-    rows: np.ndarray
+    rows: np.ndarray  # (slots, GEN_ROW_COLS)
     ratio: np.ndarray
-    dig_off: np.ndarray
-    dig_len: np.ndarray
-    live: np.ndarray
-    ids_off: np.ndarray
-    ids_len: np.ndarray
-    free: np.ndarray  # recycled slots
+    info: np.ndarray  # (slots, PEND_COLS)
+    free: np.ndarray  # recycled slots (as long as the slot arrays)
     digests: np.ndarray
     ids: np.ndarray
 
@@ -224,3 +233,4 @@ class GenHeap(NamedTuple):
     ties: np.ndarray
     kinds: np.ndarray
     payloads: np.ndarray
+
