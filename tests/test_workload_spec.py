@@ -13,13 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.workload.cli import register
 from blis_fast.workload.convert import (
     compose_specs,
     convert_inference_perf,
     convert_preset,
-    marshal_spec,
     spec_yaml_for_stdout,
-    yaml_string,
 )
 from blis_fast.workload.generator import (
     MAX_INT64,
@@ -30,9 +29,9 @@ from blis_fast.workload.generator import (
     resolve_max_requests,
     resolve_workload_seed,
 )
-from blis_fast.workload.spec import validate_spec
 from blis_fast.workload.spec_yaml import load_workload_spec, parse_workload_spec, resolve_plain
-from blis_fast.workload_cli import register
+from blis_fast.workload.validate import validate_spec
+from blis_fast.workload.yaml_writer import marshal_spec, yaml_string
 
 try:
     from tests.parity import CASES_DIR as CASES

@@ -1,6 +1,6 @@
 """Go text formatting and parsing helpers used by workload messages and outputs.
 
-* ``go_quote``  - ``%q`` of a string (``strconv.Quote``);
+* ``go_quote``  - ``%q`` of a string (``strconv.Quote``), on ``quote_escaped``;
 * ``go_pct_f``  - ``%f`` (six decimals; ``NaN``, ``+Inf``, ``-Inf``);
 * ``go_g``      - ``strconv.FormatFloat(v, 'g', -1, 64)`` (also what ``%v`` prints);
 * ``go_f``      - ``strconv.FormatFloat(v, 'f', -1, 64)`` (shortest digits, no exponent);
@@ -13,42 +13,42 @@ Numbers in text are parsed by ``blis_fast.gonum`` (the ``strconv`` ports).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from decimal import Decimal
+
+
+def quote_escaped(s: str, escapes: Mapping[str, str], other: Callable[[str], str]) -> str:
+    """``s`` double-quoted: each rune from ``escapes`` replaced by its escape, every other
+    rune by ``other(rune)`` (itself or a numeric escape). The one quoting loop behind Go's
+    ``strconv.Quote`` and yaml.v3's double-quoted scalars (``yaml_writer``)."""
+    out = ['"']
+    for ch in s:
+        e = escapes.get(ch)
+        out.append(e if e is not None else other(ch))
+    out.append('"')
+    return "".join(out)
+
+
+_STRCONV_ESCAPES = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f",
+                    "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}  # fmt: skip
+
+
+def _strconv_other(ch: str) -> str:
+    """``strconv.Quote`` of a rune without a named escape: itself if printable, else
+    ``\\xHH``, ``\\uHHHH`` or ``\\UHHHHHHHH``."""
+    o = ord(ch)
+    if o < 0x20 or o == 0x7F:
+        return f"\\x{o:02x}"
+    if ch.isprintable() or ch == " ":
+        return ch
+    if o < 0x10000:
+        return f"\\u{o:04x}"
+    return f"\\U{o:08x}"
 
 
 def go_quote(s: str) -> str:
     """Go ``strconv.Quote``: double-quoted with Go escapes for non-printable runes."""
-    out = ['"']
-    for ch in s:
-        o = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\a":
-            out.append("\\a")
-        elif ch == "\b":
-            out.append("\\b")
-        elif ch == "\f":
-            out.append("\\f")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\v":
-            out.append("\\v")
-        elif o < 0x20 or o == 0x7F:
-            out.append(f"\\x{o:02x}")
-        elif ch.isprintable() or ch == " ":
-            out.append(ch)
-        elif o < 0x10000:
-            out.append(f"\\u{o:04x}")
-        else:
-            out.append(f"\\U{o:08x}")
-    out.append('"')
-    return "".join(out)
+    return quote_escaped(s, _STRCONV_ESCAPES, _strconv_other)
 
 
 def go_pct_f(v: float) -> str:
