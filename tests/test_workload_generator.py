@@ -10,11 +10,11 @@ import pytest
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels import gorand as g
 from blis_fast.kernels.hashing import content_digest
+from blis_fast.workload.client_params import normalize_rate_fractions
 from blis_fast.workload.generator import (
     MAX_INT64,
     apply_timeout,
     generate_requests,
-    normalize_rate_fractions,
 )
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.spec import (

@@ -23,6 +23,7 @@ import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.workload.spec import MAX_INT64
 
 if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba out of it
     from blis_fast.observe.client import RealClient
@@ -30,7 +31,6 @@ if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba
 
 log = logging.getLogger("blis_fast.observe")
 
-MAX_INT64 = (1 << 63) - 1
 RATIO_TIMEOUT_S = 30.0
 
 

@@ -33,10 +33,10 @@ from blis_fast.workload.generator import SessionBlueprint
 from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import SamplerSpec
+from blis_fast.workload.spec import MAX_INT64
 from blis_fast.workload.trace_v2 import TRACE_V2_COLUMNS
 
 N_COLUMNS = 27
-INT64_MAX = (1 << 63) - 1
 _SERVER = {"type": as_str, "model": as_str, "tensor_parallel": as_int, "max_num_seqs": as_int,
            "block_size": as_int, "gpu_memory_utilization": as_float, "max_model_len": as_int}
 _HEADER = {
@@ -109,7 +109,7 @@ def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) 
         v = atoi(text)
     except NumError:
         raise BlisInputError(f"--trace-data {path}: row {row}: invalid {what} {text!r}") from None
-    if not -(1 << 63) <= v <= INT64_MAX:
+    if not -(1 << 63) <= v <= MAX_INT64:
         raise BlisInputError(f"--trace-data {path}: row {row}: {what} {text} is outside the "
                              "64-bit integer range")
     if minimum is not None and v < minimum:
@@ -183,10 +183,10 @@ def load_trace_records(path: str) -> TraceRecords:
 def replay_horizon(arrivals: np.ndarray) -> int:
     """Default horizon (WL-9.7): twice the last arrival; 600 s if all at 0; none if empty."""
     if arrivals.size == 0:
-        return INT64_MAX
+        return MAX_INT64
     m = max(int(arrivals.max()), 0)
-    if m > INT64_MAX // 2:
-        return INT64_MAX
+    if m > MAX_INT64 // 2:
+        return MAX_INT64
     if m <= 0:
         return 600_000_000
     return 2 * m
@@ -202,7 +202,7 @@ class ReplayedWorkload:
 
 def replay_workload(rec: TraceRecords, seed: int, block_size: int, closed_loop: bool = False,
                     think_sampler: SamplerSpec | None = None,
-                    horizon: int = INT64_MAX) -> ReplayedWorkload:
+                    horizon: int = MAX_INT64) -> ReplayedWorkload:
     """The requests of ``blis replay`` (WL-9.6, DELTA-63) and, with ``closed_loop``, the session
     blueprints of DELTA-65: each session's round 0 (sessions in first-appearance order), then
     the non-session records in file order; later rounds come from the blueprints.
@@ -285,7 +285,7 @@ def replay_workload(rec: TraceRecords, seed: int, block_size: int, closed_loop: 
         blueprints.append(SessionBlueprint(
             session_id=sid, client_id=rec.client_id[r0], client_idx=int(cidx[k]), seed=0,
             max_rounds=len(rows), unlimited_rounds=False, context_growth="", think_time_us=0,
-            timeout=None, horizon=horizon if horizon > 0 else INT64_MAX,
+            timeout=None, horizon=horizon if horizon > 0 else MAX_INT64,
             input_sampler=SamplerSpec(DIST_SEQUENCE,
                                       rec.input_tokens[rows[1:]].astype(np.float64)),
             output_sampler=SamplerSpec(DIST_SEQUENCE,

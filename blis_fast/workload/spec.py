@@ -64,6 +64,9 @@ VALID_SLO_CLASSES = frozenset({"", "critical", "standard", "sheddable", "batch",
 V1_SLO_RENAMES = {"realtime": "critical", "interactive": "standard"}
 MAX_COHORT_POPULATION = 100_000
 
+MAX_INT64 = (1 << 63) - 1
+"""Go's ``math.MaxInt64``: the default horizon (``--horizon`` unset) and int64 bounds."""
+
 DEFAULT_PREFIX_LENGTH = 50
 """Group prefix length when the first client of a group gives none (WL-5.4)."""
 
@@ -308,6 +311,13 @@ class WorkloadSpec:
 def has_multi_turn(c: ClientSpec | CohortSpec) -> bool:
     """Whether the client or cohort has multi-turn sessions."""
     return c.reasoning is not None and c.reasoning.multi_turn is not None
+
+
+def is_closed_loop(c: ClientSpec) -> bool:
+    """``isClosedLoop``: the explicit flag, else whether the client is multi-turn (WL-6.3)."""
+    if c.closed_loop is not None:
+        return bool(c.closed_loop)
+    return has_multi_turn(c)
 
 
 def upgrade_v1_to_v2(spec: WorkloadSpec) -> None:
