@@ -23,7 +23,6 @@ import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.errors import BlisConfigError, BlisInputError
-from blis_fast.workload.spec import MAX_INT64
 
 if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba out of it
     from blis_fast.observe.client import RealClient
@@ -186,6 +185,7 @@ def build_workload(o: ObserveOptions) -> Workload:
     from blis_fast.workload.expand import expand_sources
     from blis_fast.workload.generator import generate_workload
     from blis_fast.workload.samplers import parse_think_time_dist
+    from blis_fast.workload.spec import MAX_INT64
     from blis_fast.workload.spec_yaml import load_workload_spec
     from blis_fast.workload.synthesis import (
         DistributionParams,

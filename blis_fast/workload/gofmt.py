@@ -67,6 +67,15 @@ def _shortest(v: float) -> tuple[bool, str, int]:
     return bool(sign), ds, len(ds) + int(exponent)
 
 
+def _positional(sgn: str, ds: str, dp: int) -> str:
+    """Digits ``ds`` with the decimal point after ``dp`` of them, without an exponent."""
+    if dp <= 0:
+        return f"{sgn}0.{'0' * -dp}{ds}"
+    if dp >= len(ds):
+        return f"{sgn}{ds}{'0' * (dp - len(ds))}"
+    return f"{sgn}{ds[:dp]}.{ds[dp:]}"
+
+
 def go_g(v: float) -> str:
     """Go ``strconv.FormatFloat(v, 'g', -1, 64)``: exponent form below 1e-4 and from 1e6 on
     (Go's shortest 'g' uses precision 6 for that switch)."""
@@ -82,11 +91,7 @@ def go_g(v: float) -> str:
     if exp < -4 or exp >= 6:
         mant = ds[0] + ("." + ds[1:] if len(ds) > 1 else "")
         return f"{sgn}{mant}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
-    if dp <= 0:
-        return f"{sgn}0.{'0' * -dp}{ds}"
-    if dp >= len(ds):
-        return f"{sgn}{ds}{'0' * (dp - len(ds))}"
-    return f"{sgn}{ds[:dp]}.{ds[dp:]}"
+    return _positional(sgn, ds, dp)
 
 
 def go_f(v: float) -> str:
@@ -98,12 +103,7 @@ def go_f(v: float) -> str:
     if v == 0:
         return "-0" if math.copysign(1.0, v) < 0 else "0"
     neg, ds, dp = _shortest(v)
-    sgn = "-" if neg else ""
-    if dp <= 0:
-        return f"{sgn}0.{'0' * -dp}{ds}"
-    if dp >= len(ds):
-        return f"{sgn}{ds}{'0' * (dp - len(ds))}"
-    return f"{sgn}{ds[:dp]}.{ds[dp:]}"
+    return _positional("-" if neg else "", ds, dp)
 
 
 _GO_SPACE = (" \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
