@@ -14,9 +14,11 @@ Stages of ``generate_kernel``:
 1. ``group_prefixes`` (``token_ids.py``): the prefix groups' ids and block digests;
 2. ``start_client_streams`` (``arrivals.py``): seeds, first arrivals, and the failures the
    reference meets at a client's first request;
-3. ``_merge_streams``: pops the heap and emits each item - ``_draw_request`` and the row
-   (one standard request), ``emit_session`` (a whole multi-turn session,
-   ``generation_sessions.py``) or ``emit_pending_round`` (a session round whose arrival came);
+3. ``_merge_streams``: pops the heap and emits each item - one standard request (its draws
+   inline, ``_draw_multimodal_request`` for a multimodal one), a whole multi-turn session
+   (``emit_session``, ``generation_sessions.py``: round 0 at once, later rounds parked), or a
+   parked round whose arrival came (copied out, ``release_slot``); after a request or a
+   session it draws the client's next arrival (``next_arrival``);
 4. ``_result``: the :class:`GenerationResult`.
 
 Layouts and status codes: ``generation_layout.py``; rows, heap and growth:
@@ -55,7 +57,7 @@ from blis_fast.kernels.generation_rows import (
     tie_shift,
     write_row,
 )
-from blis_fast.kernels.generation_sessions import emit_pending_round, emit_session, new_pending
+from blis_fast.kernels.generation_sessions import emit_session, new_pending, release_slot
 from blis_fast.kernels.gorand import new_source
 from blis_fast.kernels.token_ids import draw_token_ids, fill_block_digests, group_prefixes
 
@@ -110,29 +112,22 @@ def _multimodal_lengths(s, k, ci, code, off, params):
 
 
 @njit(cache=True)
-def _draw_request(s, k, ci, code, off, params, tok, plen):
-    """Lengths and ids (after the prefix in ``tok``) of one standard request: (status, input
-    length, output length, (text, image, audio, video), tok). A multimodal request draws its
-    input ids before its output length."""
-    if ci[k, C.MULTIMODAL] != 0:
-        ilen, modal = _multimodal_lengths(s, k, ci, code, off, params)
-        if ilen < 0:
-            return S.NEGATIVE_LENGTH, ilen, ilen, modal, tok
-        if plen + ilen > tok.shape[0]:
-            tok = grow_1d(tok, max(plen + ilen, 2 * tok.shape[0]))
-        draw_token_ids(s, tok, plen, ilen)
-        olen = draw_length(s, ci[k, C.OUTPUT], code, off, params)
-        new_ids = olen
-    else:
-        modal = (0, 0, 0, 0)
-        ilen = draw_length(s, ci[k, C.INPUT], code, off, params)
-        olen = draw_length(s, ci[k, C.OUTPUT], code, off, params)
-        new_ids = ilen + olen
-    if ilen < 0 or olen < 0:
+def _draw_multimodal_request(s, k, ci, code, off, params, tok, plen):
+    """Lengths and ids (after the prefix in ``tok``) of one multimodal request: (status,
+    input length, output length, (text, image, audio, video), tok). Its input ids are drawn
+    before its output length."""
+    ilen, modal = _multimodal_lengths(s, k, ci, code, off, params)
+    if ilen < 0:
+        return S.NEGATIVE_LENGTH, ilen, ilen, modal, tok
+    if plen + ilen > tok.shape[0]:
+        tok = grow_1d(tok, max(plen + ilen, 2 * tok.shape[0]))
+    draw_token_ids(s, tok, plen, ilen)
+    olen = draw_length(s, ci[k, C.OUTPUT], code, off, params)
+    if olen < 0:
         return S.NEGATIVE_LENGTH, ilen, olen, modal, tok
     if plen + ilen + olen > tok.shape[0]:
         tok = grow_1d(tok, max(plen + ilen + olen, 2 * tok.shape[0]))
-    draw_token_ids(s, tok, plen + ilen + olen - new_ids, new_ids)
+    draw_token_ids(s, tok, plen + ilen, olen)
     return S.OK, ilen, olen, modal, tok
 
 
@@ -170,9 +165,14 @@ def _merge_streams(cfg, streams, out, sess, cnt):
             if short_of_room(digests, ids, cnt, ln, nid, keep):
                 out = grow_row_data(out, cnt, ln, nid, cfg.limit)
                 rows, ratio, offsets, digests, ids, ids_off = out
-            emit_pending_round(ref, rows, digests, p_rows, p_info, p_digests, p_free, cnt)
+            first = p_info[ref, P.DIG_OFF]
+            nd = cnt[N.DIGESTS]
+            digests[nd : nd + ln] = p_digests[first : first + ln]
+            cnt[N.DIGESTS] = nd + ln
+            rows[cnt[N.ROWS]] = p_rows[ref]
             close_row(ratio, offsets, ids, ids_off, cnt, p_ratio[ref], keep, p_ids,
                       p_info[ref, P.IDS_OFF], nid)  # fmt: skip
+            release_slot(ref, p_info, p_free, cnt)
             continue
         multi_turn = ci[k, C.MULTI_TURN] != 0
         pushes = 1 + (ci[k, C.ROUNDS] if multi_turn else 0)
@@ -197,9 +197,20 @@ def _merge_streams(cfg, streams, out, sess, cnt):
                 continue  # single session: no further sessions
             count[k] += ci[k, C.ROUNDS]
         else:
-            status, ilen, olen, modal, tok = _draw_request(s, k, ci, code, soff, sp, tok, plen)
-            if status != S.OK:
-                return status, out, sess
+            if ci[k, C.MULTIMODAL] != 0:
+                status, ilen, olen, modal, tok = _draw_multimodal_request(s, k, ci, code, soff, sp,
+                                                                          tok, plen)  # fmt: skip
+                if status != S.OK:
+                    return status, out, sess
+            else:  # inline: the common path passes no buffer through a call
+                modal = (0, 0, 0, 0)
+                ilen = draw_length(s, ci[k, C.INPUT], code, soff, sp)
+                olen = draw_length(s, ci[k, C.OUTPUT], code, soff, sp)
+                if ilen < 0 or olen < 0:
+                    return S.NEGATIVE_LENGTH, out, sess
+                if plen + ilen + olen > tok.shape[0]:
+                    tok = grow_1d(tok, max(plen + ilen + olen, 2 * tok.shape[0]))
+                draw_token_ids(s, tok, plen, ilen + olen)
             nch = (plen + ilen + olen) // bs
             nid = plen + ilen if keep else 0
             if short_of_room(digests, ids, cnt, nch, nid, keep):

@@ -127,20 +127,13 @@ def _park_tokens(slot, info, pool, ids, cnt, tok, n_digests, n_ids, bs, g, g_ful
     cnt[N.POOL_IDS] = used + n_ids
 
 
-@njit(cache=True)
-def emit_pending_round(ref, rows, digests, p_rows, p_info, p_digests, p_free, cnt):
-    """Copy pending round ``ref``'s row and digests out as the next row of the RowBuffers
-    arrays (room made beforehand) and free its slot; the caller closes the row. (Reference
-    counted: its slice copies are memcpy, a loop here would not be.)"""
-    ln = p_info[ref, P.DIG_LEN]
-    nd = cnt[N.DIGESTS]
-    first = p_info[ref, P.DIG_OFF]
-    digests[nd : nd + ln] = p_digests[first : first + ln]
-    cnt[N.DIGESTS] = nd + ln
-    rows[cnt[N.ROWS]] = p_rows[ref]
-    p_free[cnt[N.FREE]] = ref  # the free list is as long as the slot arrays
+@njit(cache=True, _nrt=False, error_model="numpy")
+def release_slot(ref, info, free, cnt):
+    """Free pending slot ``ref`` once its round is out (the free list is as long as the slot
+    arrays)."""
+    free[cnt[N.FREE]] = ref
     cnt[N.FREE] += 1
-    p_info[ref, P.LIVE] = 0
+    info[ref, P.LIVE] = 0
 
 
 # --- one session --------------------------------------------------------------------------------
