@@ -8,7 +8,6 @@ import sys
 import click
 from click.core import ParameterSource
 
-from blis_fast import workload_cli
 from blis_fast.calibrate import cli as calibrate_cli
 from blis_fast.errors import BlisError
 from blis_fast.evolve import cli as evolve_cli
@@ -22,6 +21,7 @@ from blis_fast.options import (
     build_options,
 )
 from blis_fast.sweep import cli as sweep_cli
+from blis_fast.workload import cli as workload_cli
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -556,8 +556,8 @@ def _consumers():
     from blis_fast.config.policy_bundle import load_policy_bundle
     from blis_fast.sweep.spec import load_sweep_plan
     from blis_fast.workload.replay import load_trace_header, load_trace_records
-    from blis_fast.workload.spec import validate_spec
     from blis_fast.workload.spec_yaml import load_workload_spec
+    from blis_fast.workload.validate import validate_spec
 
     def spec(p):
         validate_spec(load_workload_spec(p))

@@ -7,11 +7,11 @@ import pytest
 from naive import generate_requests as naive_generate_requests
 
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.gonum import INT64_MAX
+from blis_fast.workload.client_params import normalize_rate_fractions
 from blis_fast.workload.generator import (
-    MAX_INT64,
     apply_timeout,
     generate_requests,
-    normalize_rate_fractions,
 )
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.spec import (
@@ -113,7 +113,7 @@ def test_kernel_matches_naive_twin(bs):
     """Draw order, prefixes, stable merge, truncation and digest layout equal the plain loop."""
     spec = _mixed_spec()
     table = generate_requests(spec, max_requests=60, block_size=bs)
-    _assert_matches_naive(table, _naive_generate(_mixed_spec(), MAX_INT64, 60, bs))
+    _assert_matches_naive(table, _naive_generate(_mixed_spec(), INT64_MAX, 60, bs))
     assert set(table.client_idx.tolist()) == {0, 1, 2, 3}
     assert (table.prefix_length[table.client_idx == 2] == 50).all()
     assert (table.prefix_length[table.client_idx == 3] == 37).all()

@@ -16,7 +16,8 @@ import pytest
 import yaml
 from parity import CASES_DIR, case_distribution_params, run_case_params
 
-from blis_fast.workload.generator import MAX_INT64, apply_timeout, generate_requests
+from blis_fast.gonum import INT64_MAX
+from blis_fast.workload.generator import apply_timeout, generate_requests
 from blis_fast.workload.synthesis import (
     lookup_preset,
     synthesize_from_distribution,
@@ -80,7 +81,7 @@ def _regenerate(case: dict, flags: dict[str, str]):
     rate = float(flags.get("--rate", 1.0))
     num_requests = int(flags.get("--num-requests", 100))
     block_size = int(flags.get("--block-size-in-tokens", 16))
-    horizon = int(flags.get("--horizon", MAX_INT64))
+    horizon = int(flags.get("--horizon", INT64_MAX))
     workload = flags.get("--workload", "distribution")
     validate_rate(rate)
     if workload == "distribution":

@@ -19,11 +19,11 @@ import yaml
 from parity import CASES_DIR, case_distribution_params, run_case_params
 
 from blis_fast.errors import BlisInputError
-from blis_fast.kernels.generation import _skip_ids
+from blis_fast.gonum import INT64_MAX
 from blis_fast.kernels.gorand import new_source
 from blis_fast.kernels.samplers import sample_length
+from blis_fast.kernels.token_ids import skip_token_ids
 from blis_fast.workload.generator import (
-    MAX_INT64,
     apply_timeout_to_workload,
     generate_workload,
     resolve_horizon,
@@ -56,7 +56,7 @@ def _regenerate(case_dir: Path, flags: dict[str, str]):
     if "--workload-spec" in flags:
         spec = load_workload_spec(str(case_dir / flags["--workload-spec"]))
         spec.seed = resolve_workload_seed(spec.seed, seed, "--seed" in flags)
-        horizon = resolve_horizon(spec.horizon, int(flags.get("--horizon", MAX_INT64)),
+        horizon = resolve_horizon(spec.horizon, int(flags.get("--horizon", INT64_MAX)),
                                   "--horizon" in flags)  # fmt: skip
         apply = "--timeout" in flags
     else:
@@ -65,7 +65,7 @@ def _regenerate(case_dir: Path, flags: dict[str, str]):
         n_given = int(flags["--num-requests"]) if "--num-requests" in flags else 0
         spec = synthesize_concurrency(p, int(flags["--concurrency"]),
                                       int(flags.get("--think-time-ms", 0)), n_given, seed)  # fmt: skip
-        horizon = int(flags.get("--horizon", MAX_INT64))
+        horizon = int(flags.get("--horizon", INT64_MAX))
         apply = True
     if apply:
         apply_timeout_to_spec(spec, timeout)
@@ -128,7 +128,7 @@ def test_follow_up_draws_come_from_blueprint_streams(name, case, flags):
         for r in rows:
             i = sample_length(s, b.input_sampler.code, b.input_sampler.params)
             o = sample_length(s, b.output_sampler.code, b.output_sampler.params)
-            _skip_ids(s, i + o)
+            skip_token_ids(s, i + o)
             assert int(r["output_tokens"]) == o, (b.session_id, r["round_index"])
             if b.context_growth != "accumulate":
                 assert int(r["input_tokens"]) == len(b.prefix) + i
@@ -182,8 +182,8 @@ def test_generation_is_deterministic_and_spec_untouched():
     """Two generations give identical tables; the caller's spec object is not modified."""
     path = CASES_DIR / "c4-scorer-precise-prefix-inference-perf" / "inference-perf-shared-prefix.yaml"
     spec = load_workload_spec(str(path))
-    a = generate_workload(spec, MAX_INT64, 300)
-    b = generate_workload(spec, MAX_INT64, 300)
+    a = generate_workload(spec, INT64_MAX, 300)
+    b = generate_workload(spec, INT64_MAX, 300)
     assert spec.clients == [] and spec.inference_perf is not None
     for col in ("arrival_us", "input_len", "output_len", "chunk_offsets", "chunk_digests"):
         assert np.array_equal(getattr(a.table, col), getattr(b.table, col))
@@ -195,8 +195,8 @@ def test_million_requests_multi_client_speed():
     import time
 
     spec = load_workload_spec(str(CASES_DIR / "wl-mixed-arrivals-lengths" / "mixed-arrivals-lengths.yaml"))
-    generate_workload(spec, MAX_INT64, 1000)
+    generate_workload(spec, INT64_MAX, 1000)
     start = time.perf_counter()
-    wl = generate_workload(spec, MAX_INT64, 1_000_000)
+    wl = generate_workload(spec, INT64_MAX, 1_000_000)
     assert wl.table.n == 1_000_000
     assert time.perf_counter() - start < 10.0

@@ -8,8 +8,8 @@ import pytest
 import blis_fast
 from blis_fast.workload.generator import generate_workload
 from blis_fast.workload.scenarios import SCENARIOS, write_scenario
-from blis_fast.workload.spec import validate_spec
 from blis_fast.workload.spec_yaml import load_workload_spec
+from blis_fast.workload.validate import validate_spec
 
 MIX = {
     "bursty-traffic": {"bursty-client": 1.0},

@@ -13,16 +13,15 @@ import pytest
 from click.testing import CliRunner
 
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.gonum import INT64_MAX
+from blis_fast.workload.cli import register
 from blis_fast.workload.convert import (
     compose_specs,
     convert_inference_perf,
     convert_preset,
-    marshal_spec,
     spec_yaml_for_stdout,
-    yaml_string,
 )
 from blis_fast.workload.generator import (
-    MAX_INT64,
     check_generation_bounded,
     generate_requests,
     generate_workload,
@@ -30,9 +29,9 @@ from blis_fast.workload.generator import (
     resolve_max_requests,
     resolve_workload_seed,
 )
-from blis_fast.workload.spec import validate_spec
 from blis_fast.workload.spec_yaml import load_workload_spec, parse_workload_spec, resolve_plain
-from blis_fast.workload_cli import register
+from blis_fast.workload.validate import validate_spec
+from blis_fast.workload.yaml_writer import marshal_spec, yaml_string
 
 try:
     from tests.parity import CASES_DIR as CASES
@@ -312,15 +311,15 @@ def test_precedence_helpers():
     """WL-1.2 - WL-1.4."""
     assert resolve_workload_seed(5, 42, False) == 5
     assert resolve_workload_seed(5, 42, True) == 42
-    assert resolve_horizon(1000, MAX_INT64, False) == 1000
+    assert resolve_horizon(1000, INT64_MAX, False) == 1000
     assert resolve_horizon(1000, 77, True) == 77
-    assert resolve_horizon(0, MAX_INT64, False) == MAX_INT64
+    assert resolve_horizon(0, INT64_MAX, False) == INT64_MAX
     assert resolve_max_requests(500, 100, False) == 500
     assert resolve_max_requests(500, 0, True) == 0
-    check_generation_bounded(10, MAX_INT64)
+    check_generation_bounded(10, INT64_MAX)
     check_generation_bounded(0, 1000)
     with pytest.raises(BlisConfigError, match="requires either num_requests or --horizon"):
-        check_generation_bounded(0, MAX_INT64)
+        check_generation_bounded(0, INT64_MAX)
 
 
 # --- convert / compose ------------------------------------------------------------------------

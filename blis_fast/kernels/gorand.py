@@ -36,6 +36,12 @@ _TAP = 273
 _FEED0 = _LEN - _TAP  # 334
 _M31 = 2147483647  # 2^31 - 1, modulus of the seeding LCG
 
+REGISTER_LEN = _LEN
+"""Words of the lagged-Fibonacci register (the state's first words)."""
+TAP_INDEX = _LEN
+"""State word holding the ``tap`` cursor."""
+FEED_INDEX = _LEN + 1
+"""State word holding the ``feed`` cursor."""
 STATE_LEN = _LEN + 2
 """Length of a generator state array (607 register words, tap, feed)."""
 
@@ -202,7 +208,7 @@ def seed_source(s: np.ndarray, seed: int) -> None:
     if seed == 0:
         seed = 89482311
     x = seed
-    for i in range(-20, 607):
+    for i in range(-20, REGISTER_LEN):
         x = _seedrand(x)
         if i >= 0:
             u = x << 40
@@ -212,14 +218,14 @@ def seed_source(s: np.ndarray, seed: int) -> None:
             u ^= x
             u ^= _COOKED[i]
             s[i] = u
-    s[607] = 0
-    s[608] = 334
+    s[TAP_INDEX] = 0
+    s[FEED_INDEX] = _FEED0
 
 
 @njit(cache=True)
 def new_source(seed: int) -> np.ndarray:
     """Return a fresh generator state, as ``rand.New(rand.NewSource(seed))``."""
-    s = np.empty(609, dtype=np.int64)
+    s = np.empty(STATE_LEN, dtype=np.int64)
     seed_source(s, seed)
     return s
 
@@ -228,16 +234,16 @@ def new_source(seed: int) -> np.ndarray:
 @njit(cache=True)
 def int63(s: np.ndarray) -> int:
     """Go ``Int63``: next register word, low 63 bits."""
-    tap = s[607] - 1
+    tap = s[TAP_INDEX] - 1
     if tap < 0:
-        tap += 607
-    feed = s[608] - 1
+        tap += REGISTER_LEN
+    feed = s[FEED_INDEX] - 1
     if feed < 0:
-        feed += 607
+        feed += REGISTER_LEN
     x = s[feed] + s[tap]  # wraps mod 2^64
     s[feed] = x
-    s[607] = tap
-    s[608] = feed
+    s[TAP_INDEX] = tap
+    s[FEED_INDEX] = feed
     return x & 0x7FFFFFFFFFFFFFFF
 
 

@@ -6,8 +6,8 @@ import numpy as np
 from numba import njit
 
 from blis_fast.kernels import gorand
-from blis_fast.kernels.generation import draw_token_ids
 from blis_fast.kernels.hashing import block_digests
+from blis_fast.kernels.token_ids import draw_token_ids
 
 
 @njit(cache=True)

@@ -34,6 +34,12 @@ DIST_LOGNORMAL = 5
 DIST_SEQUENCE = 6
 """Replays ``params`` in order, wrapping (a cursor per session: closed-loop replay only)."""
 
+# parameter layout of a gaussian sampler (``workload.samplers.SamplerSpec``)
+GAUSSIAN_MEAN = 0
+GAUSSIAN_STD = 1
+GAUSSIAN_MIN = 2
+GAUSSIAN_MAX = 3
+
 SMALLEST_NONZERO = 5e-324
 
 
@@ -46,11 +52,11 @@ def _clamp_pos(r: int) -> int:
 def sample_length_at(s: np.ndarray, code: int, sp: np.ndarray, off: int) -> int:
     """One length sample; the sampler's parameters start at ``sp[off]``."""
     if code == DIST_GAUSSIAN:
-        lo = sp[off + 2]
-        hi = sp[off + 3]
+        lo = sp[off + GAUSSIAN_MIN]
+        hi = sp[off + GAUSSIAN_MAX]
         if lo == hi:
             return np.int64(lo)  # no draw and no floor
-        v = norm_float64(s) * sp[off + 1] + sp[off]
+        v = norm_float64(s) * sp[off + GAUSSIAN_STD] + sp[off + GAUSSIAN_MEAN]
         c = go_min(hi, go_max(lo, v))
         return _clamp_pos(go_f2i(go_round(c)))
     if code == DIST_EXPONENTIAL:

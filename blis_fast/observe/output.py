@@ -8,7 +8,6 @@ renamed, so an interrupted or failed run leaves either complete files or none.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,29 +15,10 @@ import pyarrow as pa
 
 from blis_fast.observe.orchestrator import Observed
 from blis_fast.workload.gofmt import go_g
-from blis_fast.workload.spec_yaml import STR, resolve_plain
 from blis_fast.workload.trace_v2 import TRACE_V2_COLUMNS, go_csv_field
+from blis_fast.workload.yaml_writer import yaml_string
 
 ITL_HEADER = "request_id,chunk_index,timestamp_us\n"
-
-_YAML_INDICATORS = set("-?:,[]{}#&*!|>'\"%@`")
-
-
-def yaml_str(s: str) -> str:
-    """A string as yaml.v3 would write it: plain when it reads back as the same string,
-    otherwise double-quoted (e.g. timestamps, numbers, ``true``)."""
-    plain_ok = (
-        s != ""
-        and s == s.strip()
-        and s[0] not in _YAML_INDICATORS
-        and ": " not in s
-        and " #" not in s
-        and not s.endswith(":")
-        and all(ch.isprintable() for ch in s)
-        and resolve_plain(s)[0] == STR
-    )
-    return s if plain_ok else json.dumps(s, ensure_ascii=False)
-
 
 def trace_header(created_at: str, warmup: int, seed: int, workload_spec: str,
                  server_type: str, model: str, rtt_ms: float) -> str:
@@ -46,14 +26,14 @@ def trace_header(created_at: str, warmup: int, seed: int, workload_spec: str,
     lines = [
         "trace_version: 2",
         "time_unit: us",
-        f"created_at: {yaml_str(created_at)}",
+        f"created_at: {yaml_string(created_at)}",
         "mode: real",
         f"warm_up_requests: {int(warmup)}",
         f"workload_seed: {int(seed)}",
     ]
     if workload_spec:
-        lines.append(f"workload_spec: {yaml_str(workload_spec)}")
-    lines += ["server:", f"    type: {yaml_str(server_type)}", f"    model: {yaml_str(model)}"]
+        lines.append(f"workload_spec: {yaml_string(workload_spec)}")
+    lines += ["server:", f"    type: {yaml_string(server_type)}", f"    model: {yaml_string(model)}"]
     if rtt_ms != 0:
         lines += ["network:", f"    measured_rtt_ms: {go_g(float(rtt_ms))}"]
     else:

@@ -24,91 +24,38 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from blis_fast.errors import BlisConfigError, BlisInputError
-from blis_fast.kernels import generation as K
-from blis_fast.kernels.generation import (
-    CF_P1,
-    CF_P2,
-    CF_RATE,
-    CI_ACCUM,
-    CI_ACTIVE,
-    CI_ARR,
-    CI_CAP,
-    CI_CAPR0,
-    CI_DROP,
-    CI_FCAP,
-    CI_FCAP_OFF,
-    CI_GROUP,
-    CI_IAT,
-    CI_IN,
-    CI_MM,
-    CI_MM0,
-    CI_MT,
-    CI_NCOUNT,
-    CI_NDUR,
-    CI_OUT,
-    CI_ROUNDS,
-    CI_RR,
-    CI_SINGLE,
-    CI_THINK,
-    CI_WIN0,
-    CI_WIN1,
-    N_CF,
-    N_CI,
-    R_ARR,
-    R_AUDIO,
-    R_CLIENT,
-    R_DROP,
-    R_IMAGE,
-    R_IN,
-    R_OUT,
-    R_PRE,
-    R_ROUND,
-    R_SESS,
-    R_TEXT,
-    R_VIDEO,
-    STATUS_NEGATIVE_LENGTH,
-    STATUS_SAMPLER_ERROR,
+from blis_fast.gonum import INT64_MAX
+from blis_fast.kernels.generation import generate_kernel
+from blis_fast.kernels.generation_layout import (
+    ClientParams,
+    GenStatus,
 )
+from blis_fast.kernels.generation_layout import GenClientCol as C
+from blis_fast.kernels.generation_layout import GenRowCol as R
 from blis_fast.kernels.gorand import subsystem_seed
-from blis_fast.kernels.samplers import (
-    ARRIVAL_FACTORY_POISSON,
-    ARRIVAL_NORMALIZED_EXP,
-)
+from blis_fast.kernels.session_seeds import concurrency_kernel, gather_two, int63_sequence
+from blis_fast.workload.client_params import SamplerTable, resolve_clients
 from blis_fast.workload.expand import expand_cohorts, expand_sources
 from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import (
     SAMPLER_ABSENT,
     SamplerSpec,
-    arrival_params,
     build_sampler,
 )
 from blis_fast.workload.spec import (
-    DEFAULT_PREFIX_LENGTH,
     DEFAULT_TIMEOUT_US,
     ClientSpec,
-    LifecycleSpec,
     WorkloadSpec,
+    has_multi_turn,
+    is_closed_loop,
     upgrade_v1_to_v2,
-    validate_spec,
 )
-
-MAX_INT64 = (1 << 63) - 1
-"""Default horizon (``--horizon`` unset)."""
-
-MAX_TOKEN_ID = 128000
-"""Vocabulary size of synthetic token ids (WL-13.1)."""
+from blis_fast.workload.validate import validate_spec
 
 BLUEPRINT_SEED_OFFSET = 7919
 CONCURRENCY_SEED_OFFSET = 10007
 
-
-_MM_NAMES = ("text", "image", "image count", "audio", "audio count", "video", "video count")
-_MM_ATTRS = ("text_dist", "image_dist", "image_count_dist", "audio_dist", "audio_count_dist",
-             "video_dist", "video_count_dist")  # fmt: skip
-
-_generate_kernel = K.generate_kernel
-"""The generation kernel (exported for the cold-compile notice)."""
 
 
 # --- public dataclasses -----------------------------------------------------------------------
@@ -171,66 +118,14 @@ class GeneratedWorkload:
         client accumulates context, in open loop (later rounds are drawn so, WL-6.2) or closed
         loop (follow-ups are built so at completion, WL-6.5). Only then can the prefix cache
         ever match a block that output tokens filled."""
-        return any(_has_multi_turn(c) and c.reasoning.multi_turn.context_growth == "accumulate"
+        return any(has_multi_turn(c) and c.reasoning.multi_turn.context_growth == "accumulate"
                    for c in self.clients)
 
 
 # --- Python side ------------------------------------------------------------------------------
-def _windows_overlap(a: LifecycleSpec | None, b: LifecycleSpec | None) -> bool:
-    """Whether two clients can be active together (no windows = always on)."""
-    if a is None or not a.windows or b is None or not b.windows:
-        return True
-    return any(
-        wa.start_us < wb.end_us and wb.start_us < wa.end_us for wa in a.windows for wb in b.windows
-    )
-
-
-def normalize_rate_fractions(clients: list[ClientSpec], aggregate_rate: float) -> list[float]:
-    """Per-client rates in requests/µs (WL-5.1; per co-active phase with lifecycles, DELTA-50)."""
-    has_lifecycle = any(c.lifecycle is not None and c.lifecycle.windows for c in clients)
-    if not has_lifecycle:
-        total = 0.0
-        for c in clients:
-            total += c.rate_fraction
-        if total == 0:
-            return [0.0] * len(clients)
-        return [aggregate_rate * (c.rate_fraction / total) / 1e6 for c in clients]
-    rates = [0.0] * len(clients)
-    # Clients sharing one lifecycle object (cohort members, inference-perf stages) overlap
-    # the same set: compute each distinct lifecycle's co-active sum once.
-    positive = [c for c in clients if c.rate_fraction > 0]
-    cache: dict[int, float] = {}
-    for i, ci in enumerate(clients):
-        if ci.rate_fraction <= 0:
-            continue
-        key = id(ci.lifecycle) if ci.lifecycle is not None and ci.lifecycle.windows else 0
-        co = cache.get(key)
-        if co is None:
-            co = 0.0
-            for cj in positive:
-                if _windows_overlap(ci.lifecycle, cj.lifecycle):
-                    co += cj.rate_fraction
-            cache[key] = co
-        if co == 0:
-            continue
-        rates[i] = aggregate_rate * (ci.rate_fraction / co) / 1e6
-    return rates
-
-
-def _has_multi_turn(c: ClientSpec) -> bool:
-    return c.reasoning is not None and c.reasoning.multi_turn is not None
-
-
-def is_closed_loop(c: ClientSpec) -> bool:
-    """``isClosedLoop``: the explicit flag, else whether the client is multi-turn (WL-6.3)."""
-    if c.closed_loop is not None:
-        return bool(c.closed_loop)
-    return _has_multi_turn(c)
-
-
 def client_metadata(c: ClientSpec) -> dict[str, object]:
     """The per-client fields its requests carry (RequestTable.clients entry)."""
-    mt = _has_multi_turn(c)
+    mt = has_multi_turn(c)
     return {
         "id": c.id,
         "tenant_id": c.tenant_id,
@@ -264,55 +159,12 @@ def _deadlines(std, ses, client_idx, session_idx, arrival) -> np.ndarray:
 
 
 @dataclass
-class _Samplers:
-    """The flat sampler table handed to the kernel, plus error texts of invalid samplers."""
-
-    codes: list[int] = field(default_factory=list)
-    offs: list[int] = field(default_factory=list)
-    params: list[np.ndarray] = field(default_factory=list)
-    specs: list[SamplerSpec] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)
-    size: int = 0
-    cache: dict = field(default_factory=dict)
-
-    def add(self, dist, label: str) -> int:
-        """Sampler id of ``dist`` (built once per distinct DistSpec object and label)."""
-        key = (id(dist), label)
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit
-        smp = build_sampler(dist)
-        sid = len(self.codes)
-        self.codes.append(smp.code)
-        self.offs.append(self.size)
-        self.params.append(smp.params)
-        self.specs.append(smp)
-        self.labels.append(label)
-        self.size += smp.params.shape[0]
-        self.cache[key] = sid
-        return sid
-
-    def arrays(self):
-        sp = np.concatenate(self.params) if self.params else np.zeros(0)
-        if sp.shape[0] == 0:
-            sp = np.zeros(1, dtype=np.float64)
-        return (np.asarray(self.codes, dtype=np.int64), np.asarray(self.offs, dtype=np.int64),
-                np.ascontiguousarray(sp, dtype=np.float64))  # fmt: skip
-
-    def error(self, client: ClientSpec, sid: int) -> BlisInputError:
-        """The reference's message for invalid sampler ``sid`` met while generating ``client``."""
-        return BlisInputError(
-            f"client {go_quote(client.id)} {self.labels[sid]}: {self.specs[sid].error}"
-        )
-
-
-@dataclass
 class _Raw:
     """GenerateRequests' result before table assembly (rows sorted and truncated)."""
 
     spec: WorkloadSpec
     clients: list[ClientSpec]
-    rows: np.ndarray  # (n, N_R) int64
+    rows: np.ndarray  # (n, GEN_ROW_COLS) int64
     ratio: np.ndarray
     offsets: np.ndarray
     digests: np.ndarray
@@ -326,8 +178,8 @@ class _Raw:
     prefix_tok: np.ndarray
     group_of: np.ndarray
     group_len: np.ndarray
-    samplers: _Samplers
-    ci: np.ndarray
+    samplers: SamplerTable
+    params: ClientParams  # what the generation kernel read
     in_ids: np.ndarray
     in_off: np.ndarray
 
@@ -355,137 +207,35 @@ def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
          conversion: bool, keep_ids: bool = False) -> _Raw:  # fmt: skip
     """GenerateRequests: every client's requests, merged in arrival order and truncated."""
     work, clients = _working_spec(spec)
-    k_n = len(clients)
-    rates = normalize_rate_fractions(clients, work.aggregate_rate)
-
-    group_index: dict[str, int] = {}
-    group_len: list[int] = []
-    group_of = np.full(k_n, -1, dtype=np.int64)
-    for i, c in enumerate(clients):
-        if not c.prefix_group:
-            continue
-        if c.prefix_group not in group_index:
-            group_index[c.prefix_group] = len(group_len)
-            group_len.append(c.prefix_length if c.prefix_length > 0 else DEFAULT_PREFIX_LENGTH)
-        group_of[i] = group_index[c.prefix_group]
-
-    # Closed-loop conversion (WL-6.4, DELTA-49): rounds >= 1 of sessions generated by a client
-    # whose id is a closed-loop multi-turn client's id never reach the output (they are
-    # truncated away or filtered), so their tokens are drawn but not hashed.
-    cl_mt = [c for c in clients if is_closed_loop(c) and _has_multi_turn(c)] if conversion else []
-    cl_ids = {c.id for c in cl_mt}
-    accum_ids = {c.id for c in cl_mt if c.reasoning.multi_turn.context_growth == "accumulate"}
-    fcap_len: dict[str, int] = {}
-    for c in cl_mt:
-        if c.prefix_group and c.prefix_length > 0:
-            fcap_len[c.id] = max(fcap_len.get(c.id, 0), c.prefix_length)
-
-    cap_std = int(max_requests)
-    cap_mt = 0
-    if max_requests > 0:
-        cap_mt = 2 * int(max_requests)
-        if cap_mt > MAX_INT64:
-            cap_mt = MAX_INT64
-
-    smp = _Samplers()
-    ci = np.zeros((k_n, N_CI), dtype=np.int64)
-    cf = np.zeros((k_n, N_CF), dtype=np.float64)
-    ci[:, CI_GROUP] = group_of
-    ci[:, CI_RR] = SAMPLER_ABSENT
-    ci[:, CI_MM0 : CI_MM0 + 7] = SAMPLER_ABSENT
-    win_start: list[int] = []
-    win_end: list[int] = []
-    fcap_off = np.zeros(k_n, dtype=np.int64)
-    fcap_total = 0
-    arr_cache: dict = {}
-    for i, c in enumerate(clients):
-        ci[i, CI_WIN0] = len(win_start)
-        if c.lifecycle is not None:
-            for w in c.lifecycle.windows:
-                win_start.append(int(w.start_us))
-                win_end.append(int(w.end_us))
-        ci[i, CI_WIN1] = len(win_start)
-        if rates[i] <= 0:
-            continue
-        ci[i, CI_ACTIVE] = 1
-        fac = c.arrival_factory
-        if fac is not None and fac.kind == "normalized_exponential":
-            ci[i, CI_ARR] = ARRIVAL_NORMALIZED_EXP
-            ci[i, CI_NCOUNT] = fac.count
-            ci[i, CI_NDUR] = fac.duration_us
-        elif fac is not None:
-            ci[i, CI_ARR] = ARRIVAL_FACTORY_POISSON
-            cf[i, CF_RATE] = fac.rate_us
-        else:
-            key = (c.arrival.process, c.arrival.cv, rates[i])
-            ap = arr_cache.get(key)
-            if ap is None:
-                ap = arr_cache[key] = arrival_params(c.arrival.process, c.arrival.cv, rates[i])
-            ci[i, CI_ARR], ci[i, CI_IAT], cf[i, CF_RATE], cf[i, CF_P1], cf[i, CF_P2] = ap
-        ci[i, CI_IN] = smp.add(c.input_dist, "input distribution")
-        ci[i, CI_OUT] = smp.add(c.output_dist, "output distribution")
-        if _has_multi_turn(c):
-            mt = c.reasoning.multi_turn
-            ci[i, CI_MT] = 1
-            ci[i, CI_ROUNDS] = mt.max_rounds
-            ci[i, CI_THINK] = mt.think_time_us
-            ci[i, CI_ACCUM] = 1 if mt.context_growth == "accumulate" else 0
-            ci[i, CI_SINGLE] = 1 if mt.single_session else 0
-            ci[i, CI_CAP] = cap_mt
-            rr = c.reasoning.reason_ratio_dist
-            if rr.type != "":
-                ci[i, CI_RR] = smp.add(rr, "reasoning: reason ratio distribution")
-            if c.id in cl_ids:
-                ci[i, CI_DROP] = 1
-                ci[i, CI_CAPR0] = 1 if c.id in accum_ids else 0
-                fc = fcap_len.get(c.id, 0)
-                if fc > 0:
-                    ci[i, CI_FCAP] = fc
-                    ci[i, CI_FCAP_OFF] = fcap_total
-                    fcap_off[i] = fcap_total
-                    fcap_total += fc
-        else:
-            ci[i, CI_CAP] = cap_std
-            if c.multimodal is not None:
-                ci[i, CI_MM] = 1
-                for j, attr in enumerate(_MM_ATTRS):
-                    d = getattr(c.multimodal, attr)
-                    if d.type != "":
-                        ci[i, CI_MM0 + j] = smp.add(d, f"multimodal: {_MM_NAMES[j]} distribution")
-
-    s_code, s_off, sp = smp.arrays()
-    if s_code.shape[0] == 0:
-        s_code = np.full(1, SAMPLER_ABSENT, dtype=np.int64)
-        s_off = np.zeros(1, dtype=np.int64)
-    res = K.generate_kernel(
-        np.int64(subsystem_seed(work.seed, "workload-gen")),
-        np.asarray(group_len, dtype=np.int64),
-        ci, cf, s_code, s_off, sp,
-        np.asarray(win_start, dtype=np.int64), np.asarray(win_end, dtype=np.int64),
-        np.int64(horizon), np.int64(block_size), np.int64(fcap_total), np.int64(max_requests),
-        np.int64(1 if keep_ids else 0),
-    )  # fmt: skip
-    (status, err_k, err_s, rows, ratio, offsets, digests, sess_val, sess_r0, r0_tok,
-     first_in, fcap_tok, g_off, prefix_tok, in_ids, in_off) = res  # fmt: skip
-    if status == STATUS_SAMPLER_ERROR:
-        raise smp.error(clients[err_k], err_s)
-    if status == STATUS_NEGATIVE_LENGTH:
+    rc = resolve_clients(clients, work.aggregate_rate, max_requests, conversion)
+    params = rc.params
+    smp = rc.samplers
+    res = generate_kernel(np.int64(subsystem_seed(work.seed, "workload-gen")), params,
+                          np.int64(horizon), np.int64(block_size), np.int64(rc.prefix_capture_len),
+                          np.int64(max_requests), np.int64(1 if keep_ids else 0))  # fmt: skip
+    if res.status == GenStatus.SAMPLER_ERROR:
+        raise smp.error(clients[res.err_client], res.err_sampler)
+    if res.status == GenStatus.NEGATIVE_LENGTH:
         raise BlisInputError("a length distribution produced a negative token count")
+    offsets = res.chunk_offsets
+    digests = res.chunk_digests
     nd = int(offsets[-1])
     if digests.shape[0] > nd + nd // 4 + 1024:
         digests = digests[:nd].copy()  # do not keep a mostly empty growth buffer alive
     else:
         digests = digests[:nd]
-    return _Raw(work, clients, rows, ratio, offsets, digests, sess_val, sess_r0, r0_tok,
-                first_in, fcap_tok, fcap_off, g_off, prefix_tok, group_of,
-                np.asarray(group_len, dtype=np.int64), smp, ci, in_ids, in_off)  # fmt: skip
+    return _Raw(work, clients, res.rows, res.reason_ratio, offsets, digests, res.session_keys,
+                res.round0, res.round0_tokens, res.first_input, res.prefix_capture,
+                rc.prefix_capture_off, res.group_off, res.group_tokens, rc.group_of,
+                params.group_len, smp, params,
+                res.input_ids, res.input_off)  # fmt: skip
 
 
 def _assemble(raw: _Raw, rows, ratio, offsets, digests, sess_names, block_size) -> RequestTable:
     """Build the RequestTable; ``sess_names`` maps a row's session key to its id string."""
     n = rows.shape[0]
-    cidx = rows[:, R_CLIENT].astype(np.int32)
-    skey = rows[:, R_SESS]
+    cidx = rows[:, R.CLIENT].astype(np.int32)
+    skey = rows[:, R.SESSION]
     sessions: list[str] = []
     sidx = np.full(n, -1, dtype=np.int32)
     has = np.flatnonzero(skey >= 0)
@@ -496,15 +246,15 @@ def _assemble(raw: _Raw, rows, ratio, offsets, digests, sess_names, block_size) 
         remap[by_first] = np.arange(uniq.shape[0])
         sessions = [sess_names(int(uniq[u])) for u in by_first]
         sidx[has] = remap[inv.reshape(-1)].astype(np.int32)
-    arrival = np.ascontiguousarray(rows[:, R_ARR])
+    arrival = np.ascontiguousarray(rows[:, R.ARRIVAL])
     std, ses = _deadline_offsets(raw.clients)
     return RequestTable(
         arrival_us=arrival,
-        input_len=np.ascontiguousarray(rows[:, R_IN]),
-        output_len=np.ascontiguousarray(rows[:, R_OUT]),
-        max_output_len=np.ascontiguousarray(rows[:, R_OUT]),
+        input_len=np.ascontiguousarray(rows[:, R.INPUT]),
+        output_len=np.ascontiguousarray(rows[:, R.OUTPUT]),
+        max_output_len=np.ascontiguousarray(rows[:, R.OUTPUT]),
         deadline_us=_deadlines(std, ses, cidx, sidx, arrival),
-        prefix_length=np.ascontiguousarray(rows[:, R_PRE]),
+        prefix_length=np.ascontiguousarray(rows[:, R.PREFIX]),
         client_idx=cidx,
         chunk_offsets=np.ascontiguousarray(offsets, dtype=np.int64),
         chunk_digests=np.ascontiguousarray(digests, dtype=np.uint64),
@@ -512,11 +262,11 @@ def _assemble(raw: _Raw, rows, ratio, offsets, digests, sess_names, block_size) 
         block_size=int(block_size),
         seed=int(raw.spec.seed),
         session_idx=sidx,
-        round_index=np.ascontiguousarray(rows[:, R_ROUND]).astype(np.int32),
-        text_tokens=np.ascontiguousarray(rows[:, R_TEXT]),
-        image_tokens=np.ascontiguousarray(rows[:, R_IMAGE]),
-        audio_tokens=np.ascontiguousarray(rows[:, R_AUDIO]),
-        video_tokens=np.ascontiguousarray(rows[:, R_VIDEO]),
+        round_index=np.ascontiguousarray(rows[:, R.ROUND]).astype(np.int32),
+        text_tokens=np.ascontiguousarray(rows[:, R.TEXT]),
+        image_tokens=np.ascontiguousarray(rows[:, R.IMAGE]),
+        audio_tokens=np.ascontiguousarray(rows[:, R.AUDIO]),
+        video_tokens=np.ascontiguousarray(rows[:, R.VIDEO]),
         reason_ratio=np.ascontiguousarray(ratio, dtype=np.float64),
         sessions=sessions,
     )
@@ -541,7 +291,7 @@ def _empty_table(spec: WorkloadSpec, block_size: int) -> RequestTable:
 
 def generate_requests(
     spec: WorkloadSpec,
-    horizon: int = MAX_INT64,
+    horizon: int = INT64_MAX,
     max_requests: int = 0,
     block_size: int = 16,
 ) -> RequestTable:
@@ -556,7 +306,7 @@ def generate_requests(
 
 def generate_workload(
     spec: WorkloadSpec,
-    horizon: int = MAX_INT64,
+    horizon: int = INT64_MAX,
     max_requests: int = 0,
     block_size: int = 16,
     keep_token_ids: bool = False,
@@ -587,9 +337,9 @@ def generate_workload(
         return GeneratedWorkload(table, [], -1, clients, ids)
 
     rows = raw.rows
-    is_r0 = (rows[:, R_SESS] >= 0) & (rows[:, R_ROUND] == 0)
+    is_r0 = (rows[:, R.SESSION] >= 0) & (rows[:, R.ROUND] == 0)
     r0_pos = np.flatnonzero(is_r0)
-    r0_client = rows[r0_pos, R_CLIENT]
+    r0_client = rows[r0_pos, R.CLIENT]
 
     # 1. closed-loop multi-turn blueprints (client order, session ids sorted as strings).
     #    A client claims the round-0 session rows whose client id equals its id (DELTA-49).
@@ -601,7 +351,7 @@ def generate_workload(
     plans = []
     n_seeds = 0
     for ki, c in enumerate(clients):
-        if not (is_closed_loop(c) and _has_multi_turn(c)):
+        if not (is_closed_loop(c) and has_multi_turn(c)):
             continue
         for d, lab in ((c.input_dist, "input"), (c.output_dist, "output")):
             s = build_sampler(d)
@@ -613,18 +363,18 @@ def generate_workload(
         sel = r0_pos[by_code[bounds[code] : bounds[code + 1]]]
         prefix = np.zeros(0, dtype=np.int64)
         if c.prefix_group and c.prefix_length > 0 and sel.shape[0]:
-            k0 = int(rows[sel[0], R_CLIENT])
+            k0 = int(rows[sel[0], R.CLIENT])
             if raw.first_in[k0] >= c.prefix_length:
                 off = raw.fcap_off[k0]
                 prefix = raw.fcap_tok[off : off + c.prefix_length].copy()
-        names = np.array([f"sess_{v}" for v in vals[rows[sel, R_SESS]].tolist()])
+        names = np.array([f"sess_{v}" for v in vals[rows[sel, R.SESSION]].tolist()])
         srt = np.argsort(names, kind="stable")
         plans.append((ki, c, prefix, names[srt].tolist(), sel[srt]))
         n_seeds += sel.shape[0]
-    bp_seeds = K.int63_sequence(np.int64(_wrap64(raw.spec.seed + BLUEPRINT_SEED_OFFSET)), n_seeds)
+    bp_seeds = int63_sequence(np.int64(_wrap64(raw.spec.seed + BLUEPRINT_SEED_OFFSET)), n_seeds)
 
     # 2. keep round 0 of claimed sessions (= drop the flagged rows), everything else as is
-    keep = rows[:, R_DROP] == 0
+    keep = rows[:, R.DROPPED] == 0
     kept_pos = np.flatnonzero(keep)
     n_kept = kept_pos.shape[0]
 
@@ -653,26 +403,28 @@ def generate_workload(
             u_index.append(u)
         total_users += c.concurrency
     m = len(u_client)
-    ci2 = raw.ci.copy()
-    extra = _Samplers()
+    ci2 = raw.params.ints.copy()
+    extra = SamplerTable()
     for ki in sorted(set(u_client)):
-        ci2[ki, CI_IN] = extra.add(clients[ki].input_dist, "input distribution")
-        ci2[ki, CI_OUT] = extra.add(clients[ki].output_dist, "output distribution")
+        ci2[ki, C.INPUT] = extra.add(clients[ki].input_dist, "input distribution")
+        ci2[ki, C.OUTPUT] = extra.add(clients[ki].output_dist, "output distribution")
     s_code, s_off, sp = extra.arrays()
     if s_code.shape[0] == 0:
         s_code = np.full(1, SAMPLER_ABSENT, dtype=np.int64)
         s_off = np.zeros(1, dtype=np.int64)
-    st, c_rows, c_off, c_dig, c_bp, c_ids, c_idoff = K.concurrency_kernel(
+    seed_params = raw.params._replace(ints=ci2, sampler_code=s_code, sampler_off=s_off,
+                                      sampler_params=sp)  # fmt: skip
+    st, c_rows, c_off, c_dig, c_bp, c_ids, c_idoff = concurrency_kernel(
         np.int64(_wrap64(raw.spec.seed + CONCURRENCY_SEED_OFFSET)),
         np.asarray(u_client, dtype=np.int64), np.asarray(u_arrival, dtype=np.int64),
-        ci2, s_code, s_off, sp, raw.group_len, raw.g_off, raw.prefix_tok, np.int64(block_size),
+        seed_params, raw.g_off, raw.prefix_tok, np.int64(block_size),
         np.int64(1 if keep_token_ids else 0),
     )  # fmt: skip
-    if st == STATUS_NEGATIVE_LENGTH:
+    if st == GenStatus.NEGATIVE_LENGTH:
         raise BlisInputError("a length distribution produced a negative token count")
     n_sess_kernel = int(vals.shape[0])
     c_rows = c_rows.copy()
-    c_rows[:, R_SESS] = n_sess_kernel + np.arange(m)
+    c_rows[:, R.SESSION] = n_sess_kernel + np.arange(m)
 
     # 4. merge (kept rows first, then seeds), stable sort, renumber
     if m == 0:
@@ -689,12 +441,12 @@ def generate_workload(
         seg_src = np.concatenate([np.zeros(n_kept, dtype=np.int64), np.ones(m, dtype=np.int64)])
         seg_off = np.concatenate([raw.offsets[:-1][kept_pos], c_off[:-1]])
         seg_len = np.concatenate([np.diff(raw.offsets)[kept_pos], np.diff(c_off)])
-        order = np.argsort(all_rows[:, R_ARR], kind="stable")
+        order = np.argsort(all_rows[:, R.ARRIVAL], kind="stable")
         all_rows = all_rows[order]
         all_ratio = all_ratio[order]
         csr_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
         np.cumsum(seg_len[order], out=csr_off[1:])
-        new_dig = K.gather_two(seg_src[order], seg_off[order], seg_len[order], raw.digests,
+        new_dig = gather_two(seg_src[order], seg_off[order], seg_len[order], raw.digests,
                                c_dig, csr_off)  # fmt: skip
     conc_names = [f"concurrency_{clients[k].id}_user_{u}" for k, u in zip(u_client, u_index,
                                                                         strict=True)]  # fmt: skip
@@ -727,7 +479,7 @@ def generate_workload(
         s_out = build_sampler(c.output_dist)
         r0_rows = final_pos[old_to_kept[sel]].tolist()
         accum = mt.context_growth == "accumulate"
-        info = r0_info[rows[sel, R_SESS]].tolist() if accum else None
+        info = r0_info[rows[sel, R.SESSION]].tolist() if accum else None
         tok = raw.r0_tok
         for q, sname in enumerate(names):
             r0_in = r0_out = None
@@ -804,14 +556,14 @@ def resolve_max_requests(spec_num_requests: int, cli_num_requests: int,
 
 def check_generation_bounded(max_requests: int, horizon: int) -> None:
     """WL-1.4 guard: an uncapped request count needs a finite horizon."""
-    if max_requests <= 0 and horizon == MAX_INT64:
+    if max_requests <= 0 and horizon == INT64_MAX:
         raise BlisConfigError(
             "Workload requires either num_requests or --horizon to bound generation"
         )
 
 
 __all__ = [
-    "MAX_INT64",
+    "INT64_MAX",
     "GeneratedWorkload",
     "SessionBlueprint",
     "apply_timeout",
@@ -820,8 +572,6 @@ __all__ = [
     "client_metadata",
     "generate_requests",
     "generate_workload",
-    "is_closed_loop",
-    "normalize_rate_fractions",
     "resolve_horizon",
     "resolve_max_requests",
     "resolve_workload_seed",

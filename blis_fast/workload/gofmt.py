@@ -1,6 +1,6 @@
 """Go text formatting and parsing helpers used by workload messages and outputs.
 
-* ``go_quote``  - ``%q`` of a string (``strconv.Quote``);
+* ``go_quote``  - ``%q`` of a string (``strconv.Quote``), on ``quote_escaped``;
 * ``go_pct_f``  - ``%f`` (six decimals; ``NaN``, ``+Inf``, ``-Inf``);
 * ``go_g``      - ``strconv.FormatFloat(v, 'g', -1, 64)`` (also what ``%v`` prints);
 * ``go_f``      - ``strconv.FormatFloat(v, 'f', -1, 64)`` (shortest digits, no exponent);
@@ -13,42 +13,42 @@ Numbers in text are parsed by ``blis_fast.gonum`` (the ``strconv`` ports).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from decimal import Decimal
+
+
+def quote_escaped(s: str, escapes: Mapping[str, str], other: Callable[[str], str]) -> str:
+    """``s`` double-quoted: each rune from ``escapes`` replaced by its escape, every other
+    rune by ``other(rune)`` (itself or a numeric escape). The one quoting loop behind Go's
+    ``strconv.Quote`` and yaml.v3's double-quoted scalars (``yaml_writer``)."""
+    out = ['"']
+    for ch in s:
+        e = escapes.get(ch)
+        out.append(e if e is not None else other(ch))
+    out.append('"')
+    return "".join(out)
+
+
+_STRCONV_ESCAPES = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f",
+                    "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}  # fmt: skip
+
+
+def _strconv_other(ch: str) -> str:
+    """``strconv.Quote`` of a rune without a named escape: itself if printable, else
+    ``\\xHH``, ``\\uHHHH`` or ``\\UHHHHHHHH``."""
+    o = ord(ch)
+    if o < 0x20 or o == 0x7F:
+        return f"\\x{o:02x}"
+    if ch.isprintable() or ch == " ":
+        return ch
+    if o < 0x10000:
+        return f"\\u{o:04x}"
+    return f"\\U{o:08x}"
 
 
 def go_quote(s: str) -> str:
     """Go ``strconv.Quote``: double-quoted with Go escapes for non-printable runes."""
-    out = ['"']
-    for ch in s:
-        o = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\a":
-            out.append("\\a")
-        elif ch == "\b":
-            out.append("\\b")
-        elif ch == "\f":
-            out.append("\\f")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\v":
-            out.append("\\v")
-        elif o < 0x20 or o == 0x7F:
-            out.append(f"\\x{o:02x}")
-        elif ch.isprintable() or ch == " ":
-            out.append(ch)
-        elif o < 0x10000:
-            out.append(f"\\u{o:04x}")
-        else:
-            out.append(f"\\U{o:08x}")
-    out.append('"')
-    return "".join(out)
+    return quote_escaped(s, _STRCONV_ESCAPES, _strconv_other)
 
 
 def go_pct_f(v: float) -> str:
@@ -67,6 +67,15 @@ def _shortest(v: float) -> tuple[bool, str, int]:
     return bool(sign), ds, len(ds) + int(exponent)
 
 
+def _positional(sgn: str, ds: str, dp: int) -> str:
+    """Digits ``ds`` with the decimal point after ``dp`` of them, without an exponent."""
+    if dp <= 0:
+        return f"{sgn}0.{'0' * -dp}{ds}"
+    if dp >= len(ds):
+        return f"{sgn}{ds}{'0' * (dp - len(ds))}"
+    return f"{sgn}{ds[:dp]}.{ds[dp:]}"
+
+
 def go_g(v: float) -> str:
     """Go ``strconv.FormatFloat(v, 'g', -1, 64)``: exponent form below 1e-4 and from 1e6 on
     (Go's shortest 'g' uses precision 6 for that switch)."""
@@ -82,11 +91,7 @@ def go_g(v: float) -> str:
     if exp < -4 or exp >= 6:
         mant = ds[0] + ("." + ds[1:] if len(ds) > 1 else "")
         return f"{sgn}{mant}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
-    if dp <= 0:
-        return f"{sgn}0.{'0' * -dp}{ds}"
-    if dp >= len(ds):
-        return f"{sgn}{ds}{'0' * (dp - len(ds))}"
-    return f"{sgn}{ds[:dp]}.{ds[dp:]}"
+    return _positional(sgn, ds, dp)
 
 
 def go_f(v: float) -> str:
@@ -98,12 +103,7 @@ def go_f(v: float) -> str:
     if v == 0:
         return "-0" if math.copysign(1.0, v) < 0 else "0"
     neg, ds, dp = _shortest(v)
-    sgn = "-" if neg else ""
-    if dp <= 0:
-        return f"{sgn}0.{'0' * -dp}{ds}"
-    if dp >= len(ds):
-        return f"{sgn}{ds}{'0' * (dp - len(ds))}"
-    return f"{sgn}{ds[:dp]}.{ds[dp:]}"
+    return _positional("-" if neg else "", ds, dp)
 
 
 _GO_SPACE = (" \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"

@@ -25,7 +25,7 @@ from blis_fast.config.strict_yaml import (
 )
 from blis_fast.errors import BlisInputError
 from blis_fast.files import MAX_TRACE_BYTES, read_input_text
-from blis_fast.gonum import NumError, atoi, parse_float
+from blis_fast.gonum import INT64_MAX, NumError, atoi, parse_float
 from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
 from blis_fast.kernels.samplers import DIST_SEQUENCE
@@ -36,7 +36,6 @@ from blis_fast.workload.samplers import SamplerSpec
 from blis_fast.workload.trace_v2 import TRACE_V2_COLUMNS
 
 N_COLUMNS = 27
-INT64_MAX = (1 << 63) - 1
 _SERVER = {"type": as_str, "model": as_str, "tensor_parallel": as_int, "max_num_seqs": as_int,
            "block_size": as_int, "gpu_memory_utilization": as_float, "max_model_len": as_int}
 _HEADER = {

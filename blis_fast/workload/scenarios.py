@@ -2,7 +2,7 @@
 
 Library functions, as in the reference (no ``blis run`` flag selects them): each returns a v2
 ``language`` spec with the given seed and aggregate rate (req/s). Write one to a file with
-:func:`blis_fast.workload.convert.marshal_spec` and pass it as ``--workload-spec``, or use
+:func:`blis_fast.workload.yaml_writer.marshal_spec` and pass it as ``--workload-spec``, or use
 :func:`write_scenario`. Figures (client mix, distributions) are the reference's
 ``sim/workload/scenarios.go`` at inference-sim b563c440.
 """
@@ -86,7 +86,7 @@ SCENARIOS: dict[str, Callable[[int, float], WorkloadSpec]] = {
 def write_scenario(name: str, path: str | Path, *, seed: int = 42, rate: float = 10.0,
                    num_requests: int = 0) -> Path:
     """Write scenario ``name`` as a workload-spec YAML file (usable with ``--workload-spec``)."""
-    from blis_fast.workload.convert import marshal_spec
+    from blis_fast.workload.yaml_writer import marshal_spec
 
     if name not in SCENARIOS:
         raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")

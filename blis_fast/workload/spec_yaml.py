@@ -19,6 +19,7 @@ validates during generation): see :func:`blis_fast.workload.spec.validate_spec`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -33,17 +34,16 @@ from blis_fast.kernels.gomath import go_f2i
 from blis_fast.workload import spec as S
 from blis_fast.workload.gofmt import go_quote
 
-# --- schema -----------------------------------------------------------------------------------
-# One entry per Go struct: (Go type name, dataclass, fields). A field is
-# (yaml key, attribute, kind, argument, omitempty), kind one of:
-#   str, int (argument: Go type name int/int64), float, bool,
-#   opt_int, opt_float, opt_bool (pointers), struct, opt_struct, list (argument: struct name),
-#   params (map[string]float64).
 
-
+# --- schema (derived from the dataclasses of ``spec``) -------------------------------------------
 @dataclass(frozen=True)
 class Field:
-    """One Go struct field as yaml.v3 sees it."""
+    """One Go struct field as yaml.v3 sees it.
+
+    ``kind`` is one of str, int (``arg``: Go type int/int64), float, bool, opt_int, opt_float,
+    opt_bool (pointers; ``arg``: int64/float64/bool), struct, opt_struct, list (``arg``: the
+    struct name), params (map[string]float64).
+    """
 
     key: str
     attr: str
@@ -52,142 +52,48 @@ class Field:
     omitempty: bool = False
 
 
-def _f(key, kind, arg="", omitempty=False, attr=None):
-    return Field(key, attr or key, kind, arg, omitempty)
+_SCALARS = {"str": "str", "int": "int", "float": "float", "bool": "bool"}
+_POINTER_GO = {"int": "int64", "float": "float64", "bool": "bool"}
 
 
-_DIST_FIELDS = (
-    _f("type", "str"),
-    _f("params", "params", omitempty=True),
-    _f("file", "str", omitempty=True),
-)
+def _field_of(f: dataclasses.Field) -> Field:
+    """The yaml.v3 view of one dataclass field (its annotation and ``spec.tag`` metadata)."""
+    ann = str(f.type).replace(" ", "")
+    md = f.metadata
+    key = md.get("key") or f.name
+    omit = bool(md.get("omitempty", False))
+    if ann in _SCALARS:
+        return Field(key, f.name, ann, md.get("go_int", "int64") if ann == "int" else "", omit)
+    if ann == "dict[str,float]":
+        return Field(key, f.name, "params", "", omit)
+    if ann.startswith("list[") and ann.endswith("]"):
+        return Field(key, f.name, "list", ann[5:-1], omit)
+    base = ann.removesuffix("|None")
+    if base != ann:
+        if base in _SCALARS:
+            return Field(key, f.name, "opt_" + base, _POINTER_GO[base], omit)
+        return Field(key, f.name, "opt_struct", base, omit)
+    return Field(key, f.name, "struct", ann, omit)
 
-SCHEMA: dict[str, tuple[str, type, tuple[Field, ...]]] = {
-    "WorkloadSpec": ("workload.WorkloadSpec", S.WorkloadSpec, (
-        _f("version", "str"),
-        _f("seed", "int", "int64"),
-        _f("category", "str"),
-        _f("clients", "list", "ClientSpec"),
-        _f("cohorts", "list", "CohortSpec", True),
-        _f("aggregate_rate", "float"),
-        _f("horizon", "int", "int64", True),
-        _f("num_requests", "int", "int64", True),
-        _f("servegen_data", "opt_struct", "ServeGenDataSpec", True),
-        _f("inference_perf", "opt_struct", "InferencePerfSpec", True),
-    )),
-    "ClientSpec": ("workload.ClientSpec", S.ClientSpec, (
-        _f("id", "str"),
-        _f("tenant_id", "str"),
-        _f("slo_class", "str"),
-        _f("model", "str", omitempty=True),
-        _f("rate_fraction", "float"),
-        _f("concurrency", "int", "int", True),
-        _f("think_time_us", "int", "int64", True),
-        _f("arrival", "struct", "ArrivalSpec"),
-        _f("input_distribution", "struct", "DistSpec", attr="input_dist"),
-        _f("output_distribution", "struct", "DistSpec", attr="output_dist"),
-        _f("prefix_group", "str", omitempty=True),
-        _f("prefix_length", "int", "int", True),
-        _f("streaming", "bool"),
-        _f("network", "opt_struct", "NetworkSpec", True),
-        _f("lifecycle", "opt_struct", "LifecycleSpec", True),
-        _f("multimodal", "opt_struct", "MultimodalSpec", True),
-        _f("reasoning", "opt_struct", "ReasoningSpec", True),
-        _f("timeout", "opt_int", "int64", True),
-        _f("closed_loop", "opt_bool", "bool", True),
-    )),
-    "CohortSpec": ("workload.CohortSpec", S.CohortSpec, (
-        _f("id", "str"),
-        _f("population", "int", "int"),
-        _f("tenant_id", "str", omitempty=True),
-        _f("slo_class", "str", omitempty=True),
-        _f("model", "str", omitempty=True),
-        _f("arrival", "struct", "ArrivalSpec"),
-        _f("input_distribution", "struct", "DistSpec", attr="input_dist"),
-        _f("output_distribution", "struct", "DistSpec", attr="output_dist"),
-        _f("prefix_group", "str", omitempty=True),
-        _f("streaming", "bool", omitempty=True),
-        _f("rate_fraction", "float"),
-        _f("diurnal", "opt_struct", "DiurnalSpec", True),
-        _f("spike", "opt_struct", "SpikeSpec", True),
-        _f("drain", "opt_struct", "DrainSpec", True),
-        _f("prefix_length", "int", "int", True),
-        _f("reasoning", "opt_struct", "ReasoningSpec", True),
-        _f("closed_loop", "opt_bool", "bool", True),
-        _f("timeout", "opt_int", "int64", True),
-        _f("network", "opt_struct", "NetworkSpec", True),
-        _f("multimodal", "opt_struct", "MultimodalSpec", True),
-    )),
-    "ArrivalSpec": ("workload.ArrivalSpec", S.ArrivalSpec, (
-        _f("process", "str"),
-        _f("cv", "opt_float", "float64", True),
-    )),
-    "DistSpec": ("workload.DistSpec", S.DistSpec, _DIST_FIELDS),
-    "NetworkSpec": ("workload.NetworkSpec", S.NetworkSpec, (
-        _f("rtt_ms", "float"),
-        _f("bandwidth_mbps", "float", omitempty=True),
-    )),
-    "LifecycleSpec": ("workload.LifecycleSpec", S.LifecycleSpec, (
-        _f("windows", "list", "ActiveWindow"),
-    )),
-    "ActiveWindow": ("workload.ActiveWindow", S.ActiveWindow, (
-        _f("start_us", "int", "int64"),
-        _f("end_us", "int", "int64"),
-    )),
-    "MultimodalSpec": ("workload.MultimodalSpec", S.MultimodalSpec, (
-        _f("text_distribution", "struct", "DistSpec", attr="text_dist"),
-        _f("image_distribution", "struct", "DistSpec", attr="image_dist"),
-        _f("image_count_distribution", "struct", "DistSpec", attr="image_count_dist"),
-        _f("audio_distribution", "struct", "DistSpec", attr="audio_dist"),
-        _f("audio_count_distribution", "struct", "DistSpec", attr="audio_count_dist"),
-        _f("video_distribution", "struct", "DistSpec", attr="video_dist"),
-        _f("video_count_distribution", "struct", "DistSpec", attr="video_count_dist"),
-    )),
-    "ReasoningSpec": ("workload.ReasoningSpec", S.ReasoningSpec, (
-        _f("reason_ratio_distribution", "struct", "DistSpec", attr="reason_ratio_dist"),
-        _f("multi_turn", "opt_struct", "MultiTurnSpec", True),
-    )),
-    "MultiTurnSpec": ("workload.MultiTurnSpec", S.MultiTurnSpec, (
-        _f("max_rounds", "int", "int"),
-        _f("think_time_us", "int", "int64"),
-        _f("context_growth", "str"),
-        _f("single_session", "bool", omitempty=True),
-    )),
-    "DiurnalSpec": ("workload.DiurnalSpec", S.DiurnalSpec, (
-        _f("peak_hour", "int", "int"),
-        _f("peak_to_trough_ratio", "float"),
-    )),
-    "SpikeSpec": ("workload.SpikeSpec", S.SpikeSpec, (
-        _f("start_time_us", "int", "int64"),
-        _f("duration_us", "int", "int64"),
-    )),
-    "DrainSpec": ("workload.DrainSpec", S.DrainSpec, (
-        _f("start_time_us", "int", "int64"),
-        _f("ramp_duration_us", "int", "int64"),
-    )),
-    "ServeGenDataSpec": ("workload.ServeGenDataSpec", S.ServeGenDataSpec, (
-        _f("path", "str"),
-        _f("span_start", "int", "int64", True),
-        _f("span_end", "int", "int64", True),
-    )),
-    "InferencePerfSpec": ("workload.InferencePerfSpec", S.InferencePerfSpec, (
-        _f("stages", "list", "StageSpec"),
-        _f("shared_prefix", "opt_struct", "SharedPrefixSpec"),
-    )),
-    "StageSpec": ("workload.StageSpec", S.StageSpec, (
-        _f("rate", "float"),
-        _f("duration", "int", "int64"),
-    )),
-    "SharedPrefixSpec": ("workload.SharedPrefixSpec", S.SharedPrefixSpec, (
-        _f("num_unique_system_prompts", "int", "int"),
-        _f("num_users_per_system_prompt", "int", "int"),
-        _f("system_prompt_len", "int", "int"),
-        _f("question_len", "int", "int"),
-        _f("output_len", "int", "int"),
-        _f("enable_multi_turn_chat", "bool"),
-    )),
-}  # fmt: skip
-"""The reference's workload structs in declaration order (also drives YAML output)."""
+
+def _derive_schema(root: type) -> dict[str, tuple[str, type, tuple[Field, ...]]]:
+    """Every struct reachable from ``root``: (Go type name, dataclass, YAML fields)."""
+    schema: dict[str, tuple[str, type, tuple[Field, ...]]] = {}
+    todo = [root]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ in schema:
+            continue
+        fields = tuple(_field_of(f) for f in dataclasses.fields(cls)
+                       if f.metadata.get("yaml", True))  # fmt: skip
+        schema[cls.__name__] = ("workload." + cls.__name__, cls, fields)
+        todo += [getattr(S, f.arg) for f in fields if f.kind in ("struct", "opt_struct", "list")]
+    return schema
+
+
+SCHEMA = _derive_schema(S.WorkloadSpec)
+"""The reference's workload structs: name -> (Go type name, dataclass, fields in declaration
+order), derived from ``spec``'s dataclasses (also drives YAML output)."""
 
 # --- scalar resolution (yaml.v3 resolve.go, YAML 1.2 core schema) -----------------------------
 STR, INT, FLOAT, BOOL, NULL, TIMESTAMP, MERGE = (
@@ -210,7 +116,7 @@ for _vals, _tag, _v in (
         _RESOLVE_MAP[_s] = (_tag, _v)
 
 _YAML_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
-_OLD_BOOLS = {
+OLD_BOOLS = {
     "y": True, "Y": True, "yes": True, "Yes": True, "YES": True, "on": True, "On": True,
     "ON": True, "n": False, "N": False, "no": False, "No": False, "NO": False, "off": False,
     "Off": False, "OFF": False,
@@ -361,8 +267,8 @@ def _decode_scalar_kind(node, kind: str, go_type: str, path: str) -> Any:
     if kind == "bool":
         if tag == BOOL:
             return bool(val)
-        if tag == STR and val in _OLD_BOOLS:
-            return _OLD_BOOLS[val]
+        if tag == STR and val in OLD_BOOLS:
+            return OLD_BOOLS[val]
         raise _terror(node, go_type, path)
     raise AssertionError(kind)
 

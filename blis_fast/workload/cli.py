@@ -7,10 +7,16 @@ commands into the CLI with ``register(main_group)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.errors import BlisInputError
+
+if TYPE_CHECKING:
+    from blis_fast.workload.spec import WorkloadSpec
 
 
 @click.group("convert")
@@ -31,21 +37,24 @@ def convert_preset_command(name: str, rate: float, num_requests: int,
     """Convert a named workload preset from defaults.yaml to a v2 spec."""
     from blis_fast.config.defaults import load_defaults
     from blis_fast.data import data_path
-    from blis_fast.workload.convert import (
-        check_preset_flags,
-        convert_preset,
-        spec_yaml_for_stdout,
-        unknown_preset,
-    )
+    from blis_fast.workload.convert import check_preset_flags, convert_preset, unknown_preset
 
     check_preset_flags(rate, num_requests)
     cfg = load_defaults(defaults_filepath or str(data_path("defaults.yaml")))
     if name not in cfg.workloads:
         raise unknown_preset(name)
+    _print_converted(lambda n: convert_preset(n, rate, num_requests, cfg.workloads[n]), name,
+                     "Preset conversion failed")  # fmt: skip
+
+
+def _print_converted(convert: Callable[[Any], WorkloadSpec], arg: Any, failure: str) -> None:
+    """Run one conversion and print the validated spec; a failure is ``<failure>: <error>``."""
+    from blis_fast.workload.convert import spec_yaml_for_stdout
+
     try:
-        spec = convert_preset(name, rate, num_requests, cfg.workloads[name])
+        spec = convert(arg)
     except BlisInputError as exc:
-        raise BlisInputError(f"Preset conversion failed: {exc}") from None
+        raise BlisInputError(f"{failure}: {exc}") from None
     click.echo(spec_yaml_for_stdout(spec), nl=False)
 
 
@@ -53,26 +62,18 @@ def convert_preset_command(name: str, rate: float, num_requests: int,
 @click.option("--path", "path", required=True, help="Path to the ServeGen data directory")
 def convert_servegen_command(path: str) -> None:
     """Convert a ServeGen data directory (chunk-*-trace.csv + datasets) to a v2 spec."""
-    from blis_fast.workload.convert import convert_servegen, spec_yaml_for_stdout
+    from blis_fast.workload.convert import convert_servegen
 
-    try:
-        spec = convert_servegen(path)
-    except BlisInputError as exc:
-        raise BlisInputError(f"ServeGen conversion failed: {exc}") from None
-    click.echo(spec_yaml_for_stdout(spec), nl=False)
+    _print_converted(convert_servegen, path, "ServeGen conversion failed")
 
 
 @convert_group.command("inference-perf")
 @click.option("--spec", "spec_path", required=True, help="Path to an inference-perf YAML spec")
 def convert_inference_perf_command(spec_path: str) -> None:
     """Expand a spec's inference_perf block into explicit clients (v2 spec)."""
-    from blis_fast.workload.convert import convert_inference_perf, spec_yaml_for_stdout
+    from blis_fast.workload.convert import convert_inference_perf
 
-    try:
-        spec = convert_inference_perf(spec_path)
-    except BlisInputError as exc:
-        raise BlisInputError(f"inference-perf conversion failed: {exc}") from None
-    click.echo(spec_yaml_for_stdout(spec), nl=False)
+    _print_converted(convert_inference_perf, spec_path, "inference-perf conversion failed")
 
 
 @click.command("compose")
@@ -80,7 +81,7 @@ def convert_inference_perf_command(spec_path: str) -> None:
               help="Path to a v2 WorkloadSpec YAML file (repeatable)")  # fmt: skip
 def compose_command(from_paths: tuple[str, ...]) -> None:
     """Merge several v2 workload specs into one (clients concatenated, rates re-weighted)."""
-    from blis_fast.workload.convert import compose_specs, spec_yaml_for_stdout
+    from blis_fast.workload.convert import compose_specs
     from blis_fast.workload.spec_yaml import load_workload_spec
 
     specs = []
@@ -89,11 +90,7 @@ def compose_command(from_paths: tuple[str, ...]) -> None:
             specs.append(load_workload_spec(path))
         except BlisInputError as exc:
             raise BlisInputError(f"Failed to load spec {path}: {exc}") from None
-    try:
-        merged = compose_specs(specs)
-    except BlisInputError as exc:
-        raise BlisInputError(f"Compose failed: {exc}") from None
-    click.echo(spec_yaml_for_stdout(merged), nl=False)
+    _print_converted(compose_specs, specs, "Compose failed")
 
 
 def register(main_group: click.Group) -> None:

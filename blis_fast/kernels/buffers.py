@@ -1,0 +1,41 @@
+"""Growable kernel buffers: a copy with more room, contents kept (the generators' outputs grow
+while rows are drawn, their final size unknown until the last draw)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def grow_1d(a, cap):
+    """Copy of ``a`` with capacity ``cap`` (contents kept, the rest uninitialised)."""
+    b = np.empty(cap, dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True)
+def grow_2d(a, cap):
+    """Copy of the 2-D ``a`` with ``cap`` rows (contents kept, new rows zero)."""
+    b = np.zeros((cap, a.shape[1]), dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True)
+def room(a, need):
+    """``a``, or a copy with room for ``need`` items (at least twice as long)."""
+    if need <= a.shape[0]:
+        return a
+    return grow_1d(a, max(need, 2 * a.shape[0]))
+
+
+@njit(cache=True)
+def append_ids(buf, used, src, start, count):
+    """Append ``src[start:start+count]`` to the id buffer ``buf`` (grown as needed):
+    (buffer, new used count)."""
+    buf = room(buf, used + count)
+    for j in range(count):
+        buf[used + j] = src[start + j]
+    return buf, used + count
