@@ -8,14 +8,14 @@ implemented inside the routing kernel. The user scorer of the Python API is the 
 
 from __future__ import annotations
 
-from blis_fast.kernels import routing as R
 from blis_fast.kernels import scorers as S
+from blis_fast.kernels.enums import StatefulScorer
 
 # name -> cfunc (stateless, table-dispatched) or a kernel code (stateful)
 SCORERS: dict[str, object] = {
-    "prefix-affinity": R.SC_PREFIX_AFFINITY,
-    "precise-prefix-cache": R.SC_PRECISE_PREFIX,
-    "no-hit-lru": R.SC_NO_HIT_LRU,
+    "prefix-affinity": StatefulScorer.PREFIX_AFFINITY,
+    "precise-prefix-cache": StatefulScorer.PRECISE_PREFIX_CACHE,
+    "no-hit-lru": StatefulScorer.NO_HIT_LRU,
     "queue-depth": S.score_queue_depth,
     "kv-utilization": S.score_kv_utilization,
     "load-balance": S.score_load_balance,
@@ -36,11 +36,12 @@ def scorer_table(custom_scorer: object) -> tuple:
 
 
 def scorer_code(name: str) -> int:
-    """Kernel code of a scorer name (stateful code, or SC_TABLE + its table index)."""
+    """Kernel code of a scorer name (stateful code, or StatefulScorer.TABLE_BASE + its table index)."""
     if name == "custom":
-        return R.SC_TABLE + sum(1 for fn in SCORERS.values() if not isinstance(fn, int))
+        n_table = sum(1 for fn in SCORERS.values() if not isinstance(fn, int))
+        return StatefulScorer.TABLE_BASE + n_table
     entry = SCORERS[name]
     if isinstance(entry, int):
         return entry
     table = [fn for fn in SCORERS.values() if not isinstance(fn, int)]
-    return R.SC_TABLE + table.index(entry)
+    return StatefulScorer.TABLE_BASE + table.index(entry)

@@ -37,6 +37,7 @@ from blis_fast.engine.simulate import (
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.files import OutputPlan
 from blis_fast.kernels import engine as K
+from blis_fast.kernels.enums import Registration, RequestState
 from blis_fast.kernels.latency import output_token_processing_time, post_decode_fixed_overhead
 from blis_fast.options import RunOptions
 from blis_fast.output.report import (
@@ -615,7 +616,7 @@ def instance_metrics(res: SimulationResult, table: RequestTable) -> list[Instanc
 def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumns:
     """Per-request records of every request registered at an instance (ENG-7.6, CLU-7.24)."""
     rows = np.flatnonzero(res.registered == 1)
-    completed = res.state[rows] == K.ST_COMPLETED
+    completed = res.state[rows] == RequestState.COMPLETED
     out_len = table.output_len[rows]
     capped = res.length_capped[rows] == 1
     n_itl = np.where(capped, res.itl_count[rows], out_len)
@@ -654,8 +655,8 @@ def trace_outcome(res: SimulationResult, n: int | None = None) -> TraceOutcome:
     requests (default: all)."""
     state = res.state[:n]
     status = np.full(state.shape[0], 2, dtype=np.int8)
-    status[state == K.ST_COMPLETED] = 0
-    status[state == K.ST_TIMED_OUT] = 1
+    status[state == RequestState.COMPLETED] = 0
+    status[state == RequestState.TIMED_OUT] = 1
     return TraceOutcome(status=status, ttft_us=res.ttft_us[:n].astype(np.int64),
                         itl_sum_us=res.itl_sum_us[:n].astype(np.int64))
 
@@ -788,7 +789,7 @@ def _shed_by_tier(res: SimulationResult, table: RequestTable) -> dict[str, int]:
     """Admission rejections per SLO class (DELTA-11); only reject-all exists so far."""
     if res.rejected_admission == 0:
         return {}
-    rejected = res.registered == K.REG_REJECTED_ADMISSION
+    rejected = res.registered == Registration.REJECTED_ADMISSION
     counts: dict[str, int] = {}
     for idx in np.flatnonzero(rejected):
         client = table.clients[table.client_idx[idx]] if table.clients else {}

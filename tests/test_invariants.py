@@ -55,6 +55,7 @@ from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisConfigError
 from blis_fast.kernels import engine as K
 from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.enums import Registration, RequestState
 from blis_fast.kernels.latency import queueing_time
 from blis_fast.options import build_options
 from blis_fast.runner import prepare
@@ -232,17 +233,17 @@ def test_request_conservation(opts: dict) -> None:
     assert state.shape == inst.shape == reg.shape == (n,)
 
     routed = inst >= 0
-    rej_adm = reg == K.REG_REJECTED_ADMISSION
-    rej_route = reg == K.REG_REJECTED_ROUTING
+    rej_adm = reg == Registration.REJECTED_ADMISSION
+    rej_route = reg == Registration.REJECTED_ROUTING
     assert int(rej_adm.sum()) == sim.rejected_admission
     assert int(rej_route.sum()) == sim.rejected_routing
     assert not (routed & (rej_adm | rej_route)).any()
     # routed to an instance but its QueuedEvent has not run yet (arrival -> queue pipeline)
-    inst_pipeline = routed & (state == K.ST_NEW)
-    injected = routed & (state != K.ST_NEW)
+    inst_pipeline = routed & (state == RequestState.NEW)
+    injected = routed & (state != RequestState.NEW)
     # not even routed yet (admission/routing latency pipeline) and not rejected
     cluster_pipeline = ~routed & ~rej_adm & ~rej_route
-    assert not (cluster_pipeline & (state != K.ST_NEW)).any()
+    assert not (cluster_pipeline & (state != RequestState.NEW)).any()
     total = injected.sum() + inst_pipeline.sum() + cluster_pipeline.sum() + rej_adm.sum() \
         + rej_route.sum()
     assert total == n
@@ -258,24 +259,25 @@ def test_request_conservation(opts: dict) -> None:
     for i, per in enumerate(res.per_instance):
         mine = inst == i
         by_state = {s: int((mine & (state == s)).sum()) for s in
-                    (K.ST_COMPLETED, K.ST_QUEUED, K.ST_RUNNING, K.ST_DROPPED, K.ST_TIMED_OUT)}
-        assert per["completed_requests"] == by_state[K.ST_COMPLETED]
-        assert per["still_queued"] == by_state[K.ST_QUEUED]
-        assert per["still_running"] == by_state[K.ST_RUNNING]
-        assert per["dropped_unservable"] == by_state[K.ST_DROPPED]
-        assert per["timed_out_requests"] == by_state[K.ST_TIMED_OUT]
+                    (RequestState.COMPLETED, RequestState.QUEUED, RequestState.RUNNING,
+                     RequestState.DROPPED, RequestState.TIMED_OUT)}
+        assert per["completed_requests"] == by_state[RequestState.COMPLETED]
+        assert per["still_queued"] == by_state[RequestState.QUEUED]
+        assert per["still_running"] == by_state[RequestState.RUNNING]
+        assert per["dropped_unservable"] == by_state[RequestState.DROPPED]
+        assert per["timed_out_requests"] == by_state[RequestState.TIMED_OUT]
         five = sum(by_state.values())
         assert per["injected_requests"] == five == int((mine & injected).sum())
         if _infinite(opts):
             assert per["still_queued"] == per["still_running"] == 0
         capped = mine & (sim.length_capped == 1)
         assert per["length_capped_requests"] == int(capped.sum())
-        assert not (capped & (state != K.ST_COMPLETED)).any()
-        enqueued = mine & np.isin(state, [K.ST_QUEUED, K.ST_RUNNING, K.ST_COMPLETED,
-                                          K.ST_TIMED_OUT])
+        assert not (capped & (state != RequestState.COMPLETED)).any()
+        enqueued = mine & np.isin(state, [RequestState.QUEUED, RequestState.RUNNING,
+                                          RequestState.COMPLETED, RequestState.TIMED_OUT])
         assert per["total_input_tokens"] == int(table.input_len[enqueued].sum())
         # DELTA-6: N per normal completion, MaxModelLen - input per length-capped one
-        normal = mine & (state == K.ST_COMPLETED) & ~capped
+        normal = mine & (state == RequestState.COMPLETED) & ~capped
         expect_out = int(table.output_len[normal].sum())
         if capped.any():
             expect_out += int((max_len - table.input_len[capped]).sum())
@@ -285,8 +287,8 @@ def test_request_conservation(opts: dict) -> None:
     for k in keys:
         assert res.summary[k] == cluster[k], k
     # per-request records: routed and not dropped (ENG-7.6)
-    assert len(res.requests) == int((reg == K.REG_ROUTED).sum()) == int(
-        (routed & (state != K.ST_DROPPED)).sum())
+    assert len(res.requests) == int((reg == Registration.ROUTED).sum()) == int(
+        (routed & (state != RequestState.DROPPED)).sum())
 
 
 # ------------------------------------------------------------------ (b) KV block conservation
@@ -402,7 +404,9 @@ def test_kv_block_conservation(opts: dict) -> None:
         np.testing.assert_array_equal(kv.held_counts(i, mine), ref)
         # only requests still running hold blocks at the end (queued ones too with the CPU
         # tier: a failed admission keeps the blocks its reload committed, see TIERED_LIVELOCK)
-        holder_states = [K.ST_RUNNING] + ([K.ST_QUEUED] if eng.kv_cpu_blocks > 0 else [])
+        holder_states = [RequestState.RUNNING]
+        if eng.kv_cpu_blocks > 0:
+            holder_states.append(RequestState.QUEUED)
         assert np.isin(sim.state[mine], holder_states).all(), sim.state[mine]
         used = total - free
         assert used == int((ref > 0).sum())
@@ -442,7 +446,7 @@ def test_causality(opts: dict) -> None:
     assert ((sim.ttft_us == -1) | has_ttft).all()
     assert (sim.ttft_us[has_ttft] >= earliest[has_ttft] + 1 + otp).all()
 
-    done = sim.state == K.ST_COMPLETED
+    done = sim.state == RequestState.COMPLETED
     assert (sim.e2e_us[~done] == -1).all()
     assert (admitted[done] & has_ttft[done]).all()
     ttft, e2e, sd = sim.ttft_us[done], sim.e2e_us[done], sim.sched_delay_us[done]

@@ -59,6 +59,7 @@ from blis_fast.data import data_dir, data_path
 from blis_fast.errors import BlisConfigError, BlisError, BlisInputError
 from blis_fast.files import read_input_bytes
 from blis_fast.kernels import latency as K
+from blis_fast.kernels.enums import Backend
 
 __all__ = [
     "ANALYTICAL_BACKENDS",
@@ -78,12 +79,12 @@ __all__ = [
 DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
 
 BACKEND_CODES = {
-    "blackbox": K.BLACKBOX,
-    "roofline": K.ROOFLINE,
-    "": K.ROOFLINE,
-    "crossmodel": K.CROSSMODEL,
-    "trained-roofline": K.TRAINED_ROOFLINE,
-    "trained-physics": K.TRAINED_PHYSICS,
+    "blackbox": Backend.BLACKBOX,
+    "roofline": Backend.ROOFLINE,
+    "": Backend.ROOFLINE,
+    "crossmodel": Backend.CROSSMODEL,
+    "trained-roofline": Backend.TRAINED_ROOFLINE,
+    "trained-physics": Backend.TRAINED_PHYSICS,
 }
 VALID_BACKENDS = ("blackbox", "crossmodel", "roofline", "trained-physics", "trained-roofline")
 ANALYTICAL_BACKENDS = ("roofline", "crossmodel", "trained-roofline", "trained-physics")
@@ -577,14 +578,14 @@ def pack_latency_params(
     _check_coeffs("--alpha-coeffs", alpha)
     mc = model_config if model_config is not None else ModelConfig()
     hc = hardware if hardware is not None else HardwareCalib()
-    if code == K.ROOFLINE:
+    if code == Backend.ROOFLINE:
         if tp <= 0:
             raise BlisConfigError(f"--tp: roofline needs TP > 0, got {tp}")
         _validate_roofline(mc, hc, warns)
         params = _pack_roofline(mc, hc, tp)
-    elif code == K.TRAINED_PHYSICS:
+    elif code == Backend.TRAINED_PHYSICS:
         params = _pack_trained_physics(alpha, beta, mc, hc, tp)
-    elif code == K.BLACKBOX:
+    elif code == Backend.BLACKBOX:
         warns.append(
             'the "blackbox" latency model is deprecated (the reference drops it); '
             "consider --latency-model trained-physics"
@@ -595,7 +596,7 @@ def pack_latency_params(
             )
         _check_coeffs("--beta-coeffs", beta)
         params = np.array(beta[:3], dtype=np.float64)
-    elif code == K.CROSSMODEL:
+    elif code == Backend.CROSSMODEL:
         params = _pack_crossmodel(beta, mc, tp)
     else:
         params = _pack_trained_roofline(beta, mc, hc, tp)

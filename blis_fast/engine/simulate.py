@@ -16,6 +16,15 @@ from blis_fast.engine.sessions import FollowUp, SessionDriver
 from blis_fast.errors import BlisRuntimeError
 from blis_fast.kernels import engine as K
 from blis_fast.kernels import routing as R
+from blis_fast.kernels.enums import (
+    Admission,
+    Priority,
+    RequestState,
+    Routing,
+    Scheduler,
+    SessionOutcome,
+    Status,
+)
 from blis_fast.kernels.gorand import new_source, subsystem_seed
 from blis_fast.kernels.kvcache import (
     C_EVICT,
@@ -34,31 +43,31 @@ from blis_fast.policies import SCORERS_READING_CACHE, scorer_code, scorer_table
 INT64_MAX = (1 << 63) - 1
 
 KERNEL_FAILURES = {
-    K.STATUS_UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
+    Status.UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
                               "was given",
-    K.STATUS_TOO_MANY_INSTANCES: f"the simulation kernel supports at most {K.MAX_INSTANCES} "
+    Status.TOO_MANY_INSTANCES: f"the simulation kernel supports at most {K.MAX_INSTANCES} "
                                  "instances",
-    K.STATUS_SEQ_OVERFLOW: "the run pushed more events than the event key can number "
+    Status.SEQ_OVERFLOW: "the run pushed more events than the event key can number "
                            f"({K.SEQ_LIMIT})",
 }
 """Messages for the kernel's error statuses (the kernel returns codes, it never raises)."""
 
-ADMISSION_CODES = {"": R.ADM_ALWAYS, "always-admit": R.ADM_ALWAYS,
-                   "reject-all": R.ADM_REJECT_ALL, "token-bucket": R.ADM_TOKEN_BUCKET,
-                   "tier-shed": R.ADM_TIER_SHED, "gaie-legacy": R.ADM_GAIE_LEGACY,
-                   "custom": R.ADM_CUSTOM}
-ROUTING_CODES = {"": R.ROUTE_ROUND_ROBIN, "round-robin": R.ROUTE_ROUND_ROBIN,
-                 "least-loaded": R.ROUTE_LEAST_LOADED, "weighted": R.ROUTE_WEIGHTED,
-                 "always-busiest": R.ROUTE_ALWAYS_BUSIEST}
+ADMISSION_CODES = {"": Admission.ALWAYS, "always-admit": Admission.ALWAYS,
+                   "reject-all": Admission.REJECT_ALL, "token-bucket": Admission.TOKEN_BUCKET,
+                   "tier-shed": Admission.TIER_SHED, "gaie-legacy": Admission.GAIE_LEGACY,
+                   "custom": Admission.CUSTOM}
+ROUTING_CODES = {"": Routing.ROUND_ROBIN, "round-robin": Routing.ROUND_ROBIN,
+                 "least-loaded": Routing.LEAST_LOADED, "weighted": Routing.WEIGHTED,
+                 "always-busiest": Routing.ALWAYS_BUSIEST}
 DEFAULT_SCORERS = (("precise-prefix-cache", 2.0), ("queue-depth", 1.0), ("kv-utilization", 1.0))
 """The weighted-routing profile used when no scorers are configured (DELTA-31)."""
 SLO_PRIORITIES = {"critical": 4, "standard": 3, "batch": -1, "sheddable": -2, "background": -3}
 """Default SLO-class priorities (DELTA-38); unknown or empty classes count as 3."""
-PRIORITY_CODES = {"": K.PRIO_CONSTANT, "constant": K.PRIO_CONSTANT,
-                  "slo-based": K.PRIO_SLO_BASED, "inverted-slo": K.PRIO_INVERTED_SLO}
-SCHEDULER_CODES = {"": K.SCHED_FCFS, "fcfs": K.SCHED_FCFS,
-                   "priority-fcfs": K.SCHED_PRIORITY_FCFS, "sjf": K.SCHED_SJF,
-                   "reverse-priority": K.SCHED_REVERSE_PRIORITY, "custom": K.SCHED_CUSTOM}
+PRIORITY_CODES = {"": Priority.CONSTANT, "constant": Priority.CONSTANT,
+                  "slo-based": Priority.SLO_BASED, "inverted-slo": Priority.INVERTED_SLO}
+SCHEDULER_CODES = {"": Scheduler.FCFS, "fcfs": Scheduler.FCFS,
+                   "priority-fcfs": Scheduler.PRIORITY_FCFS, "sjf": Scheduler.SJF,
+                   "reverse-priority": Scheduler.REVERSE_PRIORITY, "custom": Scheduler.CUSTOM}
 
 
 @dataclass
@@ -122,7 +131,7 @@ class DecisionTrace:
     admission_request: np.ndarray
     admission_clock: np.ndarray
     admitted: np.ndarray
-    admission_reason: np.ndarray  # routing.REASON_* codes
+    admission_reason: np.ndarray  # AdmissionReason codes (kernels/enums.py)
     routing_request: np.ndarray
     routing_clock: np.ndarray
     routing_target: np.ndarray
@@ -452,7 +461,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
                     rs, ins, kv, lg, rt, inst_rank, *hook_args, heap, hs, work, req_session,
                     think, sess_pend)
             status, lg, heap = simulate(*args)
-            if status != K.STATUS_SESSIONS:
+            if status != Status.SESSIONS:
                 break
             if simulate is K.simulate:
                 # re-entries call the compiled overload directly: resolving the argument types
@@ -471,11 +480,11 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
         name, exc = failures[0]
         raise BlisRuntimeError(f"{name} raised {type(exc).__name__}: {exc} (the run is "
                                "discarded; no output was written)")
-    if status == K.STATUS_KV_LIST_OVERFLOW:
+    if status == Status.KV_LIST_OVERFLOW:
         raise BlisRuntimeError(
             "a request's KV block list outgrew its preallocated slice after CPU-tier reloads "
             "(--kv-cpu-blocks); this case is not supported yet")
-    if status != K.STATUS_OK:
+    if status != Status.OK:
         raise BlisRuntimeError(KERNEL_FAILURES.get(
             status, f"simulation kernel failed with status {status}"))
 
@@ -489,7 +498,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
         thrash = np.where(mirrors > 0, kv.cpu_meta[:, C_EVICT] / np.maximum(mirrors, 1), 0.0)
     steps = int(lg.sizes[0])
     used = slice(0, n_used)
-    completed = rs.state[used] == K.ST_COMPLETED
+    completed = rs.state[used] == RequestState.COMPLETED
     return SimulationResult(
         config=cfg,
         table=final,
@@ -542,7 +551,7 @@ class _FollowUpRows:
         capacity = arrival.shape[0]
         for row, tick, outcome, pi, seq in outcomes.tolist():
             b = int(req_session[row])
-            fu = driver.on_outcome(b, tick, outcome == K.OUTCOME_COMPLETED, pi,
+            fu = driver.on_outcome(b, tick, outcome == SessionOutcome.COMPLETED, pi,
                                    int(input_len[row]))
             if fu is None:
                 continue
@@ -624,7 +633,7 @@ def _decision_trace(rt) -> DecisionTrace:
     """Slice the kernel's trace buffers to the records actually written."""
     na = int(rt.st[R.ST_N_ADM])
     nr = int(rt.st[R.ST_N_ROUTE])
-    weighted = rt.rcfg[R.RC_ROUTING] == R.ROUTE_WEIGHTED
+    weighted = rt.rcfg[R.RC_ROUTING] == Routing.WEIGHTED
     return DecisionTrace(
         admission_request=rt.adm_req[:na].copy(), admission_clock=rt.adm_clock[:na].copy(),
         admitted=rt.adm_ok[:na].astype(bool), admission_reason=rt.adm_reason[:na].copy(),

@@ -10,6 +10,7 @@ def compile_engine() -> None:
     """Run a one-request simulation: the engine's kernels compile into Numba's on-disk cache."""
     from blis_fast.engine.simulate import EngineConfig, run_engine
     from blis_fast.kernels import latency as L
+    from blis_fast.kernels.enums import Backend
     from blis_fast.workload.request_table import RequestTable
 
     table = RequestTable(
@@ -21,7 +22,7 @@ def compile_engine() -> None:
     )
     params = np.zeros(L.BB_SIZE, np.float64)
     params[L.BB_BETA0] = 1000.0
-    cfg = EngineConfig(total_kv_blocks=8, latency_code=L.BLACKBOX, latency_params=params)
+    cfg = EngineConfig(total_kv_blocks=8, latency_code=Backend.BLACKBOX, latency_params=params)
     run_engine(table, cfg)
 
 

@@ -22,6 +22,16 @@ from numba import njit
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels import routing as rtk
+from blis_fast.kernels.enums import (
+    Event,
+    EventPriority,
+    Priority,
+    Registration,
+    RequestState,
+    Scheduler,
+    SessionOutcome,
+    Status,
+)
 from blis_fast.kernels.heap import (
     MAX_EVENT_SEQ,
     MAX_INSTANCES,
@@ -34,20 +44,6 @@ from blis_fast.kernels.heap import (
 from blis_fast.kernels.latency import is_known_backend, queueing_time, step_time
 from blis_fast.kernels.prefetch import prefetch
 
-# request states
-ST_NEW, ST_QUEUED, ST_RUNNING, ST_COMPLETED, ST_TIMED_OUT, ST_DROPPED = 0, 1, 2, 3, 4, 5
-
-# event kinds (cluster events < 10 <= instance events)
-EV_CLUSTER_ARRIVAL, EV_ADMISSION, EV_ROUTING = 0, 1, 2
-EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_REQUEST_LEFT, EV_TIMEOUT = 10, 11, 12, 14, 15
-# priorities within a queue (cluster priorities offset by +2 so they are non-negative)
-P_ARRIVAL, P_QUEUED, P_STEP, P_LEFT, P_TIMEOUT = 0, 1, 2, 4, 5
-P_C_ARRIVAL, P_C_ADMISSION, P_C_ROUTING = 2, 3, 4
-
-# policy codes (admission and routing codes live in blis_fast.kernels.routing)
-PRIO_CONSTANT, PRIO_SLO_BASED, PRIO_INVERTED_SLO = 0, 1, 2
-SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY, SCHED_CUSTOM = range(5)
-
 # integer config slots
 (IC_N_INST, IC_HORIZON, IC_MAX_RUNNING, IC_MAX_TOKENS, IC_LONG_PREFILL, IC_MAX_MODEL_LEN,
  IC_ADM_LATENCY, IC_ROUTE_LATENCY, IC_ADMISSION, IC_ROUTING, IC_PRIORITY, IC_SCHEDULER,
@@ -58,13 +54,6 @@ SCHED_FCFS, SCHED_PRIORITY_FCFS, SCHED_SJF, SCHED_REVERSE_PRIORITY, SCHED_CUSTOM
  K_PREEMPTIONS, K_KV_FAIL, K_INFLIGHT, K_PEAK_KV, K_STEPS, K_CLOCK, K_LAST_STEP,
  K_STEP_PENDING, K_DONE_IN_STEP, K_SIZE) = range(16)
 
-# values of rs.registered: routed to an instance (and not dropped) = 1
-REG_NONE, REG_ROUTED, REG_REJECTED_ADMISSION, REG_REJECTED_ROUTING = 0, 1, 2, 3
-
-# status codes returned by simulate (and, internally, by the event loop)
-(STATUS_OK, STATUS_BAD_ALIGNMENT, STATUS_GROW_HEAP, STATUS_GROW_LOG, STATUS_KV_LIST_OVERFLOW,
- STATUS_SESSIONS, STATUS_UNKNOWN_BACKEND, STATUS_TOO_MANY_INSTANCES,
- STATUS_SEQ_OVERFLOW) = range(9)
 # the last sequence number the loop hands out: room for the pushes of one event after the check
 SEQ_LIMIT = MAX_EVENT_SEQ - (1 << 20)
 # heap/loop state kept between calls (``hs``): heap size, next sequence number, closed-loop
@@ -73,7 +62,6 @@ SEQ_LIMIT = MAX_EVENT_SEQ - (1 << 20)
 HS_SIZE, HS_SEQ, HS_PEND, HS_TMIN, HS_LEN = range(5)
 # columns of the session-outcome buffer: row, tick, outcome, progress index, reserved sequence
 SP_ROW, SP_TICK, SP_OUTCOME, SP_PI, SP_SEQ, SP_COLS = range(6)
-OUTCOME_COMPLETED, OUTCOME_CANCELLED = 0, 1
 NO_TICK = np.int64(2**63 - 1)
 LOOK_BATCH = 8  # batch formation prefetches the rows of the request this many places ahead
 
@@ -241,13 +229,13 @@ def _wq_remove(ins, rs, i, r):
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _sched_less(code, rs, arrival, input_len, id_rank, a, b):
     """Strict ordering of two queued requests for the non-FCFS schedulers (CLU-4.4)."""
-    if code == SCHED_SJF:
+    if code == Scheduler.SJF:
         if input_len[a] != input_len[b]:
             return input_len[a] < input_len[b]
-    elif code == SCHED_CUSTOM:
+    elif code == Scheduler.CUSTOM:
         if rs.sort_key[a] != rs.sort_key[b]:
             return rs.sort_key[a] < rs.sort_key[b]
-    elif code == SCHED_PRIORITY_FCFS:
+    elif code == Scheduler.PRIORITY_FCFS:
         if rs.priority[a] != rs.priority[b]:
             return rs.priority[a] > rs.priority[b]
     else:
@@ -381,7 +369,7 @@ def _session_outcome(sess_pend, hs, r, tick, outcome, pi, seq, think):
     sess_pend[k, SP_PI] = pi
     sess_pend[k, SP_SEQ] = seq
     hs[HS_PEND] = k + 1
-    if outcome == OUTCOME_COMPLETED and tick + think < hs[HS_TMIN]:
+    if outcome == SessionOutcome.COMPLETED and tick + think < hs[HS_TMIN]:
         hs[HS_TMIN] = tick + think
 
 
@@ -407,7 +395,7 @@ def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, cached_buf, scr
         if rs.hot[victim, H_NNT] > 0:
             budget += rs.hot[victim, H_NNT]
             rs.hot[victim, H_NNT] = 0
-        rs.state[victim] = ST_QUEUED
+        rs.state[victim] = RequestState.QUEUED
         rs.hot[victim, H_PI] = 0
         rs.hot[victim, H_ITLSUM] = 0
         rs.hot[victim, H_ITLCNT] = 0
@@ -490,7 +478,7 @@ def _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scra
         admitted[n_admitted] = nxt
         n_admitted += 1
         budget -= n
-        rs.state[nxt] = ST_RUNNING
+        rs.state[nxt] = RequestState.RUNNING
         rs.hot[nxt, H_NNT] = n
         rs.hot[nxt, H_COMP] = n + start
     return n_admitted
@@ -510,18 +498,18 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
     # ---- scheduleBatch
     ins.cnt[i, K_STEPS] += 1
     pcode = ic[IC_PRIORITY]
-    if pcode != PRIO_CONSTANT:
+    if pcode != Priority.CONSTANT:
         r = ins.wq[i, 0]
         while r >= 0:
             age = np.float64(now - arrival[r])
-            if pcode == PRIO_SLO_BASED:
+            if pcode == Priority.SLO_BASED:
                 rs.priority[r] = 0.0 + 1e-6 * age
             else:
                 rs.priority[r] = 0.0 - 1e-6 * age
             r = rs.wq_next[r]
     # constant policy: every priority stays 0.0, nothing to recompute
     scode = ic[IC_SCHEDULER]
-    if scode == SCHED_CUSTOM:
+    if scode == Scheduler.CUSTOM:
         r = ins.wq[i, 0]
         while r >= 0:
             key_vec[hk.KEY_INPUT_LEN] = input_len[r]
@@ -532,7 +520,7 @@ def _step(ic, lat_params, alpha, ins, rs, kv, lg, i, now, arrival, input_len, ou
             key_vec[hk.KEY_MAX_OUTPUT] = rs.max_out[r]
             rs.sort_key[r] = key_fn(key_vec)
             r = rs.wq_next[r]
-    if scode != SCHED_FCFS:
+    if scode != Scheduler.FCFS:
         _reorder_queue(scode, ins, rs, i, arrival, input_len, id_rank, buf_a, buf_b)
     n_adm = _form_batch(ic, ins, rs, kv, i, now, input_len, output_len, cached_buf, scratch,
                         buf_a)
@@ -626,8 +614,8 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
     """Process events until the heap drains, the horizon is passed, or a buffer must grow.
 
     Compiled without reference counting (the hot path touches only preallocated arrays);
-    returns STATUS_OK when done, STATUS_GROW_* so :func:`simulate` can enlarge a buffer, or
-    STATUS_SESSIONS when closed-loop outcomes must become follow-ups before the next event
+    returns Status.OK when done, Status.GROW_* so :func:`simulate` can enlarge a buffer, or
+    Status.SESSIONS when closed-loop outcomes must become follow-ups before the next event
     (``req_session[r]`` >= 0 marks a request of a closed-loop session, CLU-1.15).
     """
     n_inst = ic[IC_N_INST]
@@ -642,22 +630,22 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
     seq = hs[HS_SEQ]
     cap = times.shape[0]
     pend_room = sess_pend.shape[0] - max_batch - 2
-    status = STATUS_OK
+    status = Status.OK
     while True:
         if hs[HS_PEND] > 0 and (size == 0 or times[0] >= hs[HS_TMIN]
                                 or hs[HS_PEND] >= pend_room):
-            status = STATUS_SESSIONS
+            status = Status.SESSIONS
             break
         if size == 0:
             break
         if size + max_batch + 4 > cap:
-            status = STATUS_GROW_HEAP
+            status = Status.GROW_HEAP
             break
         if kvc.list_overflowed(kv):
-            status = STATUS_KV_LIST_OVERFLOW
+            status = Status.KV_LIST_OVERFLOW
             break
         if seq >= SEQ_LIMIT:
-            status = STATUS_SEQ_OVERFLOW
+            status = Status.SEQ_OVERFLOW
             break
         t = times[0]
         if t > horizon:
@@ -665,20 +653,21 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
         tie = ties[0]
         kind = kinds[0]
         payload = payloads[0]
-        if kind == EV_STEP and (
+        if kind == Event.STEP and (
                 lg.sizes[0] + 1 > lg.time.shape[0]
                 or lg.sizes[1] + ins.batch_len[tie_instance(tie)] + max_batch + 1
                 > lg.run_start.shape[0]):
-            status = STATUS_GROW_LOG
+            status = Status.GROW_LOG
             break
         size = heap_pop(times, ties, kinds, payloads, size)
         if not tie_is_instance(tie):
             r = payload
-            if kind == EV_CLUSTER_ARRIVAL:
+            if kind == Event.CLUSTER_ARRIVAL:
                 size = heap_push(times, ties, kinds, payloads, size, t + ic[IC_ADM_LATENCY],
-                                 make_tie(False, 0, P_C_ADMISSION, seq), EV_ADMISSION, r)
+                                 make_tie(False, 0, EventPriority.ADMISSION, seq),
+                                 Event.ADMISSION, r)
                 seq += 1
-            elif kind == EV_ADMISSION:
+            elif kind == Event.ADMISSION:
                 # buildRouterState: cache-signal refresh, then snapshots of matching instances
                 rtk.refresh_cache_signal(rt, kv, t)
                 n_cand = n_inst
@@ -691,17 +680,18 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                                         kv.ht)
                 if not ok:
                     ins.rejected[0] += 1
-                    rs.registered[r] = REG_REJECTED_ADMISSION
+                    rs.registered[r] = Registration.REJECTED_ADMISSION
                 else:
                     size = heap_push(times, ties, kinds, payloads, size,
                                      t + ic[IC_ROUTE_LATENCY],
-                                     make_tie(False, 0, P_C_ROUTING, seq), EV_ROUTING, r)
+                                     make_tie(False, 0, EventPriority.ROUTING, seq),
+                                     Event.ROUTING, r)
                     seq += 1
             else:  # routing decision
                 rtk.refresh_cache_signal(rt, kv, t)
                 if rt.req_model_bad[r] == 1:
                     ins.rejected[1] += 1
-                    rs.registered[r] = REG_REJECTED_ROUTING
+                    rs.registered[r] = Registration.REJECTED_ROUTING
                     continue
                 rtk.take_snapshots(rt, ins.wq, ins.batch_len, kv.meta, kv.cpu_meta, ins.cnt,
                                    K_PREEMPTIONS, K_INFLIGHT, total_blocks, t)
@@ -710,23 +700,25 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                 ins.cnt[target, K_INFLIGHT] += 1
                 rtk.on_routed(rt, r)
                 rs.inst[r] = target
-                rs.registered[r] = REG_ROUTED
+                rs.registered[r] = Registration.ROUTED
                 size = heap_push(times, ties, kinds, payloads, size, t,
-                                 make_tie(True, target, P_ARRIVAL, seq), EV_ARRIVAL, r)
+                                 make_tie(True, target, EventPriority.ARRIVAL, seq),
+                                 Event.ARRIVAL, r)
                 seq += 1
             continue
 
         i = tie_instance(tie)
-        if kind == EV_TIMEOUT and rs.state[payload] == ST_COMPLETED:
+        if kind == Event.TIMEOUT and rs.state[payload] == RequestState.COMPLETED:
             continue  # lazily cancelled timeout: the clock does not move (DELTA-1)
         ins.cnt[i, K_CLOCK] = t
-        if kind == EV_ARRIVAL:
+        if kind == Event.ARRIVAL:
             r = payload
             delay = queueing_time(lat_code, alpha, input_len[r])
             size = heap_push(times, ties, kinds, payloads, size, t + delay,
-                             make_tie(True, i, P_QUEUED, seq), EV_QUEUED, r)
+                             make_tie(True, i, EventPriority.QUEUED, seq),
+                             Event.QUEUED, r)
             seq += 1
-        elif kind == EV_QUEUED:
+        elif kind == Event.QUEUED:
             r = payload
             # ---- EnqueueRequest guards (ENG-3.4)
             if rs.max_out[r] == 0 and max_len > 0 and input_len[r] < max_len:
@@ -740,33 +732,35 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
             elif (input_len[r] + bs - 1) // bs > total_blocks:
                 drop = True
             if drop:
-                rs.state[r] = ST_DROPPED
-                rs.registered[r] = REG_NONE
+                rs.state[r] = RequestState.DROPPED
+                rs.registered[r] = Registration.NONE
                 _count_done(ins, i, np.int64(K_DROPPED))
                 rtk.on_done(rt, r)
                 if req_session[r] >= 0:
-                    _session_outcome(sess_pend, hs, r, t, OUTCOME_CANCELLED, 0, -1, 0)
+                    _session_outcome(sess_pend, hs, r, t, SessionOutcome.CANCELLED, 0, -1, 0)
             else:
                 ins.cnt[i, K_IN_TOKENS] += input_len[r]
                 if deadline[r] > 0 and deadline[r] <= t:
-                    rs.state[r] = ST_TIMED_OUT
+                    rs.state[r] = RequestState.TIMED_OUT
                     _count_done(ins, i, np.int64(K_TIMED_OUT))
                     rtk.on_done(rt, r)
                     if req_session[r] >= 0:
-                        _session_outcome(sess_pend, hs, r, t, OUTCOME_CANCELLED, 0, -1, 0)
+                        _session_outcome(sess_pend, hs, r, t, SessionOutcome.CANCELLED, 0, -1, 0)
                 else:
-                    rs.state[r] = ST_QUEUED
+                    rs.state[r] = RequestState.QUEUED
                     _wq_push_back(ins, rs, i, r)
                     if deadline[r] > 0 and deadline[r] <= horizon:
                         size = heap_push(times, ties, kinds, payloads, size, deadline[r],
-                                         make_tie(True, i, P_TIMEOUT, seq), EV_TIMEOUT, r)
+                                         make_tie(True, i, EventPriority.TIMEOUT, seq),
+                                         Event.TIMEOUT, r)
                         seq += 1
             if ins.cnt[i, K_STEP_PENDING] == 0 and ins.wq[i, 2] > 0:
                 size = heap_push(times, ties, kinds, payloads, size, t,
-                                 make_tie(True, i, P_STEP, seq), EV_STEP, i)
+                                 make_tie(True, i, EventPriority.STEP, seq),
+                                 Event.STEP, i)
                 seq += 1
                 ins.cnt[i, K_STEP_PENDING] = 1
-        elif kind == EV_STEP:
+        elif kind == Event.STEP:
             d = _step(ic, lat_params, alpha, ins, rs, kv, lg, i, t, arrival, input_len,
                       output_len, id_rank, buf_a, buf_b, cached_buf, scratch, gather, key_fn,
                       key_vec, rt.req_priority)
@@ -780,7 +774,7 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                     r = ins.batch[i, q]
                     done = False
                     if rs.hot[r, H_PI] >= input_len[r] + max(output_len[r], 1) - 1:
-                        rs.state[r] = ST_COMPLETED
+                        rs.state[r] = RequestState.COMPLETED
                         if output_len[r] > 0 and rs.hot[r, H_PI] < input_len[r] + output_len[r]:
                             if not kvc.append_decode_token_fast(
                                     kv, i, r, rs.hot[r, H_PI]) and not kvc.allocate(
@@ -792,18 +786,19 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                     elif max_len > 0 and rs.hot[r, H_PI] >= max_len - 1:
                         ins.cnt[i, K_LENGTH_CAPPED] += 1
                         rs.capped[r] = 1
-                        rs.state[r] = ST_COMPLETED
+                        rs.state[r] = RequestState.COMPLETED
                         done = True
                     if done:
                         kvc.release(kv, i, r)
                         rs.fin_step[r] = ins.cnt[i, K_STEPS]
                         size = heap_push(times, ties, kinds, payloads, size, t + d,
-                                         make_tie(True, i, P_LEFT, seq), EV_REQUEST_LEFT, r)
+                                         make_tie(True, i, EventPriority.REQUEST_LEFT, seq),
+                                         Event.REQUEST_LEFT, r)
                         seq += 1
                         _record_completion(ins, rs, lg, i, r, input_len, output_len, post_decode)
                         rtk.on_done(rt, r)
                         if req_session[r] >= 0:
-                            _session_outcome(sess_pend, hs, r, t + d, OUTCOME_COMPLETED,
+                            _session_outcome(sess_pend, hs, r, t + d, SessionOutcome.COMPLETED,
                                              rs.hot[r, H_PI], seq, sess_think[req_session[r]])
                             seq += 1
                     else:
@@ -815,22 +810,23 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
             # ---- scheduleNextStep
             if keep > 0 or ins.wq[i, 2] > 0:
                 size = heap_push(times, ties, kinds, payloads, size, t + d,
-                                 make_tie(True, i, P_STEP, seq), EV_STEP, i)
+                                 make_tie(True, i, EventPriority.STEP, seq),
+                                 Event.STEP, i)
                 seq += 1
                 ins.cnt[i, K_STEP_PENDING] = 1
             else:
                 ins.cnt[i, K_STEP_PENDING] = 0
-        elif kind == EV_TIMEOUT:
+        elif kind == Event.TIMEOUT:
             r = payload
-            if rs.state[r] == ST_TIMED_OUT:
+            if rs.state[r] == RequestState.TIMED_OUT:
                 continue
-            was_running = rs.state[r] == ST_RUNNING
-            was_queued = rs.state[r] == ST_QUEUED
-            rs.state[r] = ST_TIMED_OUT
+            was_running = rs.state[r] == RequestState.RUNNING
+            was_queued = rs.state[r] == RequestState.QUEUED
+            rs.state[r] = RequestState.TIMED_OUT
             _count_done(ins, i, np.int64(K_TIMED_OUT))
             rtk.on_done(rt, r)
             if req_session[r] >= 0:
-                _session_outcome(sess_pend, hs, r, t, OUTCOME_CANCELLED, 0, -1, 0)
+                _session_outcome(sess_pend, hs, r, t, SessionOutcome.CANCELLED, 0, -1, 0)
             kvc.release(kv, i, r)
             rs.hot[r, H_COMP] = 0
             if was_running:
@@ -845,10 +841,11 @@ def _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
                 _wq_remove(ins, rs, i, r)
             if ins.batch_len[i] == 0 and ins.cnt[i, K_STEP_PENDING] == 0 and ins.wq[i, 2] > 0:
                 size = heap_push(times, ties, kinds, payloads, size, t,
-                                 make_tie(True, i, P_STEP, seq), EV_STEP, i)
+                                 make_tie(True, i, EventPriority.STEP, seq),
+                                 Event.STEP, i)
                 seq += 1
                 ins.cnt[i, K_STEP_PENDING] = 1
-        # EV_REQUEST_LEFT: only moves the clock
+        # Event.REQUEST_LEFT: only moves the clock
     hs[HS_SIZE] = size
     hs[HS_SEQ] = seq
     return status
@@ -904,7 +901,8 @@ def push_cluster_arrivals(heap, hs, arrival, rows, seqs):
             seq = hs[HS_SEQ]
             hs[HS_SEQ] += 1
         size = heap_push(heap.times, heap.ties, heap.kinds, heap.payloads, size, arrival[r],
-                         make_tie(False, 0, P_C_ARRIVAL, seq), EV_CLUSTER_ARRIVAL, r)
+                         make_tie(False, 0, EventPriority.CLUSTER_ARRIVAL, seq),
+                         Event.CLUSTER_ARRIVAL, r)
     hs[HS_SIZE] = size
     return heap
 
@@ -929,12 +927,12 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
     """Run the simulation from the state in ``heap``/``hs`` until it ends or closed-loop
     session outcomes need follow-ups. Returns (status, step log, heap); every other result is
     written into ``rs``, ``ins``, ``kv`` and ``hs`` in place. Call again after
-    STATUS_SESSIONS (once the follow-ups are pushed) to continue."""
+    Status.SESSIONS (once the follow-ups are pushed) to continue."""
     times, ties, kinds, payloads = heap.times, heap.ties, heap.kinds, heap.payloads
     if not is_known_backend(ic[IC_LATENCY_CODE]):
-        return STATUS_UNKNOWN_BACKEND, lg, heap
+        return Status.UNKNOWN_BACKEND, lg, heap
     if ic[IC_N_INST] > MAX_INSTANCES:
-        return STATUS_TOO_MANY_INSTANCES, lg, heap
+        return Status.TOO_MANY_INSTANCES, lg, heap
     while True:
         lg.sizes[2] += 1
         status = _event_loop(ic, lat_params, alpha, arrival, input_len, output_len, deadline,
@@ -942,12 +940,12 @@ def simulate(ic, lat_params, alpha, arrival, input_len, output_len, deadline, id
                              payloads, hs, work.buf_a, work.buf_b, work.cached_buf,
                              work.scratch, work.gather, scorer_table, admit_fn, key_fn,
                              work.key_vec, req_session, sess_think, sess_pend)
-        if status == STATUS_GROW_HEAP:
+        if status == Status.GROW_HEAP:
             times, ties, kinds, payloads = _grow_heap(times, ties, kinds, payloads,
                                                       hs[HS_SIZE], 2 * times.shape[0])
-        elif status == STATUS_GROW_LOG:
+        elif status == Status.GROW_LOG:
             lg = _grow_log(lg, 1, 2 * ins.batch.shape[1] + 1)
         else:
-            if status != STATUS_SESSIONS:  # the run is over: marks become counts
+            if status != Status.SESSIONS:  # the run is over: marks become counts
                 _itl_counts_from_marks(lg, np.zeros(ic[IC_N_INST], np.int64))
             return status, lg, Heap(times, ties, kinds, payloads)

@@ -43,12 +43,9 @@ import math
 import numpy as np
 from numba import njit
 
+from blis_fast.kernels.enums import Backend
+
 __all__ = [
-    "BLACKBOX",
-    "CROSSMODEL",
-    "ROOFLINE",
-    "TRAINED_PHYSICS",
-    "TRAINED_ROOFLINE",
     "clamp_to_int64",
     "go_pow",
     "output_token_processing_time",
@@ -56,13 +53,6 @@ __all__ = [
     "queueing_time",
     "step_time",
 ]
-
-# backend codes
-BLACKBOX = 0
-ROOFLINE = 1
-CROSSMODEL = 2
-TRAINED_ROOFLINE = 3
-TRAINED_PHYSICS = 4
 
 # BLACKBOX layout
 BB_BETA0, BB_BETA1, BB_BETA2 = 0, 1, 2
@@ -636,15 +626,15 @@ def step_time(
 ) -> np.int64:
     """The backend's StepTime (≥ 1 µs) over the first ``n`` scheduled requests; -1 for a code
     no backend has."""
-    if code == BLACKBOX:
+    if code == Backend.BLACKBOX:
         return _blackbox_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == ROOFLINE:
+    if code == Backend.ROOFLINE:
         return _roofline_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == CROSSMODEL:
+    if code == Backend.CROSSMODEL:
         return _crossmodel_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == TRAINED_ROOFLINE:
+    if code == Backend.TRAINED_ROOFLINE:
         return _trained_roofline_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == TRAINED_PHYSICS:
+    if code == Backend.TRAINED_PHYSICS:
         return _trained_physics_step(params, n, progress, new_tokens, input_len, output_len)
     return np.int64(-1)  # unknown backend: the engine refuses such a code before it runs
 
@@ -652,13 +642,13 @@ def step_time(
 @njit(cache=True, _nrt=False, error_model="numpy")
 def is_known_backend(code: int) -> bool:
     """True for a backend code :func:`step_time` implements."""
-    return BLACKBOX <= code <= TRAINED_PHYSICS
+    return Backend.BLACKBOX <= code <= Backend.TRAINED_PHYSICS
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def queueing_time(code: int, alpha: np.ndarray, input_len: int) -> np.int64:
     """Arrival → queued delay: α0 + α1·input length, or α0 alone for the trained backends."""
-    if code == TRAINED_ROOFLINE or code == TRAINED_PHYSICS:
+    if code == Backend.TRAINED_ROOFLINE or code == Backend.TRAINED_PHYSICS:
         return clamp_to_int64(alpha[0])
     t = 0.0
     t += alpha[0]
@@ -675,6 +665,6 @@ def output_token_processing_time(code: int, alpha: np.ndarray) -> np.int64:
 @njit(cache=True, _nrt=False, error_model="numpy")
 def post_decode_fixed_overhead(code: int, alpha: np.ndarray) -> np.int64:
     """Fixed E2E overhead of requests with outputs: α1 for the trained backends, else 0."""
-    if code == TRAINED_ROOFLINE or code == TRAINED_PHYSICS:
+    if code == Backend.TRAINED_ROOFLINE or code == Backend.TRAINED_PHYSICS:
         return clamp_to_int64(alpha[1])
     return np.int64(0)

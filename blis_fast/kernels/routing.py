@@ -19,23 +19,12 @@ from numba import njit
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.enums import Admission, AdmissionReason, Routing, StatefulScorer
 from blis_fast.kernels.gorand import intn
 from blis_fast.kernels.hashing import chain_hash
 from blis_fast.kernels.kvcache import C_MISS, M_FREE, M_HITS, M_MISSES
 
-# policy codes
-ADM_ALWAYS, ADM_REJECT_ALL, ADM_TOKEN_BUCKET, ADM_TIER_SHED, ADM_GAIE_LEGACY, ADM_CUSTOM = range(6)
-ROUTE_ROUND_ROBIN, ROUTE_LEAST_LOADED, ROUTE_WEIGHTED, ROUTE_ALWAYS_BUSIEST = 0, 1, 2, 3
-# Scorers that keep router state are built into the kernel (codes below); every other scorer,
-# built-in or user-supplied, is a cfunc in the scorer table: code SC_TABLE + its table index
-# (see blis_fast.policies.SCORERS and blis_fast.kernels.scorers).
-SC_PREFIX_AFFINITY, SC_PRECISE_PREFIX, SC_NO_HIT_LRU = 0, 1, 2
-SC_TABLE = 16
 PREFIX_LRU_CAPACITY = 10000  # sim/routing_prefix_scorer.go defaultLRUCapacity
-
-# admission reasons recorded in the decision trace
-(REASON_NONE, REASON_REJECT_ALL, REASON_NO_TOKENS, REASON_TIER_SHED, REASON_GAIE,
- REASON_TENANT_BUDGET, REASON_CUSTOM) = range(7)
 
 # rcfg slots
 (RC_ROUTING, RC_ADMISSION, RC_REFRESH, RC_CACHE_DELAY, RC_N_SCORERS, RC_TRACE, RC_CF_K,
@@ -113,8 +102,8 @@ def new_router_state(
     rcfg[RC_TIER_THRESHOLD], rcfg[RC_TIER_MIN_PRIORITY] = tier_shed
     rcfg[RC_HAS_TENANT_BUDGETS] = 1 if tenant_budget is not None and len(tenant_budget) else 0
     codes = [int(c) for c in scorer_codes]
-    uses_pa = routing == ROUTE_WEIGHTED and SC_PREFIX_AFFINITY in codes
-    uses_cq = routing == ROUTE_WEIGHTED and uses_cache_query
+    uses_pa = routing == Routing.WEIGHTED and StatefulScorer.PREFIX_AFFINITY in codes
+    uses_cq = routing == Routing.WEIGHTED and uses_cache_query
     rcfg[RC_USES_CACHE_QUERY] = 1 if uses_cq else 0
     rcfg[RC_BLOCK_SIZE] = block_size
     rfl = np.zeros(RF_SIZE, np.float64)
@@ -163,7 +152,7 @@ def new_router_state(
         rt_req=np.zeros(rec, np.int64), rt_clock=np.zeros(rec, np.int64),
         rt_target=np.zeros(rec, np.int64), rt_regret=np.zeros(rec, np.float64),
         rt_best=np.zeros(rec, np.float64),
-        rt_scores=np.zeros((rec if trace and routing == ROUTE_WEIGHTED else 1, n), np.float64),
+        rt_scores=np.zeros((rec if trace and routing == Routing.WEIGHTED else 1, n), np.float64),
         cf_inst=np.full((rec, k), -1, np.int64), cf_score=np.zeros((rec, k), np.float64),
         cf_int=np.zeros((rec, k, 4), np.int64), cf_kv=np.zeros((rec, k), np.float64),
         hook_snap=np.zeros((n, hk.SNAP_COLS), np.float64),
@@ -302,11 +291,11 @@ def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv_ht):
     Returns (admitted, reason)."""
     code = rt.rcfg[RC_ADMISSION]
     ok = True
-    reason = REASON_NONE
-    if code == ADM_REJECT_ALL:
+    reason = AdmissionReason.NONE
+    if code == Admission.REJECT_ALL:
         ok = False
-        reason = REASON_REJECT_ALL
-    elif code == ADM_TOKEN_BUCKET:
+        reason = AdmissionReason.REJECT_ALL
+    elif code == Admission.TOKEN_BUCKET:
         elapsed = clock - rt.st[ST_TB_LAST]
         if elapsed > 0:
             refill = np.float64(elapsed) * rt.rfl[RF_TB_REFILL] / 1e6
@@ -317,8 +306,8 @@ def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv_ht):
             rt.tb_tokens[0] -= cost
         else:
             ok = False
-            reason = REASON_NO_TOKENS
-    elif code == ADM_TIER_SHED:
+            reason = AdmissionReason.NO_TOKENS
+    elif code == Admission.TIER_SHED:
         max_load = 0
         for i in range(n):
             load = _load(rt, i)
@@ -327,14 +316,14 @@ def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv_ht):
         if max_load > rt.rcfg[RC_TIER_THRESHOLD]:
             if rt.req_priority[r] < rt.rcfg[RC_TIER_MIN_PRIORITY]:
                 ok = False
-                reason = REASON_TIER_SHED
-    elif code == ADM_CUSTOM:
+                reason = AdmissionReason.TIER_SHED
+    elif code == Admission.CUSTOM:
         _fill_hook_view(rt, kv_ht, r, input_len, np.int64(0), n, clock, np.int64(0) > 0)
         rt.hook_req[hk.REQ_ARRIVAL] = arrival
         if not admit_fn(rt.hook_snap[:n], rt.hook_req):
             ok = False
-            reason = REASON_CUSTOM
-    elif code == ADM_GAIE_LEGACY:
+            reason = AdmissionReason.CUSTOM
+    elif code == Admission.GAIE_LEGACY:
         if rt.req_sheddable[r] == 1:
             total = 0.0
             for i in range(n):
@@ -344,14 +333,14 @@ def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv_ht):
             sat = total / np.float64(n) if n > 0 else 1.0
             if sat >= 1.0:
                 ok = False
-                reason = REASON_GAIE
+                reason = AdmissionReason.GAIE
     if ok and rt.rcfg[RC_HAS_TENANT_BUDGETS] == 1:
         # tenant_budget holds budget * max(1, instances * max running requests) (DELTA-40)
         t = rt.req_tenant[r]
         if t >= 0 and rt.tenant_budget[t] >= 0 and rt.req_sheddable[r] == 1:
             if np.float64(rt.tenant_inflight[t]) > rt.tenant_budget[t]:
                 ok = False
-                reason = REASON_TENANT_BUDGET
+                reason = AdmissionReason.TENANT_BUDGET
     if rt.rcfg[RC_TRACE] == 1:
         k = rt.st[ST_N_ADM]
         rt.adm_req[k] = r
@@ -450,19 +439,19 @@ def _cache_query(rt, kv_ht, i, n_hashes):
 def _score_dimension(rt, code, r, n, n_hashes, scorer_table):
     """One scorer's values for every candidate into rt.dim (CLU-3.22, DELTA-32/34; the
     stateless scorers are table cfuncs reading rt.hook_snap)."""
-    if code >= SC_TABLE:
-        scorer_table[code - SC_TABLE](rt.hook_snap[:n], rt.hook_req, rt.dim[:n])
-    elif code == SC_PREFIX_AFFINITY:
+    if code >= StatefulScorer.TABLE_BASE:
+        scorer_table[code - StatefulScorer.TABLE_BASE](rt.hook_snap[:n], rt.hook_req, rt.dim[:n])
+    elif code == StatefulScorer.PREFIX_AFFINITY:
         for i in range(n):
             if n_hashes == 0:
                 rt.dim[i] = 0.0
             else:
                 rt.dim[i] = np.float64(_pa_match(rt, i, n_hashes)) / np.float64(n_hashes)
-    elif code == SC_PRECISE_PREFIX:
+    elif code == StatefulScorer.PRECISE_PREFIX_CACHE:
         for i in range(n):
             rt.raw[i] = np.int64(rt.hook_snap[i, hk.SNAP_CACHED_BLOCKS])
         _minmax_score(rt, n, False)
-    elif code == SC_NO_HIT_LRU:
+    elif code == StatefulScorer.NO_HIT_LRU:
         warm = False
         for i in range(n):
             if rt.hook_snap[i, hk.SNAP_CACHED_BLOCKS] > 0:
@@ -518,19 +507,19 @@ def route(rt, kv_ht, chunk_off, chunk_dig, r, input_len, clock, inst_rank, arriv
     n = rt.snap_i.shape[0]
     target = 0
     best = 0.0
-    if code == ROUTE_ROUND_ROBIN:
+    if code == Routing.ROUND_ROBIN:
         target = rt.st[ST_RR] % n
         best = np.float64(rt.st[ST_RR])
         rt.st[ST_RR] += 1
-    elif code == ROUTE_LEAST_LOADED or code == ROUTE_ALWAYS_BUSIEST:
+    elif code == Routing.LEAST_LOADED or code == Routing.ALWAYS_BUSIEST:
         extreme = _load(rt, 0)
         for i in range(1, n):
             load = _load(rt, i)
-            if (code == ROUTE_LEAST_LOADED and load < extreme) or (
-                    code == ROUTE_ALWAYS_BUSIEST and load > extreme):
+            if (code == Routing.LEAST_LOADED and load < extreme) or (
+                    code == Routing.ALWAYS_BUSIEST and load > extreme):
                 extreme = load
         best = np.float64(extreme)
-        if code == ROUTE_ALWAYS_BUSIEST:
+        if code == Routing.ALWAYS_BUSIEST:
             for i in range(n):
                 if _load(rt, i) == extreme:
                     target = i
@@ -577,9 +566,9 @@ def route(rt, kv_ht, chunk_off, chunk_dig, r, input_len, clock, inst_rank, arriv
             target = rt.tied[intn(rt.rng, n_tied)]
         for s in range(rt.rcfg[RC_N_SCORERS]):
             c = rt.scorer_codes[s]
-            if c == SC_PREFIX_AFFINITY:
+            if c == StatefulScorer.PREFIX_AFFINITY:
                 _pa_record(rt, target, n_hashes)
-            elif c == SC_NO_HIT_LRU:
+            elif c == StatefulScorer.NO_HIT_LRU:
                 _nh_observe(rt, r, target)
     if rt.rcfg[RC_TRACE] == 1:
         _record_routing(rt, code, r, clock, target, best, inst_rank)
@@ -595,7 +584,7 @@ def _record_routing(rt, code, r, clock, target, best, inst_rank):
     rt.rt_target[k] = target
     rt.rt_best[k] = best
     n = rt.snap_i.shape[0]
-    weighted = code == ROUTE_WEIGHTED
+    weighted = code == Routing.WEIGHTED
     if weighted:
         for i in range(n):
             rt.rt_scores[k, i] = rt.scores[i]

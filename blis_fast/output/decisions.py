@@ -5,12 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.engine.simulate import DecisionTrace
-from blis_fast.kernels import routing as R
+from blis_fast.kernels.enums import AdmissionReason
 
 ADMISSION_REASONS = {
-    R.REASON_NONE: "", R.REASON_REJECT_ALL: "reject-all", R.REASON_NO_TOKENS: "insufficient tokens",
-    R.REASON_TIER_SHED: "tier-shed", R.REASON_GAIE: "gaie-saturated",
-    R.REASON_TENANT_BUDGET: "tenant-budget-shed", R.REASON_CUSTOM: "custom",
+    AdmissionReason.NONE: "",
+    AdmissionReason.REJECT_ALL: "reject-all",
+    AdmissionReason.NO_TOKENS: "insufficient tokens",
+    AdmissionReason.TIER_SHED: "tier-shed",
+    AdmissionReason.GAIE: "gaie-saturated",
+    AdmissionReason.TENANT_BUDGET: "tenant-budget-shed",
+    AdmissionReason.CUSTOM: "custom",
 }
 
 
