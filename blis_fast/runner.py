@@ -36,9 +36,10 @@ from blis_fast.engine.simulate import (
 )
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.files import OutputPlan
-from blis_fast.kernels import engine as K
 from blis_fast.kernels.enums import Registration, RequestState
+from blis_fast.kernels.heap import MAX_INSTANCES
 from blis_fast.kernels.latency import output_token_processing_time, post_decode_fixed_overhead
+from blis_fast.kernels.state import InstanceCounter
 from blis_fast.options import RunOptions
 from blis_fast.output.report import (
     ClusterReport,
@@ -481,8 +482,8 @@ def prepare(opts: RunOptions, hooks: Hooks | None = None, replay: bool = False) 
         _fail("LLM name not provided (--model). Exiting simulation.")
     opts.values["model"] = opts.model.lower()
     latency = _resolve_latency(opts)
-    if opts.num_instances > K.MAX_INSTANCES:  # blis_fast's own limit: before any sizing
-        _fail(f"--num-instances must be <= {K.MAX_INSTANCES} (the most instances an event key "
+    if opts.num_instances > MAX_INSTANCES:  # blis_fast's own limit: before any sizing
+        _fail(f"--num-instances must be <= {MAX_INSTANCES} (the most instances an event key "
               f"can address), got {opts.num_instances}")
     sessions = None
     outputs_reenter = False  # replayed inputs never repeat outputs (follow-ups: ``sessions``)
@@ -589,16 +590,16 @@ def instance_metrics(res: SimulationResult, table: RequestTable) -> list[Instanc
         sched = res.sched_delay_us[mine & (res.sched_delay_us >= 0)].astype(np.int64)
         steps = (res.step_instance == i) & (res.step_itl_count > 0)
         out.append(InstanceMetrics(
-            completed=int(c[K.K_COMPLETED]),
+            completed=int(c[InstanceCounter.COMPLETED]),
             still_queued=int(res.still_queued[i]),
             still_running=int(res.still_running[i]),
-            dropped_unservable=int(c[K.K_DROPPED]),
-            timed_out=int(c[K.K_TIMED_OUT]),
-            length_capped=int(c[K.K_LENGTH_CAPPED]),
-            total_input_tokens=int(c[K.K_IN_TOKENS]),
-            total_output_tokens=int(c[K.K_OUT_TOKENS]),
-            preemption_count=int(c[K.K_PREEMPTIONS]),
-            kv_allocation_failures=int(c[K.K_KV_FAIL]),
+            dropped_unservable=int(c[InstanceCounter.DROPPED]),
+            timed_out=int(c[InstanceCounter.TIMED_OUT]),
+            length_capped=int(c[InstanceCounter.LENGTH_CAPPED]),
+            total_input_tokens=int(c[InstanceCounter.IN_TOKENS]),
+            total_output_tokens=int(c[InstanceCounter.OUT_TOKENS]),
+            preemption_count=int(c[InstanceCounter.PREEMPTIONS]),
+            kv_allocation_failures=int(c[InstanceCounter.KV_FAILURES]),
             sim_ended_time_us=int(ended[i]),
             ttft_us=ttft,
             e2e_us=e2e,

@@ -53,10 +53,10 @@ import blis_fast
 from blis_fast.engine import simulate as sim_mod
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisConfigError
-from blis_fast.kernels import engine as K
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.enums import Registration, RequestState
 from blis_fast.kernels.latency import queueing_time
+from blis_fast.kernels.state import InstanceCounter
 from blis_fast.options import build_options
 from blis_fast.runner import prepare
 
@@ -343,9 +343,10 @@ def _ring_links(kv) -> dict:
     mask = kv.free_ring.shape[1] - 1
     for i in range(n_inst):
         order = []
-        for pos in range(int(kv.meta[i, kvc.M_HEAD]), int(kv.meta[i, kvc.M_TAIL])):
+        for pos in range(int(kv.meta[i, kvc.KVMeta.HEAD]), int(kv.meta[i, kvc.KVMeta.TAIL])):
             b = int(kv.free_ring[i, pos & mask])
-            if kv.blk[i, b, kvc.B_FREE] == 1 and kv.blk[i, b, kvc.B_POS] == pos & kvc.POS_MASK:
+            live = kv.blk[i, b, kvc.BlockField.POS] == pos & kvc.POS_MASK
+            if kv.blk[i, b, kvc.BlockField.FREE] == 1 and live:
                 order.append(b)
         for a, b in zip(order[:-1], order[1:], strict=True):
             nxt[i, a], prv[i, b] = b, a
@@ -356,14 +357,14 @@ def _ring_links(kv) -> dict:
 
 def _kv_view(kv) -> _KVView:
     meta = kv.meta
-    common = dict(head=meta[:, kvc.M_HEAD], tail=meta[:, kvc.M_TAIL], free=meta[:, kvc.M_FREE],
+    common = dict(head=meta[:, kvc.KVMeta.HEAD], tail=meta[:, kvc.KVMeta.TAIL], free=meta[:, kvc.KVMeta.FREE],
                   pool=kv.pool)
     if hasattr(kv, "free_ring"):  # block records (B_*), request records (R_*), a ring free list
         blk, req = kv.blk, kv.req
         common.update(_ring_links(kv))
-        return _KVView(ref=blk[:, :, kvc.B_REF].astype(np.int64),
-                       on_free=blk[:, :, kvc.B_FREE] == 1, req_off=req[:, kvc.R_OFF],
-                       req_cnt=req[:, kvc.R_CNT], **common)
+        return _KVView(ref=blk[:, :, kvc.BlockField.REF].astype(np.int64),
+                       on_free=blk[:, :, kvc.BlockField.FREE] == 1, req_off=req[:, kvc.BlockList.OFFSET],
+                       req_cnt=req[:, kvc.BlockList.COUNT], **common)
     return _KVView(ref=kv.ref.astype(np.int64), on_free=kv.onfree == 1, nxt=kv.nxt,
                    prv=kv.prv, req_off=kv.req_off, req_cnt=kv.req_cnt, **common)
 
@@ -412,7 +413,7 @@ def test_kv_block_conservation(opts: dict) -> None:
         assert used == int((ref > 0).sum())
         # peak (ENG-2.2.3) is the largest per-step usage and never exceeds the cache
         steps_i = sim.step_instance == i
-        peak = int(sim.counters[i, K.K_PEAK_KV])
+        peak = int(sim.counters[i, InstanceCounter.PEAK_KV])
         assert 0 <= peak <= total
         assert peak == int(sim.step_kv_used[steps_i].max(initial=0))
         if _infinite(opts):
@@ -489,7 +490,7 @@ def test_clock_monotonicity(opts: dict) -> None:
     for i in range(eng.num_instances):
         t = sim.step_time[sim.step_instance == i]
         assert (np.diff(t) > 0).all(), f"instance {i}: step times not strictly increasing"
-        assert int(sim.counters[i, K.K_STEPS]) == len(t)
+        assert int(sim.counters[i, InstanceCounter.STEPS]) == len(t)
         assert 0 <= ended[i] <= horizon
         if len(t):
             assert ended[i] >= t[-1]

@@ -192,46 +192,6 @@ def test_roofline_fp8_peak_selection(roofline8b):
     assert p[K.RF_PEAK_FLOPS] == 989.5e12
 
 
-def _go_pow_twin(x, y):
-    """Pure-Python transcription of Go's math.Pow integer-exponent path."""
-    if y == 0 or x == 1:
-        return 1.0
-    if y == 1:
-        return x
-    yi = float(int(abs(y)))
-    a1, ae = 1.0, 0
-    x1, xe = math.frexp(x)
-    i = int(yi)
-    while i != 0:
-        if xe < -4096 or xe > 4096:
-            ae += xe
-            break
-        if i & 1:
-            a1 *= x1
-            ae += xe
-        x1 *= x1
-        xe <<= 1
-        if x1 < 0.5:
-            x1 += x1
-            xe -= 1
-        i >>= 1
-    if y < 0:
-        a1, ae = 1 / a1, -ae
-    return math.ldexp(a1, ae)
-
-
-def test_go_pow():
-    rng = random.Random(11)
-    for _ in range(2000):
-        x = rng.choice([0.75, 0.5, 120 / 128, 7 / 8, 0.9375, rng.random()])
-        y = float(rng.randint(-40, 20000))
-        assert K.go_pow(x, y) == _go_pow_twin(x, y)
-    assert K.go_pow(0.0, 5.0) == 0.0 and K.go_pow(0.0, -1.0) == math.inf
-    assert K.go_pow(2.0, 0.5) == math.sqrt(2.0)
-    assert math.isnan(K.go_pow(-2.0, 0.5))
-    assert K.go_pow(0.75, 100000.0) == 0.0  # exponent tracking underflows to 0
-
-
 def test_roofline_moe_expected_experts():
     # DELTA-16: MoE weight traffic grows with the expected number of distinct experts.
     cfg = resolve_latency(

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from _cli import invoke
 
+from blis_fast import policies
+from blis_fast.engine import simulate as sim
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisRuntimeError
 from blis_fast.kernels.enums import Backend
@@ -58,3 +60,23 @@ def test_kernel_refuses_an_unknown_backend_code():
     with pytest.raises(BlisRuntimeError, match="latency backend code"):
         run_engine(prepared.table, bad, model=prepared.latency.model)
 
+
+
+@pytest.mark.parametrize("table, name", [
+    ("ADMISSION_CODES", "admission_policy"), ("ROUTING_CODES", "routing_policy"),
+    ("PRIORITY_CODES", "priority_policy"), ("SCHEDULER_CODES", "scheduler")])
+def test_kernel_refuses_an_unknown_policy_code(monkeypatch, table, name):
+    """A code no kernel branch implements is an error status, never a silent fall-through."""
+    prepared = prepare(build_options({"model": MODEL, "num_requests": 3, "log": "error"}))
+    monkeypatch.setitem(getattr(sim, table), "bogus", 99)
+    bad = replace(prepared.engine, **{name: "bogus"})
+    with pytest.raises(BlisRuntimeError, match="admission, routing, priority, scheduler"):
+        run_engine(prepared.table, bad, model=prepared.latency.model)
+
+
+def test_kernel_refuses_an_unknown_scorer_code(monkeypatch):
+    prepared = prepare(build_options({"model": MODEL, "num_requests": 3, "log": "error"}))
+    monkeypatch.setitem(policies.SCORERS, "bogus", 7)  # between the stateful codes and the table
+    bad = replace(prepared.engine, routing_policy="weighted", routing_scorers=(("bogus", 1.0),))
+    with pytest.raises(BlisRuntimeError, match="scorer code"):
+        run_engine(prepared.table, bad, model=prepared.latency.model)

@@ -19,8 +19,8 @@ from blis_fast.engine.sessions import (
     SessionDriver,
     session_deadline,
 )
-from blis_fast.kernels import engine as K
 from blis_fast.kernels.enums import RequestState
+from blis_fast.kernels.state import InstanceCounter
 from blis_fast.workload.generator import SessionBlueprint
 from blis_fast.workload.samplers import constant_sampler
 
@@ -268,8 +268,8 @@ def test_session_invariants(tmp_path, rounds, think, growth, blocks, timeout, n_
     table = sim.table
     # conservation: every request ends in exactly one bucket
     cnt = sim.counters
-    done = (cnt[:, K.K_COMPLETED].sum() + cnt[:, K.K_DROPPED].sum()
-            + cnt[:, K.K_TIMED_OUT].sum() + sim.still_queued.sum() + sim.still_running.sum())
+    done = (cnt[:, InstanceCounter.COMPLETED].sum() + cnt[:, InstanceCounter.DROPPED].sum()
+            + cnt[:, InstanceCounter.TIMED_OUT].sum() + sim.still_queued.sum() + sim.still_running.sum())
     assert done == table.n
     for rows in _sessions(table).values():
         rows.sort(key=lambda r: int(table.round_index[r]))

@@ -14,8 +14,6 @@ from numba.core.errors import NumbaExperimentalFeatureWarning
 
 from blis_fast.engine.sessions import FollowUp, SessionDriver
 from blis_fast.errors import BlisRuntimeError
-from blis_fast.kernels import engine as K
-from blis_fast.kernels import routing as R
 from blis_fast.kernels.enums import (
     Admission,
     Priority,
@@ -25,30 +23,49 @@ from blis_fast.kernels.enums import (
     SessionOutcome,
     Status,
 )
+from blis_fast.kernels.event_loop import SEQ_LIMIT, push_cluster_arrivals, simulate
+from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.gorand import new_source, subsystem_seed
-from blis_fast.kernels.kvcache import (
-    C_EVICT,
-    C_MIRROR,
-    C_MISS,
-    CFG_BS,
-    CFG_TIERED,
-    M_HITS,
-    M_MISSES,
-    R_OFF,
+from blis_fast.kernels.heap import MAX_INSTANCES
+from blis_fast.kernels.kv_layout import (
+    BlockList,
+    CpuMeta,
+    KVConfig,
+    KVMeta,
     new_kv_state,
     pool_slots,
 )
+from blis_fast.kernels.router_state import RouterCfg, RouterVar, new_router_state
+from blis_fast.kernels.state import (
+    ConfigSlot,
+    HotField,
+    InstanceCounter,
+    KernelHooks,
+    LogCursor,
+    LoopSlot,
+    OutcomeField,
+    QueueField,
+    Rejection,
+    RequestInputs,
+    SessionBuffers,
+    SimConfig,
+    new_event_heap,
+    new_instance_arrays,
+    new_request_arrays,
+    new_step_log,
+    new_work,
+)
 from blis_fast.policies import SCORERS_READING_CACHE, scorer_code, scorer_table
-
-INT64_MAX = (1 << 63) - 1
 
 KERNEL_FAILURES = {
     Status.UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
-                              "was given",
-    Status.TOO_MANY_INSTANCES: f"the simulation kernel supports at most {K.MAX_INSTANCES} "
-                                 "instances",
+                            "was given",
+    Status.UNKNOWN_POLICY: "the simulation kernel does not know an admission, routing, "
+                           "priority, scheduler or scorer code it was given",
+    Status.TOO_MANY_INSTANCES: f"the simulation kernel supports at most {MAX_INSTANCES} "
+                               "instances",
     Status.SEQ_OVERFLOW: "the run pushed more events than the event key can number "
-                           f"({K.SEQ_LIMIT})",
+                         f"({SEQ_LIMIT})",
 }
 """Messages for the kernel's error statuses (the kernel returns codes, it never raises)."""
 
@@ -161,7 +178,7 @@ class SimulationResult:
     sched_delay_us: np.ndarray  # -1 when never admitted
     length_capped: np.ndarray
     # per instance
-    counters: np.ndarray  # int64 [N, K_SIZE]
+    counters: np.ndarray  # int64 [N, InstanceCounter.SIZE]
     kv_integral: np.ndarray
     wait_queue_sum: np.ndarray  # [N, 2] sum of per-step wait-queue lengths, number of steps
     cache_hit_rate: np.ndarray
@@ -183,7 +200,7 @@ class SimulationResult:
     @property
     def sim_ended_us(self) -> np.ndarray:
         """Per-instance SimEndedTime = min(clock, horizon)."""
-        return np.minimum(self.counters[:, K.K_CLOCK], self.config.horizon)
+        return np.minimum(self.counters[:, InstanceCounter.CLOCK], self.config.horizon)
 
 
 def id_rank_of(n: int, prefix: str = "request_") -> np.ndarray:
@@ -231,13 +248,13 @@ def hook_errors(hooks: Hooks | None) -> Iterator[list[tuple[str, BaseException]]
         sys.unraisablehook = previous
 
 
-def _hook_args(hooks: Hooks | None) -> tuple:
+def _kernel_hooks(hooks: Hooks | None) -> KernelHooks:
     """The kernel's scorer table and admission/scheduler hooks (user cfuncs or placeholders)."""
     from blis_fast.kernels import hooks as H
 
     hooks = hooks or Hooks()
-    return (scorer_table(hooks.scorer or H.no_scorer), hooks.admission or H.admit_all,
-            hooks.scheduler_key or H.zero_key)
+    return KernelHooks(scorer_table(hooks.scorer or H.no_scorer),
+                       hooks.admission or H.admit_all, hooks.scheduler_key or H.zero_key)
 
 
 def _delayed_cache_signal(cfg: EngineConfig) -> bool:
@@ -363,53 +380,34 @@ def _pad(values: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
     return out
 
 
-def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None,
-              room: _Capacity) -> SimulationResult:
-    n0 = table.n
-    n = n0 + room.rows
-    n_inst = cfg.num_instances
-    max_batch = max(1, min(cfg.max_running_reqs, max(n, 1)))
-    ic = np.zeros(K.IC_SIZE, dtype=np.int64)
-    ic[K.IC_N_INST] = n_inst
-    ic[K.IC_HORIZON] = cfg.horizon
-    ic[K.IC_MAX_RUNNING] = cfg.max_running_reqs
-    ic[K.IC_MAX_TOKENS] = cfg.max_scheduled_tokens
-    ic[K.IC_LONG_PREFILL] = cfg.long_prefill_token_threshold
-    ic[K.IC_MAX_MODEL_LEN] = cfg.max_model_len
-    ic[K.IC_ADM_LATENCY] = cfg.admission_latency
-    ic[K.IC_ROUTE_LATENCY] = cfg.routing_latency
-    ic[K.IC_PRIORITY] = PRIORITY_CODES[cfg.priority_policy]
-    ic[K.IC_SCHEDULER] = SCHEDULER_CODES[cfg.scheduler]
-    ic[K.IC_LATENCY_CODE] = cfg.latency_code
-    ic[K.IC_OUTPUT_TOKEN_TIME] = cfg.output_token_time
-    ic[K.IC_POST_DECODE] = cfg.post_decode_overhead
+def _config_ints(cfg: EngineConfig) -> np.ndarray:
+    """``SimConfig.ints``: the engine's integer configuration by ConfigSlot."""
+    ints = np.zeros(ConfigSlot.SIZE, dtype=np.int64)
+    ints[ConfigSlot.N_INSTANCES] = cfg.num_instances
+    ints[ConfigSlot.HORIZON] = cfg.horizon
+    ints[ConfigSlot.MAX_RUNNING] = cfg.max_running_reqs
+    ints[ConfigSlot.MAX_TOKENS] = cfg.max_scheduled_tokens
+    ints[ConfigSlot.LONG_PREFILL] = cfg.long_prefill_token_threshold
+    ints[ConfigSlot.MAX_MODEL_LEN] = cfg.max_model_len
+    ints[ConfigSlot.ADMISSION_LATENCY] = cfg.admission_latency
+    ints[ConfigSlot.ROUTING_LATENCY] = cfg.routing_latency
+    ints[ConfigSlot.PRIORITY] = PRIORITY_CODES[cfg.priority_policy]
+    ints[ConfigSlot.SCHEDULER] = SCHEDULER_CODES[cfg.scheduler]
+    ints[ConfigSlot.BACKEND] = cfg.latency_code
+    ints[ConfigSlot.OUTPUT_TOKEN_TIME] = cfg.output_token_time
+    ints[ConfigSlot.POST_DECODE] = cfg.post_decode_overhead
+    return ints
 
-    arrival = _pad(table.arrival_us, n, np.int64)
-    input_len = _pad(table.input_len, n, np.int64)
-    output_len = _pad(table.output_len, n, np.int64)
-    deadline = _pad(table.deadline_us, n, np.int64)
-    chunk_off = _pad(table.chunk_offsets, n + 1, np.int64, table.chunk_offsets[-1])
-    chunk_dig = _pad(table.chunk_digests, table.chunk_digests.shape[0] + room.chunks,
-                     np.uint64)
-    reload_ticks = 0
-    if cfg.kv_cpu_blocks > 0:
-        reload_ticks = cfg.kv_transfer_base_latency + int(
-            math.ceil(float(cfg.block_size) / cfg.kv_transfer_bandwidth))
-    kv = new_kv_state(n_inst, cfg.total_kv_blocks, cfg.block_size, chunk_off, chunk_dig,
-                      input_len, output_len, cfg.kv_cpu_blocks, reload_ticks,
-                      cfg.hash_decode_blocks, log_changes=_delayed_cache_signal(cfg),
-                      pool_extra=room.pool, chunk_capacity=chunk_dig.shape[0])
-    rs = K.new_req_state(n, _pad(table.max_output_len, n, np.int64))
-    ins = K.new_inst_state(n_inst, max_batch)
-    lg = K.new_step_log(max(1024, 4 * n), max(1024, 2 * n))
+
+def _router_state(cfg: EngineConfig, n: int, meta: _RequestMeta, kv, room: _Capacity):
+    """The router's state for ``n`` request rows (policies, scorers, per-request inputs)."""
     scorers = cfg.routing_scorers or DEFAULT_SCORERS
     total_weight = 0.0
     for _, weight in scorers:
         total_weight += weight
-    meta = _request_metadata(table, cfg, model)
     prio, sheddable, tenant, model_bad = (_pad(a, n, a.dtype) for a in meta.per_request)
-    rt = R.new_router_state(
-        n_inst, n,
+    return new_router_state(
+        cfg.num_instances, n,
         routing=ROUTING_CODES[cfg.routing_policy],
         admission=ADMISSION_CODES[cfg.admission_policy],
         scorer_codes=np.array([scorer_code(name) for name, _ in scorers], np.int64),
@@ -429,53 +427,90 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
         max_chunks=room.max_chunks,
         table_size=kv.ht.shape[1],
     )
+
+
+def _kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: _Capacity):
+    """Every instance's KV cache, with room for the follow-ups' digests and block lists."""
+    n = inp.arrival.shape[0]
+    chunk_off = _pad(table.chunk_offsets, n + 1, np.int64, table.chunk_offsets[-1])
+    chunk_dig = _pad(table.chunk_digests, table.chunk_digests.shape[0] + room.chunks,
+                     np.uint64)
+    reload_ticks = 0
+    if cfg.kv_cpu_blocks > 0:
+        reload_ticks = cfg.kv_transfer_base_latency + int(
+            math.ceil(float(cfg.block_size) / cfg.kv_transfer_bandwidth))
+    return new_kv_state(cfg.num_instances, cfg.total_kv_blocks, cfg.block_size, chunk_off,
+                        chunk_dig, inp.input_len, inp.output_len, cfg.kv_cpu_blocks,
+                        reload_ticks, cfg.hash_decode_blocks,
+                        log_changes=_delayed_cache_signal(cfg), pool_extra=room.pool,
+                        chunk_capacity=chunk_dig.shape[0])
+
+
+def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None,
+              room: _Capacity) -> SimulationResult:
+    n0 = table.n
+    n = n0 + room.rows
+    n_inst = cfg.num_instances
+    max_batch = max(1, min(cfg.max_running_reqs, max(n, 1)))
     ranked = cfg.scheduler not in ("", "fcfs")
     ids = table.id_strings() if ranked else []  # 100k strings cost a few garbage collections
-    id_rank = _pad(_rank_of_ids(ids), n, np.int64) if ranked else np.zeros(n, np.int64)
-    heap = K.new_heap(3 * n + 4 * n_inst + 16)
-    hs = K.new_loop_state()
-    heap = K.push_cluster_arrivals(heap, hs, arrival, np.arange(n0, dtype=np.int64),
-                                   np.full(n0, -1, np.int64))
-    work = K.new_work(n, max_batch, room.max_chunks)
-    req_session = np.full(n, -1, np.int32)
+    inp = RequestInputs(
+        arrival=_pad(table.arrival_us, n, np.int64), input_len=_pad(table.input_len, n, np.int64),
+        output_len=_pad(table.output_len, n, np.int64),
+        deadline=_pad(table.deadline_us, n, np.int64),
+        id_rank=_pad(_rank_of_ids(ids), n, np.int64) if ranked else np.zeros(n, np.int64),
+        session=np.full(n, -1, np.int32))
+    kv = _kv_state(table, cfg, inp, room)
+    rs = new_request_arrays(n, _pad(table.max_output_len, n, np.int64))
+    ins = new_instance_arrays(n_inst, max_batch)
+    lg = new_step_log(max(1024, 4 * n), max(1024, 2 * n))
+    meta = _request_metadata(table, cfg, model)
+    rt = _router_state(cfg, n, meta, kv, room)
+    heap = push_cluster_arrivals(new_event_heap(3 * n + 4 * n_inst + 16), inp.arrival,
+                                 np.arange(n0, dtype=np.int64), np.full(n0, -1, np.int64))
+    work = new_work(n, max_batch, room.max_chunks)
     driver = None
+    think = np.zeros(1, np.int64)
     if sessions and sessions.blueprints:
         driver = SessionDriver(sessions.blueprints, sessions.follow_up_budget, cfg.block_size)
         for b, bp in enumerate(sessions.blueprints):
-            req_session[bp.round0_row] = b
+            inp.session[bp.round0_row] = b
         think = driver.think_times()
-    else:
-        think = np.zeros(1, np.int64)
-    sess_pend = np.zeros((2 * max_batch + 64, K.SP_COLS), np.int64)
+    sess = SessionBuffers(think, np.zeros((2 * max_batch + 64, OutcomeField.SIZE), np.int64))
     appended = _FollowUpRows(n0, int(kv.pool.shape[0] - room.pool - 1))
-    hook_args = _hook_args(cfg.hooks)
+    sim_cfg = SimConfig(_config_ints(cfg), np.ascontiguousarray(cfg.latency_params, np.float64),
+                        np.ascontiguousarray(cfg.alpha, np.float64), instance_rank_of(n_inst))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
-        lat_params = np.ascontiguousarray(cfg.latency_params, dtype=np.float64)
-        alpha = np.ascontiguousarray(cfg.alpha, dtype=np.float64)
-        inst_rank = instance_rank_of(n_inst)
-        simulate = K.simulate
+        hooks = _kernel_hooks(cfg.hooks)
+        run = simulate
         while True:
-            args = (ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
-                    rs, ins, kv, lg, rt, inst_rank, *hook_args, heap, hs, work, req_session,
-                    think, sess_pend)
-            status, lg, heap = simulate(*args)
+            args = (sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess)
+            status, lg, heap = run(*args)
             if status != Status.SESSIONS:
                 break
-            if simulate is K.simulate:
+            if run is simulate:
                 # re-entries call the compiled overload directly: resolving the argument types
                 # (the function-pointer table especially) costs more than a short re-entry
-                simulate = _compiled_overload(K.simulate, args)
-            rows, seqs = appended.take(driver, sess_pend[: hs[K.HS_PEND]], rs, input_len,
-                                       arrival, output_len, deadline, kv, rt, req_session,
-                                       meta, room)
-            hs[K.HS_PEND] = 0
-            hs[K.HS_TMIN] = K.NO_TICK
+                run = _compiled_overload(simulate, args)
+            pending = heap.loop[LoopSlot.PENDING_OUTCOMES]
+            rows, seqs = appended.take(driver, sess.outcomes[:pending], rs, inp, kv, rt, meta,
+                                       room)
+            heap.loop[LoopSlot.PENDING_OUTCOMES] = 0
+            heap.loop[LoopSlot.FOLLOW_UP_TICK] = INT64_MAX
             if ranked and rows.shape[0]:
-                id_rank[: appended.n] = _rank_of_ids(
+                inp.id_rank[: appended.n] = _rank_of_ids(
                     ids + [f.request_id for f in appended.follow_ups])
-            heap = K.push_cluster_arrivals(heap, hs, arrival, rows, seqs)
+            heap = push_cluster_arrivals(heap, inp.arrival, rows, seqs)
+    _raise_failure(status, failures)
+    n_used = appended.n
+    final = appended.table(table, sessions) if n_used > n0 else table
+    return _result(cfg, final, n_used, rs, ins, kv, lg, rt)
+
+
+def _raise_failure(status: int, failures: list) -> None:
+    """BlisRuntimeError for a user hook that raised or a kernel error status."""
     if failures:
         name, exc = failures[0]
         raise BlisRuntimeError(f"{name} raised {type(exc).__name__}: {exc} (the run is "
@@ -488,27 +523,29 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
         raise BlisRuntimeError(KERNEL_FAILURES.get(
             status, f"simulation kernel failed with status {status}"))
 
-    n_used = appended.n
-    final = appended.table(table, sessions) if n_used > n0 else table
-    hits = kv.meta[:, M_HITS]
-    total = hits + kv.meta[:, M_MISSES] + kv.cpu_meta[:, C_MISS]
+
+def _result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt) -> SimulationResult:
+    """Read the kernel's state back into a SimulationResult (rows ``0..n_used-1``)."""
+    hits = kv.meta[:, KVMeta.HITS]
+    total = hits + kv.meta[:, KVMeta.MISSES] + kv.cpu_meta[:, CpuMeta.MISSES]
     with np.errstate(invalid="ignore", divide="ignore"):
         hit_rate = np.where(total > 0, hits / np.maximum(total, 1), 0.0)
-        mirrors = kv.cpu_meta[:, C_MIRROR]
-        thrash = np.where(mirrors > 0, kv.cpu_meta[:, C_EVICT] / np.maximum(mirrors, 1), 0.0)
-    steps = int(lg.sizes[0])
+        mirrors = kv.cpu_meta[:, CpuMeta.MIRRORS]
+        thrash = np.where(mirrors > 0, kv.cpu_meta[:, CpuMeta.EVICTIONS]
+                          / np.maximum(mirrors, 1), 0.0)
+    steps = int(lg.sizes[LogCursor.STEPS])
     used = slice(0, n_used)
     completed = rs.state[used] == RequestState.COMPLETED
     return SimulationResult(
         config=cfg,
-        table=final,
+        table=table,
         state=rs.state[used],
         instance=rs.inst[used],
         registered=rs.registered[used],
         ttft_us=np.where(rs.has_ttft[used] == 1, rs.ttft[used], -1),
         e2e_us=np.where(completed, rs.e2e[used], -1),
-        itl_sum_us=rs.hot[used, K.H_ITLSUM].copy(),
-        itl_count=rs.hot[used, K.H_ITLCNT].copy(),
+        itl_sum_us=rs.hot[used, HotField.ITL_SUM].copy(),
+        itl_count=rs.hot[used, HotField.ITL_COUNT].copy(),
         sched_delay_us=np.where(rs.has_sched[used] == 1, rs.sched_delay[used], -1),
         length_capped=rs.capped[used],
         counters=ins.cnt,
@@ -516,11 +553,11 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
         wait_queue_sum=ins.wq_sum,
         cache_hit_rate=hit_rate,
         thrashing_rate=thrash,
-        still_queued=ins.wq[:, 2].copy(),
+        still_queued=ins.wq[:, QueueField.LEN].copy(),
         still_running=ins.batch_len.copy(),
         decisions=_decision_trace(rt) if cfg.trace_decisions else None,
-        rejected_admission=int(ins.rejected[0]),
-        rejected_routing=int(ins.rejected[1]),
+        rejected_admission=int(ins.rejected[Rejection.ADMISSION]),
+        rejected_routing=int(ins.rejected[Rejection.ROUTING]),
         step_time=lg.time[:steps].copy(),
         step_instance=lg.inst[:steps].copy(),
         step_duration=lg.dur[:steps].copy(),
@@ -540,46 +577,46 @@ class _FollowUpRows:
         self.pool_cursor = pool_cursor
         self.follow_ups: list[FollowUp] = []
 
-    def take(self, driver: SessionDriver, outcomes: np.ndarray, rs, input_len, arrival,
-             output_len, deadline, kv, rt, req_session, meta, room: _Capacity):
+    def take(self, driver: SessionDriver, outcomes: np.ndarray, rs, inp: RequestInputs, kv, rt,
+             meta: _RequestMeta, room: _Capacity):
         """Play ``OnComplete`` for each recorded outcome; append the follow-ups it returns.
 
         Returns the new rows and the event sequence numbers reserved for their arrivals.
         """
         rows: list[int] = []
         seqs: list[int] = []
-        capacity = arrival.shape[0]
+        capacity = inp.arrival.shape[0]
         for row, tick, outcome, pi, seq in outcomes.tolist():
-            b = int(req_session[row])
+            b = int(inp.session[row])
             fu = driver.on_outcome(b, tick, outcome == SessionOutcome.COMPLETED, pi,
-                                   int(input_len[row]))
+                                   int(inp.input_len[row]))
             if fu is None:
                 continue
             k = self.n
-            slots = int(pool_slots(fu.input_len, fu.output_len, kv.cfg[CFG_BS],
-                                   kv.cfg[CFG_TIERED] == 1))
+            slots = int(pool_slots(fu.input_len, fu.output_len, kv.cfg[KVConfig.BLOCK_SIZE],
+                                   kv.cfg[KVConfig.TIERED] == 1))
             c0 = int(kv.chunk_off[k])
             nch = fu.digests.shape[0]
             if (k >= capacity or c0 + nch > kv.chunk_dig.shape[0] or nch > room.max_chunks
                     or self.pool_cursor + slots >= kv.pool.shape[0]):
                 raise _OutOfRoom()
-            arrival[k] = fu.arrival_us
-            input_len[k] = fu.input_len
-            output_len[k] = fu.output_len
-            deadline[k] = fu.deadline_us
+            inp.arrival[k] = fu.arrival_us
+            inp.input_len[k] = fu.input_len
+            inp.output_len[k] = fu.output_len
+            inp.deadline[k] = fu.deadline_us
             rs.max_out[k] = fu.output_len
             kv.chunk_dig[c0 : c0 + nch] = fu.digests
             kv.chunk_off[k + 1] = c0 + nch
-            kv.req[k, R_OFF] = self.pool_cursor
+            kv.req[k, BlockList.OFFSET] = self.pool_cursor
             self.pool_cursor += slots
             if k + 1 < capacity:
-                kv.req[k + 1, R_OFF] = self.pool_cursor
+                kv.req[k + 1, BlockList.OFFSET] = self.pool_cursor
             client = driver.blueprints[b].client_idx
             rt.req_priority[k] = meta.client_priority[client]
             rt.req_sheddable[k] = meta.client_priority[client] < 0
             rt.req_tenant[k] = meta.client_tenant[client]
             rt.req_model_bad[k] = meta.client_model_bad[client]
-            req_session[k] = b
+            inp.session[k] = b
             self.n = k + 1
             self.follow_ups.append(fu)
             rows.append(k)
@@ -631,9 +668,9 @@ class _FollowUpRows:
 
 def _decision_trace(rt) -> DecisionTrace:
     """Slice the kernel's trace buffers to the records actually written."""
-    na = int(rt.st[R.ST_N_ADM])
-    nr = int(rt.st[R.ST_N_ROUTE])
-    weighted = rt.rcfg[R.RC_ROUTING] == Routing.WEIGHTED
+    na = int(rt.st[RouterVar.N_ADMISSION_RECORDS])
+    nr = int(rt.st[RouterVar.N_ROUTING_RECORDS])
+    weighted = rt.rcfg[RouterCfg.ROUTING] == Routing.WEIGHTED
     return DecisionTrace(
         admission_request=rt.adm_req[:na].copy(), admission_clock=rt.adm_clock[:na].copy(),
         admitted=rt.adm_ok[:na].astype(bool), admission_reason=rt.adm_reason[:na].copy(),
