@@ -17,7 +17,7 @@ from blis_fast.kernels.router_state import RouterCfg, RouterParam, RouterVar, Sn
 from blis_fast.kernels.routing import fill_hook_view, instance_load
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _token_bucket(rt, input_len, clock):
     """Refill the bucket for the time elapsed, then take the request's input tokens if there
     are enough. Returns True when admitted."""
@@ -33,7 +33,7 @@ def _token_bucket(rt, input_len, clock):
     return False
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _tier_shed(rt, r, n):
     """Shed requests below the minimum priority while the busiest instance's load is over the
     threshold. Returns True when admitted."""
@@ -47,7 +47,7 @@ def _tier_shed(rt, r, n):
     return True
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _gaie_saturated(rt, r, n):
     """gaie-legacy: a sheddable request is refused when the mean over instances of
     max(queue / QD threshold, KV utilisation / KV threshold) is at least 1."""
@@ -62,7 +62,7 @@ def _gaie_saturated(rt, r, n):
     return sat >= 1.0
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _over_tenant_budget(rt, r):
     """DELTA-40: a sheddable request of a tenant whose in-flight count exceeds its budget
     (``tenant_budget`` holds budget * max(1, instances * max running requests))."""
@@ -72,7 +72,7 @@ def _over_tenant_budget(rt, r):
     return False
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _policy_decision(rt, r, input_len, n, clock, arrival, admit_fn, kv):
     """The admission policy's verdict: (admitted, reason)."""
     code = rt.rcfg[RouterCfg.ADMISSION]
@@ -114,7 +114,7 @@ def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv):
     return ok, reason
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def on_routed(rt, r):
     """Tenant in-flight accounting when a request is dispatched (DELTA-40)."""
     t = rt.req_tenant[r]
@@ -122,7 +122,7 @@ def on_routed(rt, r):
         rt.tenant_inflight[t] += 1
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def on_done(rt, r):
     """Tenant in-flight accounting when an instance finishes with a request (DELTA-40)."""
     t = rt.req_tenant[r]

@@ -79,7 +79,7 @@ def wq_remove(ins, rs, i, r):
 # ------------------------------------------------------------------ scheduling order
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _sched_less(code, rs, inp, a, b):
     """Strict ordering of two queued requests for the non-FCFS schedulers (CLU-4.4)."""
     if code == Scheduler.SJF:
@@ -99,7 +99,7 @@ def _sched_less(code, rs, inp, a, b):
     return inp.id_rank[a] < inp.id_rank[b]
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _merge_pass(code, rs, inp, src, dst, n, width):
     """One bottom-up merge pass: runs of ``width`` in ``src`` merged pairwise into ``dst``."""
     lo = 0
@@ -128,7 +128,7 @@ def _merge_pass(code, rs, inp, src, dst, n, width):
         lo += 2 * width
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _sort_queue(code, ins, rs, inp, i, buf, tmp):
     """Stable-sort instance ``i``'s wait queue in place with the scheduler's key."""
     n = ins.wq[i, _LEN]
@@ -162,7 +162,7 @@ def _sort_queue(code, ins, rs, inp, i, buf, tmp):
     ins.wq[i, _TAIL] = prev
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _recompute_priorities(code, ins, rs, inp, i, now):
     """The priority policy's value for every queued request (CLU-4.1/4.2); the constant policy
     keeps every priority at 0.0, so there is nothing to do."""
@@ -178,7 +178,7 @@ def _recompute_priorities(code, ins, rs, inp, i, now):
         r = rs.wq_next[r]
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _compute_sort_keys(ins, rs, inp, i, now, key_fn, features, slo_priority):
     """The custom scheduler's key of every queued request (the user's hook, ``hooks.py``)."""
     r = ins.wq[i, _HEAD]
@@ -207,7 +207,7 @@ def order_wait_queue(ints, ins, rs, inp, i, now, work, key_fn, slo_priority):
 # ------------------------------------------------------------------ preemption
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _reset_runs(rs, r):
     """Forget request ``r``'s ITL runs (a preempted request starts its samples again)."""
     rs.run_head[r] = -1
@@ -215,7 +215,7 @@ def _reset_runs(rs, r):
     rs.hot[r, HotField.LAST_DECODE] = -1
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _preempt(ins, rs, kv, i, victim):
     """Move ``victim`` from the running batch's tail back to the queue head, progress reset and
     blocks released; returns the tokens it had been granted this step."""
@@ -260,7 +260,7 @@ def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, work):
 # ------------------------------------------------------------------ batch formation
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _prefetch_rows(rs, inp, kv, r):
     """Ask for the rows batch formation and the step read of request ``r``."""
     prefetch(rs.hot, r)

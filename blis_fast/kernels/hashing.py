@@ -84,7 +84,7 @@ def chain_hash(prev, content) -> np.uint64:
     return h
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def chain_hashes(chunk_dig, base, n, out) -> None:
     """The chain hashes of ``n`` leading blocks whose content digests are
     ``chunk_dig[base:base + n]``, into ``out[:n]`` (the first block chains from ``EMPTY_HASH``)."""

@@ -21,7 +21,7 @@ from blis_fast.kernels.kv_blocks import (
 from blis_fast.kernels.kv_layout import BlockField, BlockList, CpuMeta, KVConfig, KVMeta
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _cpu_unlink(kv, i, s):
     cm = kv.cpu_meta
     p = kv.cpu_prv[i, s]
@@ -38,7 +38,7 @@ def _cpu_unlink(kv, i, s):
     kv.cpu_nxt[i, s] = -1
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _cpu_append(kv, i, s):
     cm = kv.cpu_meta
     tail = cm[i, CpuMeta.TAIL]
@@ -51,7 +51,7 @@ def _cpu_append(kv, i, s):
     cm[i, CpuMeta.TAIL] = s
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _cpu_store(kv, i, h):
     cm = kv.cpu_meta
     if cm[i, CpuMeta.USED] >= kv.cfg[KVConfig.CPU_CAPACITY]:

@@ -313,7 +313,7 @@ def _crossmodel_step(params, n, progress, new_tokens, input_len, output_len) -> 
 # each helper keeps the reference's float64 evaluation order for both.
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _trained_batch_sums(h_per_gpu, d_h, n, progress, new_tokens, input_len, output_len):
     """Prefill tokens, decode requests, decode context and the prefill attention sum over the
     scheduled requests: (total_prefill, total_decode, sum_ctx, prefill_attn)."""
@@ -333,19 +333,19 @@ def _trained_batch_sums(h_per_gpu, d_h, n, progress, new_tokens, input_len, outp
     return total_prefill, total_decode, sum_ctx, prefill_attn
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _proj_flops(n_layers, tokens, d, d_kv, tp) -> float:
     """Q/K/V/O projection FLOPs of ``tokens`` tokens on one GPU."""
     return n_layers * 2 * tokens * d * (2 * d + 2 * d_kv) / tp
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _ffn_flops(layers, tokens, k, d, dff, tp) -> float:
     """FFN FLOPs of ``tokens`` tokens through ``layers`` layers with ``k`` active experts."""
     return layers * tokens * k * 6 * d * dff / tp
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _phase_times(n_layers, d, d_kv, d_h, tp, h_per_gpu, flops_us, bw_us, sums, ffn_prefill,
                  ffn_decode):
     """Compute and KV-traffic times of the prefill and decode phases (0 for an empty phase):
@@ -367,7 +367,7 @@ def _phase_times(n_layers, d, d_kv, d_h, tp, h_per_gpu, flops_us, bw_us, sums, f
     return t_pf_compute, t_pf_kv, t_dc_compute, t_dc_kv
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _active_experts(is_moe, experts, k_eff, tokens) -> float:
     """Experts whose weights a MoE step reads: min(E, max(k, tokens * k)); 1 for dense."""
     if is_moe == 0.0:
@@ -375,13 +375,13 @@ def _active_experts(is_moe, experts, k_eff, tokens) -> float:
     return go_min(experts, go_max(k_eff, tokens * k_eff))
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _attn_weight_bytes(n_layers, d, d_kv, bpp, tp) -> float:
     """Attention weight bytes on one GPU."""
     return n_layers * d * (2 * d + 2 * d_kv) * bpp / tp
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _ffn_weight_bytes(layers, experts, d, dff, bpp, tp) -> float:
     """FFN weight bytes of ``experts`` experts through ``layers`` layers on one GPU."""
     return layers * experts * 3 * d * dff * bpp / tp
@@ -422,7 +422,7 @@ def _trained_roofline_step(params, n, progress, new_tokens, input_len, output_le
     return max(np.int64(1), clamp_to_int64(t))
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _physics_ffn_flops(p, tokens) -> float:
     """trained-physics FFN FLOPs: MoE layers with k active experts, dense layers with one."""
     flops = 0.0

@@ -38,7 +38,7 @@ from blis_fast.kernels.state import InstanceCounter, QueueField
 # ---------------------------------------------------------------- snapshots
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def refresh_cache_signal(rt, kv, clock):
     """Re-freeze every instance's cache hash map when the signal delay has elapsed (DELTA-33).
 
@@ -54,7 +54,7 @@ def refresh_cache_signal(rt, kv, clock):
     rt.st[RouterVar.CACHE_LAST] = clock
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _refresh_kv_group(rt, kv, i):
     """The KV group of instance ``i``'s snapshot: utilisation, free blocks, hit rate."""
     total_blocks = kv.cfg[KVConfig.BLOCKS]
@@ -67,7 +67,7 @@ def _refresh_kv_group(rt, kv, i):
     rt.snap_f[i, SnapRate.HIT_RATE] = np.float64(hits) / np.float64(total) if total > 0 else 0.0
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def take_snapshots(rt, ins, kv, clock):
     """Refresh each instance's cached snapshot groups as the provider would (CLU-3.7/3.8,
     DELTA-37); in-flight counts are always current."""
@@ -89,13 +89,13 @@ def take_snapshots(rt, ins, kv, clock):
         rt.inflight_view[i] = ins.cnt[i, InstanceCounter.IN_FLIGHT]
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def instance_load(rt, i):
     """An instance's effective load as the router sees it: queue + batch + in flight."""
     return rt.snap_i[i, SnapField.QUEUE] + rt.snap_i[i, SnapField.BATCH] + rt.inflight_view[i]
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def cached_prefix_blocks(rt, kv, r, i, n_blocks):
     """Leading input blocks of request ``r`` cached on instance ``i`` as the router sees them:
     in the frozen copy under a cache-signal delay, else in the live table."""
@@ -103,7 +103,7 @@ def cached_prefix_blocks(rt, kv, r, i, n_blocks):
     return leading_matches(table, i, kv.chunk_dig, kv.chunk_off[r], n_blocks, rt.found)
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def fill_hook_view(rt, kv, r, input_len, n_blocks, n, clock, with_cache):
     """Fill rt.hook_snap / rt.hook_req with what a user hook observes (``kernels/hooks.py``)."""
     for i in range(n):
@@ -126,7 +126,7 @@ def fill_hook_view(rt, kv, r, input_len, n_blocks, n, clock, with_cache):
 # ---------------------------------------------------------------- policies
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _pick_tied(rt, n_tied):
     """One of the ``n_tied`` instances in ``rt.tied``: the router's Go-rand draw breaks ties."""
     if n_tied > 1:
@@ -134,7 +134,7 @@ def _pick_tied(rt, n_tied):
     return rt.tied[0]
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _route_by_load(rt, code):
     """least-loaded (ties broken at random) or always-busiest (lowest index). Returns (target,
     the extreme load)."""
@@ -157,7 +157,7 @@ def _route_by_load(rt, code):
     return _pick_tied(rt, n_tied), np.float64(extreme)
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _route_weighted(rt, kv, r, input_len, clock, arrival, scorer_table):
     """Weighted scoring (CLU-3.16, DELTA-31..36): each scorer's values clamped to [0, 1] and
     weighted into a composite; the best wins, ties broken at random. Returns (target, best)."""
@@ -220,7 +220,7 @@ def is_known_policy(code):
 # ---------------------------------------------------------------- decision trace
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _rank_candidates(rt, weighted, inst_rank):
     """Order the instances for the counterfactual list: score descending (the composite for
     weighted routing, else minus the effective load), then instance id (string order)."""
@@ -241,7 +241,7 @@ def _rank_candidates(rt, weighted, inst_rank):
         rt.order[b + 1] = x
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _record_routing(rt, code, r, clock, target, best, inst_rank):
     """Append the routing decision to the trace, with the top-k counterfactual candidates and
     the regret of the choice (CLU-6)."""

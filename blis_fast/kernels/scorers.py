@@ -123,7 +123,7 @@ def score_vllm_dp(snapshots, request, out):
 # ---------------------------------------------------------------- stateful scorers
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _score_prefix_affinity(rt, kv, r, n, n_blocks):
     """prefix-affinity: the share of the request's input blocks the router's index has seen on
     each instance as a leading run (DELTA-32)."""
@@ -138,7 +138,7 @@ def _score_prefix_affinity(rt, kv, r, n, n_blocks):
             rt.dim[i] = np.float64(hits) / np.float64(n_blocks)
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _score_no_hit_lru(rt, r, n):
     """no-hit-lru (DELTA-34): 0.5 everywhere when some instance has the prefix cached, else
     instances never chosen for a cold request first, then least recently chosen first."""
@@ -194,7 +194,7 @@ def is_known_scorer(code, table_size):
 # ---------------------------------------------------------------- what routing teaches them
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _lru_unlink(rt, i, node):
     """Take ``node`` out of instance ``i``'s prefix-affinity LRU list."""
     meta = rt.pa_meta
@@ -210,7 +210,7 @@ def _lru_unlink(rt, i, node):
         meta[i, LruMeta.TAIL] = p
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _lru_new_node(rt, i, h):
     """A node for hash ``h``: a fresh one, or the least recent one evicted when full."""
     meta = rt.pa_meta
@@ -233,7 +233,7 @@ def _lru_new_node(rt, i, h):
     return node
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _record_prefix(rt, i, n_blocks):
     """Record the request's block hashes (``rt.hashes``) as most recently used on ``i``."""
     meta = rt.pa_meta
@@ -254,7 +254,7 @@ def _record_prefix(rt, i, n_blocks):
             meta[i, LruMeta.TAIL] = node
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _observe_no_hit(rt, r, target):
     """A cold request went to ``target``: it becomes the most recent in the no-hit LRU."""
     if rt.st[RouterVar.NH_LAST_WARM] == 1 or rt.st[RouterVar.NH_LAST_REQ] != r:
@@ -274,7 +274,7 @@ def _observe_no_hit(rt, r, target):
     rt.st[RouterVar.NH_LEN] = length + 1
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def observe_routing(rt, kv, r, target, n_blocks):
     """After a weighted decision, the stateful scorers learn where request ``r`` went."""
     for s in range(rt.scorer_codes.shape[0]):

@@ -35,7 +35,7 @@ from blis_fast.kernels.state import (
 _PI, _NNT, _COMP = HotField.PROGRESS, HotField.NEW_TOKENS, HotField.COMPUTED
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def count_done(ins, i, column):
     """Bump a terminal counter and the cluster's in-flight count for the instance (CLU-3.5)."""
     ins.cnt[i, column] += 1
@@ -44,7 +44,7 @@ def count_done(ins, i, column):
         ins.cnt[i, InstanceCounter.IN_FLIGHT] = 0
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def record_completion(ins, rs, lg, inp, i, r, post_decode):
     """recordRequestCompletion with DELTA-6/7: output tokens counted at completion, E2E, and
     the ITL runs of the final attempt marked in the step log."""
@@ -77,7 +77,7 @@ def itl_counts_from_marks(lg, open_runs):
         open_runs[i] = now - (v >> 32)
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _open_log_entry(ins, lg, i, now):
     """Append the step's log entry (queue and batch after formation); returns its index and
     the instance's previous entry."""
@@ -96,7 +96,7 @@ def _open_log_entry(ins, lg, i, now):
     return s, prev_step
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _step_duration(cfg, ins, rs, kv, inp, i, work):
     """The latency backend's step time over the requests granted tokens (DELTA-3), plus a
     pending CPU->GPU transfer, at least 1 tick."""
@@ -115,7 +115,7 @@ def _step_duration(cfg, ins, rs, kv, inp, i, work):
     return max(np.int64(1), d)
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _extend_itl_run(rs, lg, r, s, prev_step):
     """Request ``r`` decoded in step ``s``: continue its ITL run, or open a new one."""
     tail = rs.hot[r, HotField.RUN_TAIL]
@@ -133,7 +133,7 @@ def _extend_itl_run(rs, lg, r, s, prev_step):
     rs.hot[r, HotField.LAST_DECODE] = s
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _advance_progress(ints, ins, rs, lg, inp, i, now, d, s, prev_step):
     """executeBatchStep's progress pass: prefill progress, decode tokens with their ITL, TTFT.
     Returns how many requests processCompletions will finish."""
@@ -191,7 +191,7 @@ def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority):
     return d
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def finishes(ints, rs, kv, ins, inp, i, r, work):
     """processCompletions' test for running request ``r`` after a step: True (and the request
     completed, its last decode token allocated) when it is done or hit max-model-len."""
