@@ -72,7 +72,7 @@ def _over_tenant_budget(rt, r):
     return False
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _policy_decision(rt, r, input_len, n, clock, arrival, admit_fn, kv):
     """The admission policy's verdict: (admitted, reason)."""
     code = rt.rcfg[RouterCfg.ADMISSION]

@@ -128,7 +128,7 @@ def _merge_pass(code, rs, inp, src, dst, n, width):
         lo += 2 * width
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _sort_queue(code, ins, rs, inp, i, buf, tmp):
     """Stable-sort instance ``i``'s wait queue in place with the scheduler's key."""
     n = ins.wq[i, _LEN]
@@ -178,7 +178,7 @@ def _recompute_priorities(code, ins, rs, inp, i, now):
         r = rs.wq_next[r]
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _compute_sort_keys(ins, rs, inp, i, now, key_fn, features, slo_priority):
     """The custom scheduler's key of every queued request (the user's hook, ``hooks.py``)."""
     r = ins.wq[i, _HEAD]

@@ -18,13 +18,12 @@ and DELTA-13. Everything the loop calls compiles without reference counting and 
 preallocated arrays; a buffer that must grow makes the loop return a status, and
 :func:`simulate` grows it and re-enters.
 
-The dispatchers and the handlers are inlined into the loop (``inline="always"``, Numba-IR
-inlining; each has one call site): Numba passes a NamedTuple of arrays as all of its arrays'
-fields, so a call handing the whole state on costs hundreds of stores per event, and LLVM's
-inliner leaves functions this large alone. Small single-call-site helpers across the kernels
-are inlined the same way because a separately compiled Numba function costs more compile time
-than an inlined one (measured: the engine's cold compile took 92 s of CPU with none of them
-inlined, about 68 s with them, on a loaded 2-core machine).
+The handlers are inlined into the loop (``inline="always"``, Numba-IR inlining; each has one
+call site): Numba passes a NamedTuple of arrays as all of its arrays' fields, so a call handing
+the whole state on costs hundreds of stores per event, and LLVM's inliner leaves functions this
+large alone. Small helpers stay separate functions (LLVM inlines them): Numba-IR inlining
+copies the callee's IR at every call site and every nesting level, which costs more compile
+time than a small separately compiled function (measured on the engine's cold compile).
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ _INSTANCE = True
 # ------------------------------------------------------------------ heap and session helpers
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _push(heap, time, on_instance, i, priority, kind, payload):
     """Schedule an event with the next sequence number."""
     seq = heap.loop[LoopSlot.NEXT_SEQ]
@@ -99,14 +98,14 @@ def _push(heap, time, on_instance, i, priority, kind, payload):
         make_tie(on_instance, i, priority, seq), kind, payload)
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _schedule_step(heap, ins, i, t):
     """Schedule instance ``i``'s next step at ``t`` (at most one is ever pending)."""
     _push(heap, t, _INSTANCE, i, EventPriority.STEP, Event.STEP, i)
     ins.cnt[i, InstanceCounter.STEP_PENDING] = 1
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _session_outcome(sess, heap, r, tick, outcome, pi, seq, think):
     """Record a closed-loop session request's terminal outcome for the session driver.
 
@@ -125,7 +124,7 @@ def _session_outcome(sess, heap, r, tick, outcome, pi, seq, think):
         loop[LoopSlot.FOLLOW_UP_TICK] = tick + think
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _cancel(inp, rs, ins, rt, heap, sess, i, r, t, state, counter):
     """End request ``r`` on instance ``i`` without completing it (dropped or timed out): its
     state and counter, the tenant's in-flight count, its session cancelled."""
@@ -179,15 +178,10 @@ def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_cluster_event(cfg, inp, rs, ins, kv, rt, heap, hooks, kind, t, r):
-    """Dispatch a cluster event of request ``r``."""
-    if kind == Event.CLUSTER_ARRIVAL:
-        _push(heap, t + cfg.ints[ConfigSlot.ADMISSION_LATENCY], _CLUSTER, 0,
-              EventPriority.ADMISSION, Event.ADMISSION, r)
-    elif kind == Event.ADMISSION:
-        _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r)
-    else:
-        _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r)
+def _on_cluster_arrival(cfg, heap, t, r):
+    """ClusterArrivalEvent: the admission decision follows after the admission latency."""
+    _push(heap, t + cfg.ints[ConfigSlot.ADMISSION_LATENCY], _CLUSTER, 0,
+          EventPriority.ADMISSION, Event.ADMISSION, r)
 
 
 # ------------------------------------------------------------------ instance events
@@ -299,21 +293,10 @@ def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, r):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_instance_event(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, kind, i, t, x):
-    """Dispatch an event of instance ``i`` (``x`` is the request, or ``i`` for a step).
-    A request-left event only moves the instance's clock."""
-    if kind == Event.TIMEOUT and rs.state[x] == RequestState.COMPLETED:
-        return  # lazily cancelled timeout: the clock does not move (DELTA-1)
-    ins.cnt[i, InstanceCounter.CLOCK] = t
-    if kind == Event.ARRIVAL:
-        delay = queueing_time(cfg.ints[ConfigSlot.BACKEND], cfg.alpha, inp.input_len[x])
-        _push(heap, t + delay, _INSTANCE, i, EventPriority.QUEUED, Event.QUEUED, x)
-    elif kind == Event.QUEUED:
-        _on_queued(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
-    elif kind == Event.STEP:
-        _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, i, t)
-    elif kind == Event.TIMEOUT:
-        _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
+def _on_arrival(cfg, inp, heap, i, t, r):
+    """ArrivalEvent: the request is queued after the backend's queueing delay."""
+    delay = queueing_time(cfg.ints[ConfigSlot.BACKEND], cfg.alpha, inp.input_len[r])
+    _push(heap, t + delay, _INSTANCE, i, EventPriority.QUEUED, Event.QUEUED, r)
 
 
 # ------------------------------------------------------------------ the loop
@@ -365,11 +348,27 @@ def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess):
         x = heap.payloads[0]
         heap.loop[LoopSlot.HEAP_SIZE] = heap_pop(heap.times, heap.ties, heap.kinds,
                                                  heap.payloads, heap.loop[LoopSlot.HEAP_SIZE])
-        if tie_is_instance(tie):
-            _on_instance_event(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, kind,
-                               tie_instance(tie), t, x)
-        else:
-            _on_cluster_event(cfg, inp, rs, ins, kv, rt, heap, hooks, kind, t, x)
+        if not tie_is_instance(tie):
+            if kind == Event.CLUSTER_ARRIVAL:
+                _on_cluster_arrival(cfg, heap, t, x)
+            elif kind == Event.ADMISSION:
+                _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, x)
+            else:
+                _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, t, x)
+            continue
+        i = tie_instance(tie)
+        if kind == Event.TIMEOUT and rs.state[x] == RequestState.COMPLETED:
+            continue  # lazily cancelled timeout: the clock does not move (DELTA-1)
+        ins.cnt[i, InstanceCounter.CLOCK] = t
+        if kind == Event.ARRIVAL:
+            _on_arrival(cfg, inp, heap, i, t, x)
+        elif kind == Event.QUEUED:
+            _on_queued(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
+        elif kind == Event.STEP:
+            _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, i, t)
+        elif kind == Event.TIMEOUT:
+            _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
+        # a request-left event only moves the instance's clock
 
 
 # ------------------------------------------------------------------ entry points

@@ -38,7 +38,7 @@ from blis_fast.kernels.state import InstanceCounter, QueueField
 # ---------------------------------------------------------------- snapshots
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def refresh_cache_signal(rt, kv, clock):
     """Re-freeze every instance's cache hash map when the signal delay has elapsed (DELTA-33).
 
@@ -67,7 +67,7 @@ def _refresh_kv_group(rt, kv, i):
     rt.snap_f[i, SnapRate.HIT_RATE] = np.float64(hits) / np.float64(total) if total > 0 else 0.0
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def take_snapshots(rt, ins, kv, clock):
     """Refresh each instance's cached snapshot groups as the provider would (CLU-3.7/3.8,
     DELTA-37); in-flight counts are always current."""
@@ -103,7 +103,7 @@ def cached_prefix_blocks(rt, kv, r, i, n_blocks):
     return leading_matches(table, i, kv.chunk_dig, kv.chunk_off[r], n_blocks, rt.found)
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def fill_hook_view(rt, kv, r, input_len, n_blocks, n, clock, with_cache):
     """Fill rt.hook_snap / rt.hook_req with what a user hook observes (``kernels/hooks.py``)."""
     for i in range(n):
@@ -157,7 +157,7 @@ def _route_by_load(rt, code):
     return _pick_tied(rt, n_tied), np.float64(extreme)
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _route_weighted(rt, kv, r, input_len, clock, arrival, scorer_table):
     """Weighted scoring (CLU-3.16, DELTA-31..36): each scorer's values clamped to [0, 1] and
     weighted into a composite; the best wins, ties broken at random. Returns (target, best)."""
@@ -241,7 +241,7 @@ def _rank_candidates(rt, weighted, inst_rank):
         rt.order[b + 1] = x
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _record_routing(rt, code, r, clock, target, best, inst_rank):
     """Append the routing decision to the trace, with the top-k counterfactual candidates and
     the regret of the choice (CLU-6)."""

@@ -274,7 +274,7 @@ def _observe_no_hit(rt, r, target):
     rt.st[RouterVar.NH_LEN] = length + 1
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def observe_routing(rt, kv, r, target, n_blocks):
     """After a weighted decision, the stateful scorers learn where request ``r`` went."""
     for s in range(rt.scorer_codes.shape[0]):

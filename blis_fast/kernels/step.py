@@ -35,7 +35,7 @@ from blis_fast.kernels.state import (
 _PI, _NNT, _COMP = HotField.PROGRESS, HotField.NEW_TOKENS, HotField.COMPUTED
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def count_done(ins, i, column):
     """Bump a terminal counter and the cluster's in-flight count for the instance (CLU-3.5)."""
     ins.cnt[i, column] += 1
