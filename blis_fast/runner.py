@@ -29,7 +29,7 @@ from blis_fast.engine.simulate import (
     run_engine,
 )
 from blis_fast.errors import BlisConfigError, BlisInputError
-from blis_fast.kernels import engine as K
+from blis_fast.kernels.heap import MAX_INSTANCES
 from blis_fast.options import LOG_LEVELS, TIME_LIMIT_US, check_options
 from blis_fast.output.report import FITNESS_KEYS, parse_fitness_weights
 from blis_fast.output.run_outputs import build_outputs, plan_outputs, write_outputs
@@ -133,8 +133,8 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     check_options(opts, "start")
     opts = replace(opts, model=opts.model.lower())
     latency = resolve_latency(opts)
-    if opts.num_instances > K.MAX_INSTANCES:  # blis_fast's own limit: before any sizing
-        _fail(f"--num-instances must be <= {K.MAX_INSTANCES} (the most instances an event key "
+    if opts.num_instances > MAX_INSTANCES:  # blis_fast's own limit: before any sizing
+        _fail(f"--num-instances must be <= {MAX_INSTANCES} (the most instances an event key "
               f"can address), got {opts.num_instances}")
     sessions = None
     outputs_reenter = False  # replayed inputs never repeat outputs (follow-ups: ``sessions``)

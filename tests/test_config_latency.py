@@ -12,6 +12,7 @@ from blis_fast.config.latency import resolve_latency
 from blis_fast.data import data_path
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels import latency as K
+from blis_fast.kernels.enums import Backend
 
 try:
     from tests._parity_latency import (
@@ -56,11 +57,11 @@ def test_parity_case_resolution(case):
     assert (
         cfg.code
         == {
-            "roofline": K.ROOFLINE,
-            "blackbox": K.BLACKBOX,
-            "crossmodel": K.CROSSMODEL,
-            "trained-roofline": K.TRAINED_ROOFLINE,
-            "trained-physics": K.TRAINED_PHYSICS,
+            "roofline": Backend.ROOFLINE,
+            "blackbox": Backend.BLACKBOX,
+            "crossmodel": Backend.CROSSMODEL,
+            "trained-roofline": Backend.TRAINED_ROOFLINE,
+            "trained-physics": Backend.TRAINED_PHYSICS,
         }[backend]
     )
     # DELTA-23: blocks are auto-calculated for every backend (no defaults.yaml figure any more).

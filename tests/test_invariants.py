@@ -59,9 +59,10 @@ from blis_fast.engine import simulate as sim_mod
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisConfigError
 from blis_fast.gonum import INT64_MAX
-from blis_fast.kernels import engine as K
 from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.enums import Registration, RequestState
 from blis_fast.kernels.latency import queueing_time
+from blis_fast.kernels.state import InstanceCounter
 from blis_fast.options import build_options
 from blis_fast.policies.latency_backends import LATENCY_BACKENDS
 from blis_fast.runner import prepare
@@ -230,17 +231,17 @@ def test_request_conservation(opts: dict) -> None:
     assert state.shape == inst.shape == reg.shape == (n,)
 
     routed = inst >= 0
-    rej_adm = reg == K.REG_REJECTED_ADMISSION
-    rej_route = reg == K.REG_REJECTED_ROUTING
+    rej_adm = reg == Registration.REJECTED_ADMISSION
+    rej_route = reg == Registration.REJECTED_ROUTING
     assert int(rej_adm.sum()) == sim.rejected_admission
     assert int(rej_route.sum()) == sim.rejected_routing
     assert not (routed & (rej_adm | rej_route)).any()
     # routed to an instance but its QueuedEvent has not run yet (arrival -> queue pipeline)
-    inst_pipeline = routed & (state == K.ST_NEW)
-    injected = routed & (state != K.ST_NEW)
+    inst_pipeline = routed & (state == RequestState.NEW)
+    injected = routed & (state != RequestState.NEW)
     # not even routed yet (admission/routing latency pipeline) and not rejected
     cluster_pipeline = ~routed & ~rej_adm & ~rej_route
-    assert not (cluster_pipeline & (state != K.ST_NEW)).any()
+    assert not (cluster_pipeline & (state != RequestState.NEW)).any()
     total = injected.sum() + inst_pipeline.sum() + cluster_pipeline.sum() + rej_adm.sum() \
         + rej_route.sum()
     assert total == n
@@ -256,24 +257,25 @@ def test_request_conservation(opts: dict) -> None:
     for i, per in enumerate(res.per_instance):
         mine = inst == i
         by_state = {s: int((mine & (state == s)).sum()) for s in
-                    (K.ST_COMPLETED, K.ST_QUEUED, K.ST_RUNNING, K.ST_DROPPED, K.ST_TIMED_OUT)}
-        assert per["completed_requests"] == by_state[K.ST_COMPLETED]
-        assert per["still_queued"] == by_state[K.ST_QUEUED]
-        assert per["still_running"] == by_state[K.ST_RUNNING]
-        assert per["dropped_unservable"] == by_state[K.ST_DROPPED]
-        assert per["timed_out_requests"] == by_state[K.ST_TIMED_OUT]
+                    (RequestState.COMPLETED, RequestState.QUEUED, RequestState.RUNNING,
+                     RequestState.DROPPED, RequestState.TIMED_OUT)}
+        assert per["completed_requests"] == by_state[RequestState.COMPLETED]
+        assert per["still_queued"] == by_state[RequestState.QUEUED]
+        assert per["still_running"] == by_state[RequestState.RUNNING]
+        assert per["dropped_unservable"] == by_state[RequestState.DROPPED]
+        assert per["timed_out_requests"] == by_state[RequestState.TIMED_OUT]
         five = sum(by_state.values())
         assert per["injected_requests"] == five == int((mine & injected).sum())
         if _infinite(opts):
             assert per["still_queued"] == per["still_running"] == 0
         capped = mine & (sim.length_capped == 1)
         assert per["length_capped_requests"] == int(capped.sum())
-        assert not (capped & (state != K.ST_COMPLETED)).any()
-        enqueued = mine & np.isin(state, [K.ST_QUEUED, K.ST_RUNNING, K.ST_COMPLETED,
-                                          K.ST_TIMED_OUT])
+        assert not (capped & (state != RequestState.COMPLETED)).any()
+        enqueued = mine & np.isin(state, [RequestState.QUEUED, RequestState.RUNNING,
+                                          RequestState.COMPLETED, RequestState.TIMED_OUT])
         assert per["total_input_tokens"] == int(table.input_len[enqueued].sum())
         # DELTA-6: N per normal completion, MaxModelLen - input per length-capped one
-        normal = mine & (state == K.ST_COMPLETED) & ~capped
+        normal = mine & (state == RequestState.COMPLETED) & ~capped
         expect_out = int(table.output_len[normal].sum())
         if capped.any():
             expect_out += int((max_len - table.input_len[capped]).sum())
@@ -283,8 +285,8 @@ def test_request_conservation(opts: dict) -> None:
     for k in keys:
         assert res.summary[k] == cluster[k], k
     # per-request records: routed and not dropped (ENG-7.6)
-    assert len(res.requests) == int((reg == K.REG_ROUTED).sum()) == int(
-        (routed & (state != K.ST_DROPPED)).sum())
+    assert len(res.requests) == int((reg == Registration.ROUTED).sum()) == int(
+        (routed & (state != RequestState.DROPPED)).sum())
 
 
 # ------------------------------------------------------------------ (b) KV block conservation
@@ -339,9 +341,10 @@ def _ring_links(kv) -> dict:
     mask = kv.free_ring.shape[1] - 1
     for i in range(n_inst):
         order = []
-        for pos in range(int(kv.meta[i, kvc.M_HEAD]), int(kv.meta[i, kvc.M_TAIL])):
+        for pos in range(int(kv.meta[i, kvc.KVMeta.HEAD]), int(kv.meta[i, kvc.KVMeta.TAIL])):
             b = int(kv.free_ring[i, pos & mask])
-            if kv.blk[i, b, kvc.B_FREE] == 1 and kv.blk[i, b, kvc.B_POS] == pos & kvc.POS_MASK:
+            live = kv.blk[i, b, kvc.BlockField.POS] == pos & kvc.POS_MASK
+            if kv.blk[i, b, kvc.BlockField.FREE] == 1 and live:
                 order.append(b)
         for a, b in zip(order[:-1], order[1:], strict=True):
             nxt[i, a], prv[i, b] = b, a
@@ -352,14 +355,14 @@ def _ring_links(kv) -> dict:
 
 def _kv_view(kv) -> _KVView:
     meta = kv.meta
-    common = dict(head=meta[:, kvc.M_HEAD], tail=meta[:, kvc.M_TAIL], free=meta[:, kvc.M_FREE],
+    common = dict(head=meta[:, kvc.KVMeta.HEAD], tail=meta[:, kvc.KVMeta.TAIL], free=meta[:, kvc.KVMeta.FREE],
                   pool=kv.pool)
     if hasattr(kv, "free_ring"):  # block records (B_*), request records (R_*), a ring free list
         blk, req = kv.blk, kv.req
         common.update(_ring_links(kv))
-        return _KVView(ref=blk[:, :, kvc.B_REF].astype(np.int64),
-                       on_free=blk[:, :, kvc.B_FREE] == 1, req_off=req[:, kvc.R_OFF],
-                       req_cnt=req[:, kvc.R_CNT], **common)
+        return _KVView(ref=blk[:, :, kvc.BlockField.REF].astype(np.int64),
+                       on_free=blk[:, :, kvc.BlockField.FREE] == 1, req_off=req[:, kvc.BlockList.OFFSET],
+                       req_cnt=req[:, kvc.BlockList.COUNT], **common)
     return _KVView(ref=kv.ref.astype(np.int64), on_free=kv.onfree == 1, nxt=kv.nxt,
                    prv=kv.prv, req_off=kv.req_off, req_cnt=kv.req_cnt, **common)
 
@@ -400,13 +403,15 @@ def test_kv_block_conservation(opts: dict) -> None:
         np.testing.assert_array_equal(kv.held_counts(i, mine), ref)
         # only requests still running hold blocks at the end (queued ones too with the CPU
         # tier: a failed admission keeps the blocks its reload committed, see TIERED_LIVELOCK)
-        holder_states = [K.ST_RUNNING] + ([K.ST_QUEUED] if eng.options.kv_cpu_blocks > 0 else [])
+        holder_states = [RequestState.RUNNING]
+        if eng.options.kv_cpu_blocks > 0:
+            holder_states.append(RequestState.QUEUED)
         assert np.isin(sim.state[mine], holder_states).all(), sim.state[mine]
         used = total - free
         assert used == int((ref > 0).sum())
         # peak (ENG-2.2.3) is the largest per-step usage and never exceeds the cache
         steps_i = sim.step_instance == i
-        peak = int(sim.counters[i, K.K_PEAK_KV])
+        peak = int(sim.counters[i, InstanceCounter.PEAK_KV])
         assert 0 <= peak <= total
         assert peak == int(sim.step_kv_used[steps_i].max(initial=0))
         if _infinite(opts):
@@ -440,7 +445,7 @@ def test_causality(opts: dict) -> None:
     assert ((sim.ttft_us == -1) | has_ttft).all()
     assert (sim.ttft_us[has_ttft] >= earliest[has_ttft] + 1 + otp).all()
 
-    done = sim.state == K.ST_COMPLETED
+    done = sim.state == RequestState.COMPLETED
     assert (sim.e2e_us[~done] == -1).all()
     assert (admitted[done] & has_ttft[done]).all()
     ttft, e2e, sd = sim.ttft_us[done], sim.e2e_us[done], sim.sched_delay_us[done]
@@ -483,7 +488,7 @@ def test_clock_monotonicity(opts: dict) -> None:
     for i in range(eng.options.num_instances):
         t = sim.step_time[sim.step_instance == i]
         assert (np.diff(t) > 0).all(), f"instance {i}: step times not strictly increasing"
-        assert int(sim.counters[i, K.K_STEPS]) == len(t)
+        assert int(sim.counters[i, InstanceCounter.STEPS]) == len(t)
         assert 0 <= ended[i] <= horizon
         if len(t):
             assert ended[i] >= t[-1]

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from naive import LRUFreeList
 
+from blis_fast.kernels import kv_blocks as kvb
 from blis_fast.kernels import kvcache as kvc
 
 TOTAL = 6  # blocks per instance: a ring of 16 entries, so long runs compact it often
@@ -29,27 +30,27 @@ def test_free_list_keeps_lru_order(ops: list[tuple[str, int, int]]) -> None:
     for op, i, b in ops:
         free = model[i]
         if op == "pop":
-            got = kvc._pop_free(kv, i)
+            got = kvb.pop_free(kv, i)
             assert got == free.pop()
         elif op == "append" and b not in free:
-            kvc._free_append(kv, i, b)
+            kvb.free_append(kv, i, b)
             free.append(b)
         elif op == "remove" and b in free:
-            kvc._free_remove(kv, i, b)
+            kvb.free_remove(kv, i, b)
             free.remove(b)
-        assert kv.meta[i, kvc.M_FREE] == len(free)
-        assert kv.meta[i, kvc.M_TAIL] - kv.meta[i, kvc.M_HEAD] <= kv.free_ring.shape[1]
-        assert [int(x) for x in np.flatnonzero(kv.blk[i, :, kvc.B_FREE] == 1)] == sorted(
+        assert kv.meta[i, kvc.KVMeta.FREE] == len(free)
+        assert kv.meta[i, kvc.KVMeta.TAIL] - kv.meta[i, kvc.KVMeta.HEAD] <= kv.free_ring.shape[1]
+        assert [int(x) for x in np.flatnonzero(kv.blk[i, :, kvc.BlockField.FREE] == 1)] == sorted(
             free.order)
     for i in range(2):  # drain: the rest comes out in LRU order
-        assert [kvc._pop_free(kv, i) for _ in range(len(model[i]))] == model[i].order
-        assert kvc._pop_free(kv, i) == -1
+        assert [kvb.pop_free(kv, i) for _ in range(len(model[i]))] == model[i].order
+        assert kvb.pop_free(kv, i) == -1
 
 
 def test_free_list_compacts_stale_entries() -> None:
     kv = _state(1)
     for _ in range(50):  # each round leaves a stale entry: the ring must compact to go on
-        kvc._free_remove(kv, 0, 2)
-        kvc._free_append(kv, 0, 2)
-    assert kv.meta[0, kvc.M_TAIL] - kv.meta[0, kvc.M_HEAD] <= kv.free_ring.shape[1]
-    assert [kvc._pop_free(kv, 0) for _ in range(TOTAL)] == [0, 1, 3, 4, 5, 2]
+        kvb.free_remove(kv, 0, 2)
+        kvb.free_append(kv, 0, 2)
+    assert kv.meta[0, kvc.KVMeta.TAIL] - kv.meta[0, kvc.KVMeta.HEAD] <= kv.free_ring.shape[1]
+    assert [kvb.pop_free(kv, 0) for _ in range(TOTAL)] == [0, 1, 3, 4, 5, 2]

@@ -76,7 +76,7 @@ def test_tokens_written_behind_the_list_end_hash_their_own_contents() -> None:
     kv = _shared_prefix_cache()
     _write(kv, 0, 0, 96)
     _write(kv, 0, 64, 128)
-    assert int(kv.req[0, kvc.R_CNT]) == 10
+    assert int(kv.req[0, kvc.BlockList.COUNT]) == 10
     assert _prefix_hits(kv) == 6
 
 
@@ -86,7 +86,7 @@ def test_a_partial_block_continued_from_elsewhere_is_no_chunk() -> None:
     kv = _shared_prefix_cache()
     _write(kv, 0, 0, 70)
     _write(kv, 0, 96, 128)
-    assert int(kv.req[0, kvc.R_CNT]) == 7
+    assert int(kv.req[0, kvc.BlockList.COUNT]) == 7
     assert _prefix_hits(kv) == 4
 
 
@@ -95,4 +95,4 @@ def test_decode_fast_path_only_continues_the_last_run() -> None:
     _write(kv, 0, 0, 70)
     assert not kvc.append_decode_token_fast(kv, 0, 0, 96)  # elsewhere: the general path
     assert kvc.append_decode_token_fast(kv, 0, 0, 70)
-    assert int(kv.req[0, kvc.R_LAST]) == 7
+    assert int(kv.req[0, kvc.BlockList.LAST]) == 7

@@ -7,11 +7,12 @@ import random
 
 import numpy as np
 import pytest
-from naive import go_pow, roofline_step_time
+from naive import roofline_step_time
 
 from blis_fast.config.latency import pack_latency_params, resolve_latency
 from blis_fast.config.model_config import ModelConfig
 from blis_fast.kernels import latency as K
+from blis_fast.kernels.enums import Backend
 
 try:
     from tests._parity_latency import (
@@ -57,25 +58,25 @@ def test_blackbox_worked_example():
     # ENG-A: beta = [1000, 10, 5], alpha = [100, 1, 100]; 20-token prompt, 5 output tokens.
     beta = np.array([1000.0, 10.0, 5.0])
     alpha = np.array([100.0, 1.0, 100.0])
-    assert step(K.BLACKBOX, beta, (0, 20, 20, 5)) == 1200
-    assert step(K.BLACKBOX, beta, (20, 1, 20, 5)) == 1005
-    assert K.queueing_time(K.BLACKBOX, alpha, 20) == 120
-    assert K.output_token_processing_time(K.BLACKBOX, alpha) == 100
-    assert K.post_decode_fixed_overhead(K.BLACKBOX, alpha) == 0
+    assert step(Backend.BLACKBOX, beta, (0, 20, 20, 5)) == 1200
+    assert step(Backend.BLACKBOX, beta, (20, 1, 20, 5)) == 1005
+    assert K.queueing_time(Backend.BLACKBOX, alpha, 20) == 120
+    assert K.output_token_processing_time(Backend.BLACKBOX, alpha) == 100
+    assert K.post_decode_fixed_overhead(Backend.BLACKBOX, alpha) == 0
 
 
 def test_blackbox_mixed_and_edge_batches():
     beta = np.array([1000.0, 10.0, 5.0])
     # prefill 20 + decode 1 + decode 1 + an ignored entry (prompt done, no outputs)
     assert (
-        step(K.BLACKBOX, beta, (0, 20, 20, 5), (30, 1, 10, 40), (11, 1, 10, 3), (7, 3, 7, 0))
+        step(Backend.BLACKBOX, beta, (0, 20, 20, 5), (30, 1, 10, 40), (11, 1, 10, 3), (7, 3, 7, 0))
         == 1210
     )
-    assert step(K.BLACKBOX, beta) == 1000  # DELTA-3.4: empty scheduled list → beta0
-    assert step(K.BLACKBOX, np.zeros(3)) == 1  # floored at 1
-    assert step(K.BLACKBOX, np.array([0.9, 0.0, 0.0])) == 1
+    assert step(Backend.BLACKBOX, beta) == 1000  # DELTA-3.4: empty scheduled list → beta0
+    assert step(Backend.BLACKBOX, np.zeros(3)) == 1  # floored at 1
+    assert step(Backend.BLACKBOX, np.array([0.9, 0.0, 0.0])) == 1
     assert (
-        step(K.BLACKBOX, np.array([1e300, 1e300, 0.0]), (0, 10**6, 10**6, 1)) == 2**63 - 1
+        step(Backend.BLACKBOX, np.array([1e300, 1e300, 0.0]), (0, 10**6, 10**6, 1)) == 2**63 - 1
     )  # clamp
 
 
@@ -172,18 +173,6 @@ def test_roofline_fp8_peak_selection(roofline8b):
     w4 = ModelConfig(**{**mc.__dict__, "weight_bytes_per_param": 0.5})
     _, _, p = pack_latency_params("roofline", [0, 0, 0], [], w4, roofline8b.hardware, 1)
     assert p[K.RF_PEAK_FLOPS] == 989.5e12
-
-
-def test_go_pow():
-    rng = random.Random(11)
-    for _ in range(2000):
-        x = rng.choice([0.75, 0.5, 120 / 128, 7 / 8, 0.9375, rng.random()])
-        y = float(rng.randint(-40, 20000))
-        assert K.go_pow(x, y) == go_pow(x, y)
-    assert K.go_pow(0.0, 5.0) == 0.0 and K.go_pow(0.0, -1.0) == math.inf
-    assert K.go_pow(2.0, 0.5) == math.sqrt(2.0)
-    assert math.isnan(K.go_pow(-2.0, 0.5))
-    assert K.go_pow(0.75, 100000.0) == 0.0  # exponent tracking underflows to 0
 
 
 def test_roofline_moe_expected_experts():

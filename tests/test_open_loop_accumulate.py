@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import blis_fast
-from blis_fast.kernels import engine as K
+from blis_fast.kernels.enums import RequestState
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 
@@ -109,7 +109,7 @@ def test_next_round_hits_cover_previous_rounds_aligned_blocks(tmp_path, prefix, 
                             block_size_in_tokens=bs)
         sim = res.simulation
         table = sim.table
-        assert table.n == rounds and all(s == K.ST_COMPLETED for s in sim.state)
+        assert table.n == rounds and all(s == RequestState.COMPLETED for s in sim.state)
         run_tokens = (table.input_len + table.output_len).tolist()
         assert run_tokens[:-1] == tokens  # the earlier rounds are those of the shorter run
         tokens = run_tokens

@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 from _cli import invoke
 
+from blis_fast import policies
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisRuntimeError
+from blis_fast.kernels.enums import Backend
 from blis_fast.kernels.heap import MAX_INSTANCES, make_tie, tie_instance, tie_is_instance
-from blis_fast.kernels.latency import TRAINED_PHYSICS, is_known_backend, step_time
+from blis_fast.kernels.latency import is_known_backend, step_time
 from blis_fast.options import build_options
 from blis_fast.runner import prepare
 
@@ -45,15 +47,40 @@ def test_the_largest_instance_index_round_trips_through_the_tie_key():
 
 def test_unknown_backend_code_has_no_step_time():
     prog = np.zeros(1, np.int64)
-    for code in (-1, TRAINED_PHYSICS + 1, 99):
+    for code in (-1, Backend.TRAINED_PHYSICS + 1, 99):
         assert not is_known_backend(code)
         assert step_time(code, np.zeros(64), 1, prog, prog + 10, prog + 10, prog + 10) == -1
-    assert all(is_known_backend(c) for c in range(TRAINED_PHYSICS + 1))
+    assert all(is_known_backend(c) for c in range(Backend.TRAINED_PHYSICS + 1))
 
 
 def test_kernel_refuses_an_unknown_backend_code():
     prepared = prepare(build_options({"model": MODEL, "num_requests": 3, "log": "error"}))
-    bad = replace(prepared.engine, latency=replace(prepared.latency, code=TRAINED_PHYSICS + 1))
+    bad = replace(prepared.engine, latency=replace(prepared.latency,
+                                                   code=Backend.TRAINED_PHYSICS + 1))
     with pytest.raises(BlisRuntimeError, match="latency backend code"):
         run_engine(prepared.table, bad, model=prepared.latency.model)
 
+
+@pytest.mark.parametrize("family", ["admission", "routing", "priority", "scheduler"])
+def test_kernel_refuses_an_unknown_policy_code(monkeypatch, family):
+    """A code no kernel branch implements is an error status, never a silent fall-through."""
+    from blis_fast.policies.registry import Policy
+
+    prepared = prepare(build_options({"model": MODEL, "num_requests": 3, "log": "error"}))
+    registry = policies.family(family)
+    monkeypatch.setitem(registry.entries, "bogus", Policy("bogus", 99))
+    bad = replace(prepared.engine, policies=replace(prepared.policies, **{family: "bogus"}))
+    with pytest.raises(BlisRuntimeError, match="admission, routing, priority, scheduler"):
+        run_engine(prepared.table, bad, model=prepared.latency.model)
+
+
+def test_kernel_refuses_an_unknown_scorer_code(monkeypatch):
+    from blis_fast.policies.scorers import SCORERS, Scorer
+
+    prepared = prepare(build_options({"model": MODEL, "num_requests": 3, "log": "error"}))
+    # a code between the stateful scorers and the function table
+    monkeypatch.setitem(SCORERS.entries, "bogus", Scorer("bogus", reads_cache=False, code=7))
+    bad = replace(prepared.engine, policies=replace(
+        prepared.policies, routing="weighted", scorers=(("bogus", 1.0),)))
+    with pytest.raises(BlisRuntimeError, match="scorer code"):
+        run_engine(prepared.table, bad, model=prepared.latency.model)

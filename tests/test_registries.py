@@ -11,8 +11,9 @@ import pytest
 from blis_fast.config.policy_bundle import load_policy_bundle, select_policies
 from blis_fast.engine import simulate as sim_mod
 from blis_fast.errors import BlisConfigError
-from blis_fast.kernels import engine as K
-from blis_fast.kernels import routing as R
+from blis_fast.kernels.enums import Admission, AdmissionReason, Priority, Routing, StatefulScorer
+from blis_fast.kernels.router_state import RouterCfg, RouterParam
+from blis_fast.kernels.state import ConfigSlot
 from blis_fast.options import (
     CHECK_ORDER,
     OPTIONS_BY_FLAG,
@@ -70,19 +71,19 @@ def test_valid_names_and_help_come_from_the_registries():
         "instance scheduler: fcfs, priority-fcfs, reverse-priority, sjf; custom through the "
         "Python API")
     assert family("routing").codes() == {
-        "": R.ROUTE_ROUND_ROBIN, "round-robin": R.ROUTE_ROUND_ROBIN,
-        "least-loaded": R.ROUTE_LEAST_LOADED, "always-busiest": R.ROUTE_ALWAYS_BUSIEST,
-        "weighted": R.ROUTE_WEIGHTED}
-    assert family("priority").code("") == K.PRIO_CONSTANT
+        "": Routing.ROUND_ROBIN, "round-robin": Routing.ROUND_ROBIN,
+        "least-loaded": Routing.LEAST_LOADED, "always-busiest": Routing.ALWAYS_BUSIEST,
+        "weighted": Routing.WEIGHTED}
+    assert family("priority").code("") == Priority.CONSTANT
 
 
 def test_admission_reasons_cover_every_kernel_reason():
     """Every reason code the kernel can record has its decision-trace text (CLU-6)."""
     reasons = admission_reasons()
-    codes = {getattr(R, name) for name in dir(R) if name.startswith("REASON_")}
+    codes = set(AdmissionReason)
     assert set(reasons) == codes
-    assert (reasons[R.REASON_NONE], reasons[R.REASON_NO_TOKENS], reasons[R.REASON_GAIE],
-            reasons[R.REASON_TENANT_BUDGET]) == ("", "insufficient tokens", "gaie-saturated",
+    assert (reasons[AdmissionReason.NONE], reasons[AdmissionReason.NO_TOKENS], reasons[AdmissionReason.GAIE],
+            reasons[AdmissionReason.TENANT_BUDGET]) == ("", "insufficient tokens", "gaie-saturated",
                                                  "tenant-budget-shed")
 
 
@@ -98,9 +99,9 @@ def test_scorer_codes_index_the_function_table():
     for name, scorer in SCORERS.entries.items():
         code = SCORERS.code(name)
         if scorer.code >= 0:
-            assert code == scorer.code < R.SC_TABLE
+            assert code == scorer.code < StatefulScorer.TABLE_BASE
         else:
-            assert table[code - R.SC_TABLE] is (scorer.function or "USER")
+            assert table[code - StatefulScorer.TABLE_BASE] is (scorer.function or "USER")
 
 
 def test_check_order_names_each_checked_flag_once():
@@ -143,10 +144,10 @@ def test_a_new_admission_parameter_is_a_bundle_key_checked_merged_and_packed(
         monkeypatch, tmp_path):
     """The registry half of the admission recipe: one entry with one parameter makes a
     bundle key (decoded, checked on any bundle), a merged value and a packed kernel slot."""
-    knob = Param("knob", float, "rfl.RF_GAIE_QD", default=2.5,
+    knob = Param("knob", float, "RouterParam.GAIE_QD", default=2.5,
                  bundle_check=Check(lambda v: v < 10, "{flag} must be < 10, got {value}"))
     monkeypatch.setitem(ADMISSION.entries, "knobbed",
-                        Policy("knobbed", R.ADM_ALWAYS, params=(knob,)))
+                        Policy("knobbed", Admission.ALWAYS, params=(knob,)))
     bundle = tmp_path / "b.yaml"
     bundle.write_text("admission:\n  policy: knobbed\n  knob: 12\n")
     with pytest.raises(BlisConfigError, match="knob must be < 10, got 12.0"):
@@ -163,14 +164,14 @@ def test_engine_config_packs_every_slot_from_the_resolved_parts():
                                "admission_latency": 17, "counterfactual_k": 9,
                                "admission_policy": "token-bucket",
                                "token_bucket_capacity": 123.0}))
-    ic = np.zeros(K.IC_SIZE, np.int64)
-    rcfg = np.zeros(R.RC_SIZE, np.int64)
-    rfl = np.zeros(R.RF_SIZE, np.float64)
-    p.engine.pack_slots({"ic": ic, "rcfg": rcfg, "rfl": rfl})
-    assert ic[K.IC_ADM_LATENCY] == 17 and ic[K.IC_N_INST] == 1
-    assert ic[K.IC_MAX_MODEL_LEN] == p.latency.max_model_len > 0  # resolved, not the flag's 0
-    assert ic[K.IC_LATENCY_CODE] == p.latency.code
-    assert rcfg[R.RC_CF_K] == 1  # k capped at the instance count
-    assert rcfg[R.RC_ADMISSION] == R.ADM_TOKEN_BUCKET
-    assert rfl[R.RF_TB_CAPACITY] == 123.0 and rfl[R.RF_TB_REFILL] == 1000.0
-    assert rfl[R.RF_GAIE_QD] == 5.0 and rfl[R.RF_GAIE_KV] == 0.8
+    ic = np.zeros(ConfigSlot.SIZE, np.int64)
+    rcfg = np.zeros(RouterCfg.SIZE, np.int64)
+    rfl = np.zeros(RouterParam.SIZE, np.float64)
+    p.engine.pack_slots({"ConfigSlot": ic, "RouterCfg": rcfg, "RouterParam": rfl})
+    assert ic[ConfigSlot.ADMISSION_LATENCY] == 17 and ic[ConfigSlot.N_INSTANCES] == 1
+    assert ic[ConfigSlot.MAX_MODEL_LEN] == p.latency.max_model_len > 0  # resolved, not the flag's 0
+    assert ic[ConfigSlot.BACKEND] == p.latency.code
+    assert rcfg[RouterCfg.COUNTERFACTUAL_K] == 1  # k capped at the instance count
+    assert rcfg[RouterCfg.ADMISSION] == Admission.TOKEN_BUCKET
+    assert rfl[RouterParam.TB_CAPACITY] == 123.0 and rfl[RouterParam.TB_REFILL] == 1000.0
+    assert rfl[RouterParam.GAIE_QD] == 5.0 and rfl[RouterParam.GAIE_KV] == 0.8

@@ -19,7 +19,8 @@ from blis_fast.engine.sessions import (
     SessionDriver,
     session_deadline,
 )
-from blis_fast.kernels import engine as K
+from blis_fast.kernels.enums import RequestState
+from blis_fast.kernels.state import InstanceCounter
 from blis_fast.workload.generator import SessionBlueprint
 from blis_fast.workload.samplers import constant_sampler
 
@@ -180,7 +181,7 @@ def test_follow_ups_arrive_exactly_think_time_after_parent_completion(tmp_path):
         rows.sort(key=lambda r: int(table.round_index[r]))
         assert [int(table.round_index[r]) for r in rows] == list(range(len(rows)))
         for parent, child in zip(rows, rows[1:], strict=False):
-            assert state[parent] == K.ST_COMPLETED
+            assert state[parent] == RequestState.COMPLETED
             done_at = int(table.arrival_us[parent]) + int(e2e[parent])
             # never before the parent completes; exactly its completion + think time (roofline
             # has no post-decode overhead, so arrival + E2E is the completing step's end)
@@ -225,7 +226,7 @@ def test_timed_out_round_ends_its_session(tmp_path):
     table, state, _e2e, _ids = _requests(res)
     assert table.n > 0 and not table.extra_ids
     assert np.all(table.round_index == 0)
-    assert np.all(state == K.ST_TIMED_OUT)
+    assert np.all(state == RequestState.TIMED_OUT)
 
 
 def test_concurrency_budget_counts_follow_ups(tmp_path):
@@ -267,8 +268,8 @@ def test_session_invariants(tmp_path, rounds, think, growth, blocks, timeout, n_
     table = sim.table
     # conservation: every request ends in exactly one bucket
     cnt = sim.counters
-    done = (cnt[:, K.K_COMPLETED].sum() + cnt[:, K.K_DROPPED].sum()
-            + cnt[:, K.K_TIMED_OUT].sum() + sim.still_queued.sum() + sim.still_running.sum())
+    done = (cnt[:, InstanceCounter.COMPLETED].sum() + cnt[:, InstanceCounter.DROPPED].sum()
+            + cnt[:, InstanceCounter.TIMED_OUT].sum() + sim.still_queued.sum() + sim.still_running.sum())
     assert done == table.n
     for rows in _sessions(table).values():
         rows.sort(key=lambda r: int(table.round_index[r]))
@@ -276,6 +277,6 @@ def test_session_invariants(tmp_path, rounds, think, growth, blocks, timeout, n_
         assert len(rows) <= rounds
         for parent, child in zip(rows, rows[1:], strict=False):
             # only a completed parent has a follow-up, and never before it completed
-            assert sim.state[parent] == K.ST_COMPLETED
+            assert sim.state[parent] == RequestState.COMPLETED
             assert (int(table.arrival_us[child])
                     >= int(table.arrival_us[parent]) + int(sim.e2e_us[parent]) + think)

@@ -27,7 +27,7 @@ def notify_if_compiling() -> None:
     and start compiling the engine in a second process (it is independent of the workload
     kernels this process compiles next)."""
     global _engine_warmup
-    from blis_fast.kernels.engine import simulate
+    from blis_fast.kernels.event_loop import simulate
     from blis_fast.kernels.generation import generate_kernel
 
     engine_ready = _has_cached_overload(simulate)

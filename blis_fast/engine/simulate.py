@@ -15,20 +15,43 @@ from numba.core.errors import NumbaExperimentalFeatureWarning
 
 from blis_fast.engine.sessions import FollowUp, SessionDriver
 from blis_fast.errors import BlisRuntimeError
-from blis_fast.kernels import engine as K
-from blis_fast.kernels import routing as R
+from blis_fast.kernels.enums import (
+    RequestState,
+    Routing,
+    SessionOutcome,
+    Status,
+)
+from blis_fast.kernels.event_loop import SEQ_LIMIT, push_cluster_arrivals, simulate
+from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.gorand import new_source, subsystem_seed
-from blis_fast.kernels.kvcache import (
-    C_EVICT,
-    C_MIRROR,
-    C_MISS,
-    CFG_BS,
-    CFG_TIERED,
-    M_HITS,
-    M_MISSES,
-    R_OFF,
+from blis_fast.kernels.heap import MAX_INSTANCES
+from blis_fast.kernels.kv_layout import (
+    BlockList,
+    CpuMeta,
+    KVConfig,
+    KVMeta,
     new_kv_state,
     pool_slots,
+)
+from blis_fast.kernels.router_state import RouterCfg, RouterParam, RouterVar, new_router_state
+from blis_fast.kernels.state import (
+    ConfigSlot,
+    HotField,
+    InstanceCounter,
+    KernelHooks,
+    LogCursor,
+    LoopSlot,
+    OutcomeField,
+    QueueField,
+    Rejection,
+    RequestInputs,
+    SessionBuffers,
+    SimConfig,
+    new_event_heap,
+    new_instance_arrays,
+    new_request_arrays,
+    new_step_log,
+    new_work,
 )
 from blis_fast.options import RUN_OPTIONS
 from blis_fast.policies.admission import ADMISSION, admission_params
@@ -43,17 +66,20 @@ if TYPE_CHECKING:
     from blis_fast.config.policy_bundle import Policies
 
 KERNEL_FAILURES = {
-    K.STATUS_UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
-                              "was given",
-    K.STATUS_TOO_MANY_INSTANCES: f"the simulation kernel supports at most {K.MAX_INSTANCES} "
-                                 "instances",
-    K.STATUS_SEQ_OVERFLOW: "the run pushed more events than the event key can number "
-                           f"({K.SEQ_LIMIT})",
+    Status.UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
+                            "was given",
+    Status.UNKNOWN_POLICY: "the simulation kernel does not know an admission, routing, "
+                           "priority, scheduler or scorer code it was given",
+    Status.TOO_MANY_INSTANCES: f"the simulation kernel supports at most {MAX_INSTANCES} "
+                               "instances",
+    Status.SEQ_OVERFLOW: "the run pushed more events than the event key can number "
+                         f"({SEQ_LIMIT})",
 }
 """Messages for the kernel's error statuses (the kernel returns codes, it never raises)."""
 
-SLOT_ARRAYS = {"ic": K, "rcfg": R, "rfl": R}
-"""Where the constants of each config array's slots live (``"<array>.<constant>"`` slots)."""
+SLOT_ARRAYS = {"ConfigSlot": ConfigSlot, "RouterCfg": RouterCfg, "RouterParam": RouterParam}
+"""The slot families a ``"<family>.<slot>"`` slot names, by family (the config arrays
+they index: ``SimConfig.ints``, ``RouterState.rcfg``, ``RouterState.rfl``)."""
 
 
 @dataclass(frozen=True)
@@ -93,15 +119,15 @@ class EngineConfig:
             (SCHEDULER, pol.scheduler))]
         values.append((LATENCY_BACKENDS.slot, lat.code))
         values += [(p.slot, pol.params[p.key]) for p in admission_params()]
-        values += [("ic.IC_OUTPUT_TOKEN_TIME", lat.output_token_time),
-                   ("ic.IC_POST_DECODE", lat.post_decode_overhead)]
+        values += [("ConfigSlot.OUTPUT_TOKEN_TIME", lat.output_token_time),
+                   ("ConfigSlot.POST_DECODE", lat.post_decode_overhead)]
         return values
 
     def pack_slots(self, arrays: dict[str, np.ndarray]) -> None:
         """Write ``slot_values`` into the config arrays named by their slots."""
         for slot, value in self.slot_values():
-            array, constant = slot.split(".")
-            arrays[array][getattr(SLOT_ARRAYS[array], constant)] = value
+            family, name = slot.split(".")
+            arrays[family][getattr(SLOT_ARRAYS[family], name)] = value
 
 
 @dataclass(frozen=True)
@@ -120,7 +146,7 @@ class DecisionTrace:
     admission_request: np.ndarray
     admission_clock: np.ndarray
     admitted: np.ndarray
-    admission_reason: np.ndarray  # routing.REASON_* codes
+    admission_reason: np.ndarray  # AdmissionReason codes (kernels/enums.py)
     routing_request: np.ndarray
     routing_clock: np.ndarray
     routing_target: np.ndarray
@@ -150,7 +176,7 @@ class SimulationResult:
     sched_delay_us: np.ndarray  # -1 when never admitted
     length_capped: np.ndarray
     # per instance
-    counters: np.ndarray  # int64 [N, K_SIZE]
+    counters: np.ndarray  # int64 [N, InstanceCounter.SIZE]
     kv_integral: np.ndarray
     wait_queue_sum: np.ndarray  # [N, 2] sum of per-step wait-queue lengths, number of steps
     cache_hit_rate: np.ndarray
@@ -172,7 +198,7 @@ class SimulationResult:
     @property
     def sim_ended_us(self) -> np.ndarray:
         """Per-instance SimEndedTime = min(clock, horizon)."""
-        return np.minimum(self.counters[:, K.K_CLOCK], self.config.options.horizon)
+        return np.minimum(self.counters[:, InstanceCounter.CLOCK], self.config.options.horizon)
 
 
 def id_rank_of(n: int, prefix: str = "request_") -> np.ndarray:
@@ -220,13 +246,13 @@ def hook_errors(hooks: Hooks | None) -> Iterator[list[tuple[str, BaseException]]
         sys.unraisablehook = previous
 
 
-def _hook_args(hooks: Hooks | None) -> tuple:
+def _kernel_hooks(hooks: Hooks | None) -> KernelHooks:
     """The kernel's scorer table and admission/scheduler hooks (user cfuncs or placeholders)."""
     from blis_fast.kernels import hooks as H
 
     hooks = hooks or Hooks()
-    return (SCORERS.table(hooks.scorer or H.no_scorer), hooks.admission or H.admit_all,
-            hooks.scheduler_key or H.zero_key)
+    return KernelHooks(SCORERS.table(hooks.scorer or H.no_scorer),
+                       hooks.admission or H.admit_all, hooks.scheduler_key or H.zero_key)
 
 
 def _delayed_cache_signal(cfg: EngineConfig) -> bool:
@@ -352,6 +378,60 @@ def _pad(values: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
     return out
 
 
+def _config_ints(cfg: EngineConfig, rt) -> np.ndarray:
+    """``SimConfig.ints`` by ConfigSlot, with the router's slots: every value the options
+    table, the policy registries and the latency part declare a slot for (``pack_slots``)."""
+    ints = np.zeros(ConfigSlot.SIZE, dtype=np.int64)
+    cfg.pack_slots({"ConfigSlot": ints, "RouterCfg": rt.rcfg, "RouterParam": rt.rfl})
+    rt.tb_tokens[0] = rt.rfl[RouterParam.TB_CAPACITY]  # the token bucket starts full
+    return ints
+
+
+def _router_state(cfg: EngineConfig, n: int, meta: _RequestMeta, kv, room: _Capacity):
+    """The router's state for ``n`` request rows (scorers, per-request inputs); the policy
+    codes and parameters are packed into its slots by ``_config_ints``."""
+    opts = cfg.options
+    scorers = cfg.scorers
+    total_weight = 0.0
+    for _, weight in scorers:
+        total_weight += weight
+    prio, sheddable, tenant, model_bad = (_pad(a, n, a.dtype) for a in meta.per_request)
+    return new_router_state(
+        opts.num_instances, n,
+        routing=ROUTING.code(cfg.policies.routing),
+        cache_delay=opts.cache_signal_delay,
+        counterfactual_k=opts.counterfactual_k,
+        scorer_codes=np.array([SCORERS.code(name) for name, _ in scorers], np.int64),
+        uses_cache_query=SCORERS.reads_cache(name for name, _ in scorers),
+        scorer_weights=np.array([weight / total_weight for _, weight in scorers], np.float64),
+        rng_state=new_source(subsystem_seed(opts.seed, "router")),
+        trace=cfg.trace_decisions,
+        req_priority=prio, req_sheddable=sheddable, req_tenant=tenant, req_model_bad=model_bad,
+        tenant_budget=meta.tenant_budget,
+        max_chunks=room.max_chunks,
+        table_size=kv.ht.shape[1],
+    )
+
+
+def _kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: _Capacity):
+    """Every instance's KV cache, with room for the follow-ups' digests and block lists."""
+    opts = cfg.options
+    n = inp.arrival.shape[0]
+    chunk_off = _pad(table.chunk_offsets, n + 1, np.int64, table.chunk_offsets[-1])
+    chunk_dig = _pad(table.chunk_digests, table.chunk_digests.shape[0] + room.chunks,
+                     np.uint64)
+    block_size = opts.block_size_in_tokens
+    reload_ticks = 0
+    if opts.kv_cpu_blocks > 0:
+        reload_ticks = opts.kv_transfer_base_latency + int(
+            math.ceil(float(block_size) / opts.kv_transfer_bandwidth))
+    return new_kv_state(opts.num_instances, opts.total_kv_blocks, block_size, chunk_off,
+                        chunk_dig, inp.input_len, inp.output_len, opts.kv_cpu_blocks,
+                        reload_ticks, cfg.hash_decode_blocks,
+                        log_changes=_delayed_cache_signal(cfg), pool_extra=room.pool,
+                        chunk_capacity=chunk_dig.shape[0])
+
+
 def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None,
               room: _Capacity) -> SimulationResult:
     n0 = table.n
@@ -359,132 +439,103 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     opts = cfg.options
     n_inst = opts.num_instances
     max_batch = max(1, min(opts.max_num_running_reqs, max(n, 1)))
-    ic = np.zeros(K.IC_SIZE, dtype=np.int64)
-
-    arrival = _pad(table.arrival_us, n, np.int64)
-    input_len = _pad(table.input_len, n, np.int64)
-    output_len = _pad(table.output_len, n, np.int64)
-    deadline = _pad(table.deadline_us, n, np.int64)
-    chunk_off = _pad(table.chunk_offsets, n + 1, np.int64, table.chunk_offsets[-1])
-    chunk_dig = _pad(table.chunk_digests, table.chunk_digests.shape[0] + room.chunks,
-                     np.uint64)
-    reload_ticks = 0
-    block_size = opts.block_size_in_tokens
-    if opts.kv_cpu_blocks > 0:
-        reload_ticks = opts.kv_transfer_base_latency + int(
-            math.ceil(float(block_size) / opts.kv_transfer_bandwidth))
-    kv = new_kv_state(n_inst, opts.total_kv_blocks, block_size, chunk_off, chunk_dig,
-                      input_len, output_len, opts.kv_cpu_blocks, reload_ticks,
-                      cfg.hash_decode_blocks, log_changes=_delayed_cache_signal(cfg),
-                      pool_extra=room.pool, chunk_capacity=chunk_dig.shape[0])
-    rs = K.new_req_state(n, _pad(table.max_output_len, n, np.int64))
-    ins = K.new_inst_state(n_inst, max_batch)
-    lg = K.new_step_log(max(1024, 4 * n), max(1024, 2 * n))
-    scorers = cfg.scorers
-    total_weight = 0.0
-    for _, weight in scorers:
-        total_weight += weight
-    meta = _request_metadata(table, cfg, model)
-    prio, sheddable, tenant, model_bad = (_pad(a, n, a.dtype) for a in meta.per_request)
-    rt = R.new_router_state(
-        n_inst, n,
-        routing=ROUTING.code(cfg.policies.routing),
-        admission=ADMISSION.code(cfg.policies.admission),
-        scorer_codes=np.array([SCORERS.code(name) for name, _ in scorers], np.int64),
-        uses_cache_query=SCORERS.reads_cache(name for name, _ in scorers),
-        scorer_weights=np.array([weight / total_weight for _, weight in scorers], np.float64),
-        rng_state=new_source(subsystem_seed(opts.seed, "router")),
-        block_size=block_size,
-        cache_delay=opts.cache_signal_delay,
-        trace=cfg.trace_decisions,
-        counterfactual_k=opts.counterfactual_k,
-        req_priority=prio, req_sheddable=sheddable, req_tenant=tenant, req_model_bad=model_bad,
-        tenant_budget=meta.tenant_budget,
-        max_chunks=room.max_chunks,
-        table_size=kv.ht.shape[1],
-    )
-    cfg.pack_slots({"ic": ic, "rcfg": rt.rcfg, "rfl": rt.rfl})
-    rt.tb_tokens[0] = rt.rfl[R.RF_TB_CAPACITY]  # the token bucket starts full
     ranked = cfg.policies.scheduler not in ("", "fcfs")
     ids = table.id_strings() if ranked else []  # 100k strings cost a few garbage collections
-    id_rank = _pad(_rank_of_ids(ids), n, np.int64) if ranked else np.zeros(n, np.int64)
-    heap = K.new_heap(3 * n + 4 * n_inst + 16)
-    hs = K.new_loop_state()
-    heap = K.push_cluster_arrivals(heap, hs, arrival, np.arange(n0, dtype=np.int64),
-                                   np.full(n0, -1, np.int64))
-    work = K.new_work(n, max_batch, room.max_chunks)
-    req_session = np.full(n, -1, np.int32)
+    inp = RequestInputs(
+        arrival=_pad(table.arrival_us, n, np.int64), input_len=_pad(table.input_len, n, np.int64),
+        output_len=_pad(table.output_len, n, np.int64),
+        deadline=_pad(table.deadline_us, n, np.int64),
+        id_rank=_pad(_rank_of_ids(ids), n, np.int64) if ranked else np.zeros(n, np.int64),
+        session=np.full(n, -1, np.int32))
+    kv = _kv_state(table, cfg, inp, room)
+    rs = new_request_arrays(n, _pad(table.max_output_len, n, np.int64))
+    ins = new_instance_arrays(n_inst, max_batch)
+    lg = new_step_log(max(1024, 4 * n), max(1024, 2 * n))
+    meta = _request_metadata(table, cfg, model)
+    rt = _router_state(cfg, n, meta, kv, room)
+    heap = push_cluster_arrivals(new_event_heap(3 * n + 4 * n_inst + 16), inp.arrival,
+                                 np.arange(n0, dtype=np.int64), np.full(n0, -1, np.int64))
+    work = new_work(n, max_batch, room.max_chunks)
     driver = None
+    think = np.zeros(1, np.int64)
     if sessions and sessions.blueprints:
-        driver = SessionDriver(sessions.blueprints, sessions.follow_up_budget, block_size)
+        driver = SessionDriver(sessions.blueprints, sessions.follow_up_budget,
+                               opts.block_size_in_tokens)
         for b, bp in enumerate(sessions.blueprints):
-            req_session[bp.round0_row] = b
+            inp.session[bp.round0_row] = b
         think = driver.think_times()
-    else:
-        think = np.zeros(1, np.int64)
-    sess_pend = np.zeros((2 * max_batch + 64, K.SP_COLS), np.int64)
+    sess = SessionBuffers(think, np.zeros((2 * max_batch + 64, OutcomeField.SIZE), np.int64))
     appended = _FollowUpRows(n0, int(kv.pool.shape[0] - room.pool - 1))
-    hook_args = _hook_args(cfg.hooks)
+    sim_cfg = SimConfig(_config_ints(cfg, rt),
+                        np.ascontiguousarray(cfg.latency.params, np.float64),
+                        np.ascontiguousarray(cfg.latency.alpha, np.float64),
+                        instance_rank_of(n_inst))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
-        lat_params = np.ascontiguousarray(cfg.latency.params, dtype=np.float64)
-        alpha = np.ascontiguousarray(cfg.latency.alpha, dtype=np.float64)
-        inst_rank = instance_rank_of(n_inst)
-        simulate = K.simulate
+        hooks = _kernel_hooks(cfg.hooks)
+        run = simulate
         while True:
-            args = (ic, lat_params, alpha, arrival, input_len, output_len, deadline, id_rank,
-                    rs, ins, kv, lg, rt, inst_rank, *hook_args, heap, hs, work, req_session,
-                    think, sess_pend)
-            status, lg, heap = simulate(*args)
-            if status != K.STATUS_SESSIONS:
+            args = (sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess)
+            status, lg, heap = run(*args)
+            if status != Status.SESSIONS:
                 break
-            if simulate is K.simulate:
+            if run is simulate:
                 # re-entries call the compiled overload directly: resolving the argument types
                 # (the function-pointer table especially) costs more than a short re-entry
-                simulate = _compiled_overload(K.simulate, args)
-            rows, seqs = appended.take(driver, sess_pend[: hs[K.HS_PEND]], rs, input_len,
-                                       arrival, output_len, deadline, kv, rt, req_session,
-                                       meta, room)
-            hs[K.HS_PEND] = 0
-            hs[K.HS_TMIN] = K.NO_TICK
+                run = _compiled_overload(simulate, args)
+            pending = heap.loop[LoopSlot.PENDING_OUTCOMES]
+            rows, seqs = appended.take(driver, sess.outcomes[:pending], rs, inp, kv, rt, meta,
+                                       room)
+            heap.loop[LoopSlot.PENDING_OUTCOMES] = 0
+            heap.loop[LoopSlot.FOLLOW_UP_TICK] = INT64_MAX
             if ranked and rows.shape[0]:
-                id_rank[: appended.n] = _rank_of_ids(
+                inp.id_rank[: appended.n] = _rank_of_ids(
                     ids + [f.request_id for f in appended.follow_ups])
-            heap = K.push_cluster_arrivals(heap, hs, arrival, rows, seqs)
+            heap = push_cluster_arrivals(heap, inp.arrival, rows, seqs)
+    _raise_failure(status, failures)
+    n_used = appended.n
+    final = appended.table(table, sessions) if n_used > n0 else table
+    return _result(cfg, final, n_used, rs, ins, kv, lg, rt)
+
+
+def _raise_failure(status: int, failures: list) -> None:
+    """BlisRuntimeError for a user hook that raised or a kernel error status."""
     if failures:
         name, exc = failures[0]
         raise BlisRuntimeError(f"{name} raised {type(exc).__name__}: {exc} (the run is "
                                "discarded; no output was written)")
-    if status == K.STATUS_KV_LIST_OVERFLOW:
+    if status == Status.KV_LIST_OVERFLOW:
         raise BlisRuntimeError(
             "a request's KV block list outgrew its preallocated slice after CPU-tier reloads "
             "(--kv-cpu-blocks); this case is not supported yet")
-    if status != K.STATUS_OK:
+    if status != Status.OK:
         raise BlisRuntimeError(KERNEL_FAILURES.get(
             status, f"simulation kernel failed with status {status}"))
 
-    n_used = appended.n
-    final = appended.table(table, sessions) if n_used > n0 else table
-    hits = kv.meta[:, M_HITS]
-    total = hits + kv.meta[:, M_MISSES] + kv.cpu_meta[:, C_MISS]
+
+def _result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt) -> SimulationResult:
+    """Read the kernel's state back into a SimulationResult (rows ``0..n_used-1``)."""
+    hits = kv.meta[:, KVMeta.HITS]
+    total = hits + kv.meta[:, KVMeta.MISSES] + kv.cpu_meta[:, CpuMeta.MISSES]
     with np.errstate(invalid="ignore", divide="ignore"):
         hit_rate = np.where(total > 0, hits / np.maximum(total, 1), 0.0)
-        mirrors = kv.cpu_meta[:, C_MIRROR]
-        thrash = np.where(mirrors > 0, kv.cpu_meta[:, C_EVICT] / np.maximum(mirrors, 1), 0.0)
-    steps = int(lg.sizes[0])
+        mirrors = kv.cpu_meta[:, CpuMeta.MIRRORS]
+        thrash = np.where(mirrors > 0, kv.cpu_meta[:, CpuMeta.EVICTIONS]
+                          / np.maximum(mirrors, 1), 0.0)
+    steps = int(lg.sizes[LogCursor.STEPS])
     used = slice(0, n_used)
-    completed = rs.state[used] == K.ST_COMPLETED
+    completed = rs.state[used] == RequestState.COMPLETED
     return SimulationResult(
         config=cfg,
-        table=final,
+        table=table,
         state=rs.state[used],
         instance=rs.inst[used],
         registered=rs.registered[used],
         ttft_us=np.where(rs.has_ttft[used] == 1, rs.ttft[used], -1),
         e2e_us=np.where(completed, rs.e2e[used], -1),
-        itl_sum_us=rs.hot[used, K.H_ITLSUM].copy(),
-        itl_count=rs.hot[used, K.H_ITLCNT].copy(),
+        itl_sum_us=rs.hot[used, HotField.ITL_SUM].copy(),
+        itl_count=rs.hot[used, HotField.ITL_COUNT].copy(),
         sched_delay_us=np.where(rs.has_sched[used] == 1, rs.sched_delay[used], -1),
         length_capped=rs.capped[used],
         counters=ins.cnt,
@@ -492,11 +543,11 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
         wait_queue_sum=ins.wq_sum,
         cache_hit_rate=hit_rate,
         thrashing_rate=thrash,
-        still_queued=ins.wq[:, 2].copy(),
+        still_queued=ins.wq[:, QueueField.LEN].copy(),
         still_running=ins.batch_len.copy(),
         decisions=_decision_trace(rt) if cfg.trace_decisions else None,
-        rejected_admission=int(ins.rejected[0]),
-        rejected_routing=int(ins.rejected[1]),
+        rejected_admission=int(ins.rejected[Rejection.ADMISSION]),
+        rejected_routing=int(ins.rejected[Rejection.ROUTING]),
         step_time=lg.time[:steps].copy(),
         step_instance=lg.inst[:steps].copy(),
         step_duration=lg.dur[:steps].copy(),
@@ -516,46 +567,46 @@ class _FollowUpRows:
         self.pool_cursor = pool_cursor
         self.follow_ups: list[FollowUp] = []
 
-    def take(self, driver: SessionDriver, outcomes: np.ndarray, rs, input_len, arrival,
-             output_len, deadline, kv, rt, req_session, meta, room: _Capacity):
+    def take(self, driver: SessionDriver, outcomes: np.ndarray, rs, inp: RequestInputs, kv, rt,
+             meta: _RequestMeta, room: _Capacity):
         """Play ``OnComplete`` for each recorded outcome; append the follow-ups it returns.
 
         Returns the new rows and the event sequence numbers reserved for their arrivals.
         """
         rows: list[int] = []
         seqs: list[int] = []
-        capacity = arrival.shape[0]
+        capacity = inp.arrival.shape[0]
         for row, tick, outcome, pi, seq in outcomes.tolist():
-            b = int(req_session[row])
-            fu = driver.on_outcome(b, tick, outcome == K.OUTCOME_COMPLETED, pi,
-                                   int(input_len[row]))
+            b = int(inp.session[row])
+            fu = driver.on_outcome(b, tick, outcome == SessionOutcome.COMPLETED, pi,
+                                   int(inp.input_len[row]))
             if fu is None:
                 continue
             k = self.n
-            slots = int(pool_slots(fu.input_len, fu.output_len, kv.cfg[CFG_BS],
-                                   kv.cfg[CFG_TIERED] == 1))
+            slots = int(pool_slots(fu.input_len, fu.output_len, kv.cfg[KVConfig.BLOCK_SIZE],
+                                   kv.cfg[KVConfig.TIERED] == 1))
             c0 = int(kv.chunk_off[k])
             nch = fu.digests.shape[0]
             if (k >= capacity or c0 + nch > kv.chunk_dig.shape[0] or nch > room.max_chunks
                     or self.pool_cursor + slots >= kv.pool.shape[0]):
                 raise _OutOfRoom()
-            arrival[k] = fu.arrival_us
-            input_len[k] = fu.input_len
-            output_len[k] = fu.output_len
-            deadline[k] = fu.deadline_us
+            inp.arrival[k] = fu.arrival_us
+            inp.input_len[k] = fu.input_len
+            inp.output_len[k] = fu.output_len
+            inp.deadline[k] = fu.deadline_us
             rs.max_out[k] = fu.output_len
             kv.chunk_dig[c0 : c0 + nch] = fu.digests
             kv.chunk_off[k + 1] = c0 + nch
-            kv.req[k, R_OFF] = self.pool_cursor
+            kv.req[k, BlockList.OFFSET] = self.pool_cursor
             self.pool_cursor += slots
             if k + 1 < capacity:
-                kv.req[k + 1, R_OFF] = self.pool_cursor
+                kv.req[k + 1, BlockList.OFFSET] = self.pool_cursor
             client = driver.blueprints[b].client_idx
             rt.req_priority[k] = meta.client_priority[client]
             rt.req_sheddable[k] = meta.client_priority[client] < 0
             rt.req_tenant[k] = meta.client_tenant[client]
             rt.req_model_bad[k] = meta.client_model_bad[client]
-            req_session[k] = b
+            inp.session[k] = b
             self.n = k + 1
             self.follow_ups.append(fu)
             rows.append(k)
@@ -607,9 +658,9 @@ class _FollowUpRows:
 
 def _decision_trace(rt) -> DecisionTrace:
     """Slice the kernel's trace buffers to the records actually written."""
-    na = int(rt.st[R.ST_N_ADM])
-    nr = int(rt.st[R.ST_N_ROUTE])
-    weighted = rt.rcfg[R.RC_ROUTING] == R.ROUTE_WEIGHTED
+    na = int(rt.st[RouterVar.N_ADMISSION_RECORDS])
+    nr = int(rt.st[RouterVar.N_ROUTING_RECORDS])
+    weighted = rt.rcfg[RouterCfg.ROUTING] == Routing.WEIGHTED
     return DecisionTrace(
         admission_request=rt.adm_req[:na].copy(), admission_clock=rt.adm_clock[:na].copy(),
         admitted=rt.adm_ok[:na].astype(bool), admission_reason=rt.adm_reason[:na].copy(),

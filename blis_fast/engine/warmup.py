@@ -12,6 +12,7 @@ def compile_engine() -> None:
     from blis_fast.config.policy_bundle import select_policies
     from blis_fast.engine.simulate import EngineConfig, run_engine
     from blis_fast.kernels import latency as L
+    from blis_fast.kernels.enums import Backend
     from blis_fast.options import RunOptions
     from blis_fast.workload.request_table import RequestTable
 
@@ -25,7 +26,7 @@ def compile_engine() -> None:
     params = np.zeros(L.BB_SIZE, np.float64)
     params[L.BB_BETA0] = 1000.0
     opts = RunOptions(total_kv_blocks=8)
-    latency = LatencyConfig(backend="blackbox", code=L.BLACKBOX, alpha=np.zeros(3),
+    latency = LatencyConfig(backend="blackbox", code=Backend.BLACKBOX, alpha=np.zeros(3),
                             beta=params.copy(), params=params, total_kv_blocks=8,
                             max_model_len=0, model="", gpu="", tp=0, vllm_version="")
     cfg = EngineConfig(options=opts, latency=latency, policies=select_policies(opts, None))

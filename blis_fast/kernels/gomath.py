@@ -8,8 +8,8 @@ generator, as built for linux/amd64 (the reference's platform):
 * ``go_log``  - the amd64 assembly ``archLog`` (same algorithm as Go's portable ``log``);
 * ``go_exp``  - the amd64 assembly ``archExp`` on an FMA-capable CPU (Shibata's method),
   with the fused multiply-adds emulated exactly (round-to-odd technique);
-* ``go_pow``  - Go's portable ``Pow`` (small-integer fast path, Modf split, ``Exp(yf*Log(x))``
-  times repeated squaring of the ``Frexp`` mantissa);
+* ``go_pow``  - Go's portable ``Pow`` (Modf split, ``Exp(yf*Log(x))`` times repeated squaring
+  of the ``Frexp`` mantissa; optionally the int8 fast path, see its docstring);
 * ``go_gamma`` - Go's Cephes-derived ``Gamma`` (rational approximation on (2, 3), Stirling
   above 33);
 * ``go_cos``  - Go's Cephes-derived ``Cos`` for |x| < 2^29;
@@ -27,7 +27,10 @@ import math
 import numpy as np
 from numba import njit
 
-MIN_INT64 = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+"""Go's math.MaxInt64: the kernels' one definition (no-tick sentinels, clamped conversions)."""
+INT64_MIN = -(1 << 63)
+"""Go's math.MinInt64."""
 _TWO63 = 9223372036854775808.0
 _SPLIT = 134217729.0  # 2^27 + 1 (Dekker)
 
@@ -124,7 +127,7 @@ _COS = np.array(
 def go_f2i(x: float) -> int:
     """Go ``int64(x)`` on amd64: truncation; NaN and out-of-range values give MinInt64."""
     if x != x or x >= _TWO63 or x < -_TWO63:
-        return np.int64(MIN_INT64)
+        return np.int64(INT64_MIN)
     return np.int64(x)
 
 
@@ -324,21 +327,64 @@ def _is_odd_int(x: float) -> bool:
     return np.int64(xi) & 1 == 1
 
 
-@njit(cache=True)
-def go_pow(x: float, y: float) -> float:
-    """Go ``math.Pow`` (portable implementation, using ``go_exp``/``go_log``)."""
+@njit(cache=True, error_model="numpy")
+def _pow_zero_base(x: float, y: float) -> float:
+    """Go's Pow for x = ±0 and y ≠ 0, ±1."""
+    if y < 0:
+        if _is_odd_int(y):
+            return math.copysign(math.inf, x)
+        return math.inf
+    if _is_odd_int(y):
+        return x
+    return 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def _pow_small_int(x: float, y: float) -> float:
+    """x**y for an integral ``y`` in [-128, 127] by the repeated squaring of the int8 fast path
+    (golang/go PR #29457): the largest power of two first, then the rest."""
+    neg = y < 0
+    n = np.int64(-y if neg else y)
+    r = 1.0
+    while n > 1:
+        tmp = x
+        c = np.int64(1)
+        while c <= n // 2:
+            tmp *= tmp
+            c *= 2
+        n = n - c
+        r *= tmp
+    for _ in range(n):
+        r *= x
+    if neg:
+        return 1.0 / r
+    return r
+
+
+@njit(cache=True, error_model="numpy")
+def go_pow(x: float, y: float, small_int_fast_path: bool = True) -> float:
+    """Go ``math.Pow`` (the portable algorithm, which amd64 runs; ``go_exp``/``go_log`` for the
+    fractional part of ``y``, then the ``Frexp`` mantissa squared along the bits of the integral
+    part with the exponent tracked apart).
+
+    ``small_int_fast_path`` selects the one behaviour in which the two ports this project had
+    differ: for an integral ``y`` in [-128, 127] (``float64(int8(y)) == y``) the int8 fast path
+    multiplies powers in another order, and about a third of such powers differ in the last
+    ulp (x**7 = (x**4 * x**2) * x there, (x * x**2) * x**4 in the general path). Go's released
+    ``math.Pow`` has no such path (it comes from golang/go PR #29457, closed unmerged; issue
+    #29456 is still open), so the latency backends pass False. The workload samplers, whose
+    outputs were pinned with it, keep the default True: with their exponents (1/shape) it
+    matters only for a shape whose reciprocal is an integer with three set bits or more, which
+    no parity case draws. ``tests/test_gomath_pow.py`` compares both on many inputs.
+    """
     if y == 0.0 or x == 1.0:
         return 1.0
+    if y == 1.0:
+        return x
     if x != x or y != y:
         return math.nan
     if x == 0.0:
-        if y < 0:
-            if _is_odd_int(y):
-                return math.copysign(math.inf, x)
-            return math.inf
-        if _is_odd_int(y):
-            return x
-        return 0.0
+        return _pow_zero_base(x, y)
     if math.isinf(y):
         if x == -1.0:
             return 1.0
@@ -347,7 +393,7 @@ def go_pow(x: float, y: float) -> float:
         return math.inf
     if math.isinf(x):
         if x < 0:
-            return go_pow(1.0 / x, -y)
+            return _pow_zero_base(1.0 / x, -y)  # Pow(-Inf, y) = Pow(-0, -y)
         if y < 0:
             return 0.0
         return math.inf
@@ -355,24 +401,8 @@ def go_pow(x: float, y: float) -> float:
         return math.sqrt(x)
     if y == -0.5:
         return 1.0 / math.sqrt(x)
-    if -128.0 <= y <= 127.0 and math.trunc(y) == y:
-        # float64(int8(y)) == y: small integer powers by repeated squaring
-        neg = y < 0
-        n = np.int64(-y if neg else y)
-        r = 1.0
-        while n > 1:
-            tmp = x
-            c = np.int64(1)
-            while c <= n // 2:
-                tmp *= tmp
-                c *= 2
-            n = n - c
-            r *= tmp
-        for _ in range(n):
-            r *= x
-        if neg:
-            return 1.0 / r
-        return r
+    if small_int_fast_path and -128.0 <= y <= 127.0 and math.trunc(y) == y:
+        return _pow_small_int(x, y)
     ay = abs(y)
     yi = math.trunc(ay)
     yf = ay - yi

@@ -82,3 +82,13 @@ def chain_hash(prev, content) -> np.uint64:
     if h == EMPTY_HASH:  # reserve 0 for "no hash"
         h = _GOLDEN
     return h
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def chain_hashes(chunk_dig, base, n, out) -> None:
+    """The chain hashes of ``n`` leading blocks whose content digests are
+    ``chunk_dig[base:base + n]``, into ``out[:n]`` (the first block chains from ``EMPTY_HASH``)."""
+    prev = EMPTY_HASH
+    for k in range(n):
+        prev = chain_hash(prev, chunk_dig[base + k])
+        out[k] = prev

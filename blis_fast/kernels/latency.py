@@ -43,26 +43,16 @@ import math
 import numpy as np
 from numba import njit
 
+from blis_fast.kernels.enums import Backend
+from blis_fast.kernels.gomath import INT64_MAX, INT64_MIN, go_max, go_min, go_pow
+
 __all__ = [
-    "BLACKBOX",
-    "CROSSMODEL",
-    "ROOFLINE",
-    "TRAINED_PHYSICS",
-    "TRAINED_ROOFLINE",
     "clamp_to_int64",
-    "go_pow",
     "output_token_processing_time",
     "post_decode_fixed_overhead",
     "queueing_time",
     "step_time",
 ]
-
-# backend codes
-BLACKBOX = 0
-ROOFLINE = 1
-CROSSMODEL = 2
-TRAINED_ROOFLINE = 3
-TRAINED_PHYSICS = 4
 
 # BLACKBOX layout
 BB_BETA0, BB_BETA1, BB_BETA2 = 0, 1, 2
@@ -94,8 +84,6 @@ TP_IS_MOE, TP_E, TP_N_MOE, TP_N_DENSE, TP_DFF_MOE, TP_DFF_DENSE = 19, 20, 21, 22
 TP_MOE_SCALING, TP_WBPP, TP_FLOPS_US, TP_BW_US, TP_TP_FACTOR, TP_AR_UNITS = 25, 26, 27, 28, 29, 30
 TP_SIZE = 31
 
-_INT64_MAX = np.int64(9223372036854775807)
-_INT64_MIN = np.int64(-9223372036854775807 - 1)
 _TWO63 = 9.223372036854775808e18
 
 
@@ -103,135 +91,10 @@ _TWO63 = 9.223372036854775808e18
 def clamp_to_int64(v: float) -> np.int64:
     """Go's clampToInt64: NaN or ≥ 2^63 → MaxInt64, else truncation toward zero."""
     if math.isnan(v) or v >= _TWO63:
-        return _INT64_MAX
+        return np.int64(INT64_MAX)
     if v < -_TWO63:
-        return _INT64_MIN
+        return np.int64(INT64_MIN)
     return np.int64(v)
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _go_max(x: float, y: float) -> float:
-    """Go's math.Max (Inf wins over NaN, NaN propagates, +0 beats −0)."""
-    if (math.isinf(x) and x > 0) or (math.isinf(y) and y > 0):
-        return math.inf
-    if math.isnan(x) or math.isnan(y):
-        return math.nan
-    if x == 0.0 and y == 0.0:
-        if math.copysign(1.0, x) < 0:
-            return y
-        return x
-    if x > y:
-        return x
-    return y
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _go_min(x: float, y: float) -> float:
-    """Go's math.Min (−Inf wins over NaN, NaN propagates, −0 beats +0)."""
-    if (math.isinf(x) and x < 0) or (math.isinf(y) and y < 0):
-        return -math.inf
-    if math.isnan(x) or math.isnan(y):
-        return math.nan
-    if x == 0.0 and y == 0.0:
-        if math.copysign(1.0, x) < 0:
-            return x
-        return y
-    if x < y:
-        return x
-    return y
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _is_odd_int(x: float) -> bool:
-    if abs(x) >= 9007199254740992.0:
-        return False
-    xi = math.floor(abs(x))
-    if abs(x) - xi != 0.0:
-        return False
-    return (np.int64(xi) & 1) == 1
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _pow_zero_base(x: float, y: float) -> float:
-    """Go's Pow for x = ±0 and y ≠ 0."""
-    neg = math.copysign(1.0, x) < 0
-    if y < 0:
-        if neg and _is_odd_int(y):
-            return -math.inf
-        return math.inf
-    if neg and _is_odd_int(y):
-        return x
-    return 0.0
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def go_pow(x: float, y: float) -> float:
-    """Port of Go's math.Pow (pure-Go algorithm: mantissa squaring, exponent tracked apart).
-
-    For integral exponents (the only ones the roofline uses) this is bit-identical to Go; the
-    fractional part, never used here, goes through the C library's exp/log.
-    """
-    if y == 0.0 or x == 1.0:
-        return 1.0
-    if y == 1.0:
-        return x
-    if math.isnan(x) or math.isnan(y):
-        return math.nan
-    if x == 0.0:
-        return _pow_zero_base(x, y)
-    if math.isinf(y):
-        if x == -1.0:
-            return 1.0
-        if (abs(x) < 1.0) == (y > 0):
-            return 0.0
-        return math.inf
-    if math.isinf(x):
-        if x < 0:
-            return _pow_zero_base(-0.0, -y)
-        if y < 0:
-            return 0.0
-        return math.inf
-    if y == 0.5:
-        return math.sqrt(x)
-    if y == -0.5:
-        return 1.0 / math.sqrt(x)
-    ay = abs(y)
-    yi = math.floor(ay)
-    yf = ay - yi
-    if yf != 0.0 and x < 0:
-        return math.nan
-    if yi >= _TWO63:
-        if x == -1.0:
-            return 1.0
-        if (abs(x) < 1.0) == (y > 0):
-            return 0.0
-        return math.inf
-    a1 = 1.0
-    ae = 0
-    if yf != 0.0:
-        if yf > 0.5:
-            yf -= 1.0
-            yi += 1.0
-        a1 = math.exp(yf * math.log(x))
-    x1, xe = math.frexp(x)
-    i = np.int64(yi)
-    while i != 0:
-        if xe < -4096 or 4096 < xe:
-            ae += xe
-            break
-        if (i & 1) == 1:
-            a1 *= x1
-            ae += xe
-        x1 *= x1
-        xe <<= 1
-        if x1 < 0.5:
-            x1 += x1
-            xe -= 1
-        i >>= 1
-    if y < 0:
-        a1 = 1.0 / a1
-        ae = -ae
-    return math.ldexp(a1, ae)
 
 
 # ----------------------------------------------------------------------------- blackbox
@@ -306,7 +169,7 @@ def _rf_weights(p, new_tokens) -> float:
         e = p[RF_E]
         k = p[RF_K]
         prob_not_selected = (e - k) / e
-        n_eff = e * (1.0 - go_pow(prob_not_selected, float(new_tokens)))
+        n_eff = e * (1.0 - go_pow(prob_not_selected, float(new_tokens), False))
         moe_w = per_layer * n_eff * n_moe
     dense_w = 0.0
     if n_dense > 0:
@@ -419,7 +282,7 @@ def _roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np
     total_new = prefill_tokens + n_decode
     weight_bytes = _rf_weights(p, total_new) / tp
     memory_s = (weight_bytes + dynamic_bytes) / peak_bw
-    micros = _go_max(compute_s, memory_s) * 1e6
+    micros = go_max(compute_s, memory_s) * 1e6
     return max(np.int64(1), clamp_to_int64(micros))
 
 
@@ -445,7 +308,83 @@ def _crossmodel_step(params, n, progress, new_tokens, input_len, output_len) -> 
     return max(np.int64(1), clamp_to_int64(t))
 
 
-# ----------------------------------------------------------------------------- trained-roofline
+# ----------------------------------------------------------------------------- trained backends
+# The trained-roofline and trained-physics backends share their batch sums and per-phase terms;
+# each helper keeps the reference's float64 evaluation order for both.
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _trained_batch_sums(h_per_gpu, d_h, n, progress, new_tokens, input_len, output_len):
+    """Prefill tokens, decode requests, decode context and the prefill attention sum over the
+    scheduled requests: (total_prefill, total_decode, sum_ctx, prefill_attn)."""
+    total_prefill = 0.0
+    total_decode = 0.0
+    sum_ctx = 0.0
+    prefill_attn = 0.0
+    for i in range(n):
+        if progress[i] < input_len[i]:
+            ti = float(new_tokens[i])
+            si = float(input_len[i])
+            total_prefill += ti
+            prefill_attn += 4 * h_per_gpu * ti * (si + ti / 2) * d_h
+        elif output_len[i] > 0:
+            total_decode += 1
+            sum_ctx += float(progress[i])
+    return total_prefill, total_decode, sum_ctx, prefill_attn
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _proj_flops(n_layers, tokens, d, d_kv, tp) -> float:
+    """Q/K/V/O projection FLOPs of ``tokens`` tokens on one GPU."""
+    return n_layers * 2 * tokens * d * (2 * d + 2 * d_kv) / tp
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _ffn_flops(layers, tokens, k, d, dff, tp) -> float:
+    """FFN FLOPs of ``tokens`` tokens through ``layers`` layers with ``k`` active experts."""
+    return layers * tokens * k * 6 * d * dff / tp
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _phase_times(n_layers, d, d_kv, d_h, tp, h_per_gpu, flops_us, bw_us, sums, ffn_prefill,
+                 ffn_decode):
+    """Compute and KV-traffic times of the prefill and decode phases (0 for an empty phase):
+    (t_pf_compute, t_pf_kv, t_dc_compute, t_dc_kv)."""
+    total_prefill, total_decode, sum_ctx, prefill_attn = sums
+    t_pf_compute = 0.0
+    t_pf_kv = 0.0
+    if total_prefill > 0:
+        flops_proj = _proj_flops(n_layers, total_prefill, d, d_kv, tp)
+        t_pf_compute = (flops_proj + n_layers * prefill_attn + ffn_prefill) / flops_us
+        t_pf_kv = n_layers * 2 * (d_kv / tp) * total_prefill * 2.0 / bw_us
+    t_dc_compute = 0.0
+    t_dc_kv = 0.0
+    if total_decode > 0:
+        flops_proj = _proj_flops(n_layers, total_decode, d, d_kv, tp)
+        flops_attn = n_layers * 4 * h_per_gpu * sum_ctx * d_h
+        t_dc_compute = (flops_proj + flops_attn + ffn_decode) / flops_us
+        t_dc_kv = n_layers * 2 * (d_kv / tp) * 2.0 * (sum_ctx + total_decode) / bw_us
+    return t_pf_compute, t_pf_kv, t_dc_compute, t_dc_kv
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _active_experts(is_moe, experts, k_eff, tokens) -> float:
+    """Experts whose weights a MoE step reads: min(E, max(k, tokens * k)); 1 for dense."""
+    if is_moe == 0.0:
+        return 1.0
+    return go_min(experts, go_max(k_eff, tokens * k_eff))
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _attn_weight_bytes(n_layers, d, d_kv, bpp, tp) -> float:
+    """Attention weight bytes on one GPU."""
+    return n_layers * d * (2 * d + 2 * d_kv) * bpp / tp
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _ffn_weight_bytes(layers, experts, d, dff, bpp, tp) -> float:
+    """FFN weight bytes of ``experts`` experts through ``layers`` layers on one GPU."""
+    return layers * experts * 3 * d * dff * bpp / tp
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -453,70 +392,45 @@ def _trained_roofline_step(params, n, progress, new_tokens, input_len, output_le
     if n == 0:
         return np.int64(1)
     p = params
-    total_prefill = 0.0
-    total_decode = 0.0
-    sum_ctx = 0.0
-    prefill_attn = 0.0
-    batch_size = float(n)
     n_layers = p[TR_L]
     d = p[TR_D]
     d_kv = p[TR_DKV]
-    d_h = p[TR_DH]
     d_ff = p[TR_DFF]
     tp = p[TR_TP]
     k_eff = p[TR_KEFF]
-    h_per_gpu = p[TR_HPG]
-    for i in range(n):
-        if progress[i] < input_len[i]:
-            ti = float(new_tokens[i])
-            si = float(input_len[i])
-            total_prefill += ti
-            prefill_attn += 4 * h_per_gpu * ti * (si + ti / 2) * d_h
-        elif output_len[i] > 0:
-            total_decode += 1
-            sum_ctx += float(progress[i])
-
-    t_pf_compute = 0.0
-    if total_prefill > 0:
-        flops_proj = n_layers * 2 * total_prefill * d * (2 * d + 2 * d_kv) / tp
-        flops_attn = n_layers * prefill_attn
-        flops_ffn = n_layers * total_prefill * k_eff * 6 * d * d_ff / tp
-        t_pf_compute = (flops_proj + flops_attn + flops_ffn) / p[TR_FLOPS_US]
-    t_pf_kv = 0.0
-    if total_prefill > 0:
-        bytes_pf_kv = n_layers * 2 * (d_kv / tp) * total_prefill * 2.0
-        t_pf_kv = bytes_pf_kv / p[TR_BW_US]
-    t_dc_compute = 0.0
-    if total_decode > 0:
-        flops_proj = n_layers * 2 * total_decode * d * (2 * d + 2 * d_kv) / tp
-        flops_attn = n_layers * 4 * h_per_gpu * sum_ctx * d_h
-        flops_ffn = n_layers * total_decode * k_eff * 6 * d * d_ff / tp
-        t_dc_compute = (flops_proj + flops_attn + flops_ffn) / p[TR_FLOPS_US]
-    t_dc_kv = 0.0
-    if total_decode > 0:
-        bytes_dc_kv = n_layers * 2 * (d_kv / tp) * 2.0 * (sum_ctx + total_decode)
-        t_dc_kv = bytes_dc_kv / p[TR_BW_US]
-    n_eff = 1.0
-    if p[TR_IS_MOE] != 0.0:
-        b = total_prefill + total_decode
-        n_eff = _go_min(p[TR_E], _go_max(k_eff, b * k_eff))
-    bytes_attn = n_layers * d * (2 * d + 2 * d_kv) * 2.0 / tp
-    bytes_ffn = n_layers * n_eff * 3 * d * d_ff * 2.0 / tp
+    sums = _trained_batch_sums(p[TR_HPG], p[TR_DH], n, progress, new_tokens, input_len,
+                               output_len)
+    total_prefill, total_decode = sums[0], sums[1]
+    t_pf_compute, t_pf_kv, t_dc_compute, t_dc_kv = _phase_times(
+        n_layers, d, d_kv, p[TR_DH], tp, p[TR_HPG], p[TR_FLOPS_US], p[TR_BW_US], sums,
+        _ffn_flops(n_layers, total_prefill, k_eff, d, d_ff, tp),
+        _ffn_flops(n_layers, total_decode, k_eff, d, d_ff, tp))
+    n_eff = _active_experts(p[TR_IS_MOE], p[TR_E], k_eff, total_prefill + total_decode)
+    bytes_attn = _attn_weight_bytes(n_layers, d, d_kv, 2.0, tp)
+    bytes_ffn = _ffn_weight_bytes(n_layers, n_eff, d, d_ff, 2.0, tp)
     t_weight = (bytes_attn + bytes_ffn) / p[TR_BW_US]
     t_tp = 0.0
     t = (
-        p[TR_BETA0] * _go_max(t_pf_compute, t_pf_kv)
-        + p[TR_BETA0 + 1] * _go_max(t_dc_compute, t_dc_kv)
+        p[TR_BETA0] * go_max(t_pf_compute, t_pf_kv)
+        + p[TR_BETA0 + 1] * go_max(t_dc_compute, t_dc_kv)
         + p[TR_BETA0 + 2] * t_weight
         + p[TR_BETA0 + 3] * t_tp
         + p[TR_BETA0 + 4] * n_layers
-        + p[TR_BETA0 + 5] * batch_size
+        + p[TR_BETA0 + 5] * float(n)
         + p[TR_BETA0 + 6]
     )
     return max(np.int64(1), clamp_to_int64(t))
 
 
-# ----------------------------------------------------------------------------- trained-physics
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _physics_ffn_flops(p, tokens) -> float:
+    """trained-physics FFN FLOPs: MoE layers with k active experts, dense layers with one."""
+    flops = 0.0
+    if p[TP_N_MOE] > 0:
+        flops += _ffn_flops(p[TP_N_MOE], tokens, p[TP_KEFF], p[TP_D], p[TP_DFF_MOE], p[TP_TP])
+    if p[TP_N_DENSE] > 0:
+        flops += _ffn_flops(p[TP_N_DENSE], tokens, 1, p[TP_D], p[TP_DFF_DENSE], p[TP_TP])
+    return flops
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -524,74 +438,27 @@ def _trained_physics_step(params, n, progress, new_tokens, input_len, output_len
     if n == 0:
         return np.int64(1)
     p = params
-    total_prefill = 0.0
-    total_decode = 0.0
-    sum_ctx = 0.0
-    prefill_attn = 0.0
-    batch_size = float(n)
     n_layers = p[TP_L]
     d = p[TP_D]
     d_kv = p[TP_DKV]
-    d_h = p[TP_DH]
     tp = p[TP_TP]
-    k_eff = p[TP_KEFF]
-    h_per_gpu = p[TP_HPG]
     n_moe = p[TP_N_MOE]
     n_dense = p[TP_N_DENSE]
-    dff_moe = p[TP_DFF_MOE]
-    dff_dense = p[TP_DFF_DENSE]
-    flops_us = p[TP_FLOPS_US]
     bw_us = p[TP_BW_US]
-    for i in range(n):
-        if progress[i] < input_len[i]:
-            ti = float(new_tokens[i])
-            si = float(input_len[i])
-            total_prefill += ti
-            prefill_attn += 4 * h_per_gpu * ti * (si + ti / 2) * d_h
-        elif output_len[i] > 0:
-            total_decode += 1
-            sum_ctx += float(progress[i])
-
-    t_pf_compute = 0.0
-    if total_prefill > 0:
-        flops_proj = n_layers * 2 * total_prefill * d * (2 * d + 2 * d_kv) / tp
-        flops_attn = n_layers * prefill_attn
-        flops_ffn = 0.0
-        if n_moe > 0:
-            flops_ffn += n_moe * total_prefill * k_eff * 6 * d * dff_moe / tp
-        if n_dense > 0:
-            flops_ffn += n_dense * total_prefill * 1 * 6 * d * dff_dense / tp
-        t_pf_compute = (flops_proj + flops_attn + flops_ffn) / flops_us
-    t_pf_kv = 0.0
-    if total_prefill > 0:
-        bytes_pf_kv = n_layers * 2 * (d_kv / tp) * total_prefill * 2.0
-        t_pf_kv = bytes_pf_kv / bw_us
-    t_dc_compute = 0.0
-    if total_decode > 0:
-        flops_proj = n_layers * 2 * total_decode * d * (2 * d + 2 * d_kv) / tp
-        flops_attn = n_layers * 4 * h_per_gpu * sum_ctx * d_h
-        flops_ffn = 0.0
-        if n_moe > 0:
-            flops_ffn += n_moe * total_decode * k_eff * 6 * d * dff_moe / tp
-        if n_dense > 0:
-            flops_ffn += n_dense * total_decode * 1 * 6 * d * dff_dense / tp
-        t_dc_compute = (flops_proj + flops_attn + flops_ffn) / flops_us
-    t_dc_kv = 0.0
-    if total_decode > 0:
-        bytes_dc_kv = n_layers * 2 * (d_kv / tp) * 2.0 * (sum_ctx + total_decode)
-        t_dc_kv = bytes_dc_kv / bw_us
-
-    n_eff = 1.0
-    if p[TP_IS_MOE] != 0.0:
-        b = total_prefill + total_decode
-        n_eff = _go_min(p[TP_E], _go_max(k_eff, b * k_eff))
+    sums = _trained_batch_sums(p[TP_HPG], p[TP_DH], n, progress, new_tokens, input_len,
+                               output_len)
+    total_prefill, total_decode = sums[0], sums[1]
+    t_pf_compute, t_pf_kv, t_dc_compute, t_dc_kv = _phase_times(
+        n_layers, d, d_kv, p[TP_DH], tp, p[TP_HPG], p[TP_FLOPS_US], bw_us, sums,
+        _physics_ffn_flops(p, total_prefill), _physics_ffn_flops(p, total_decode))
+    n_eff = _active_experts(p[TP_IS_MOE], p[TP_E], p[TP_KEFF], total_prefill + total_decode)
     bpp = p[TP_WBPP]
-    bytes_attn = n_layers * d * (2 * d + 2 * d_kv) * bpp / tp
+    bytes_attn = _attn_weight_bytes(n_layers, d, d_kv, bpp, tp)
     bytes_ffn = 0.0
     if n_moe > 0:
-        bytes_ffn += n_moe * n_eff * 3 * d * dff_moe * bpp / tp
+        bytes_ffn += _ffn_weight_bytes(n_moe, n_eff, d, p[TP_DFF_MOE], bpp, tp)
     if n_dense > 0:
-        bytes_ffn += n_dense * 1 * 3 * d * dff_dense * bpp / tp
+        bytes_ffn += _ffn_weight_bytes(n_dense, 1, d, p[TP_DFF_DENSE], bpp, tp)
     t_weight = (bytes_attn + bytes_ffn) / bw_us
 
     t_tp = 0.0
@@ -602,11 +469,11 @@ def _trained_physics_step(params, n, progress, new_tokens, input_len, output_len
     if p[TP_PREFILL_SPLIT] != 0.0:
         prefill_term = p[TP_BETA0] * t_pf_compute + p[TP_BETA0 + 8] * t_pf_kv
     else:
-        prefill_term = p[TP_BETA0] * _go_max(t_pf_compute, t_pf_kv)
+        prefill_term = p[TP_BETA0] * go_max(t_pf_compute, t_pf_kv)
     if p[TP_DECODE_SPLIT] != 0.0:
         decode_term = p[TP_BETA0 + 1] * t_dc_compute + p[TP_BETA0 + 9] * t_dc_kv
     else:
-        decode_term = p[TP_BETA0 + 1] * _go_max(t_dc_compute, t_dc_kv)
+        decode_term = p[TP_BETA0 + 1] * go_max(t_dc_compute, t_dc_kv)
 
     t = (
         prefill_term
@@ -614,7 +481,7 @@ def _trained_physics_step(params, n, progress, new_tokens, input_len, output_len
         + p[TP_BETA0 + 2] * t_weight
         + p[TP_BETA0 + 3] * t_tp
         + p[TP_BETA0 + 4] * n_layers
-        + p[TP_BETA0 + 5] * batch_size
+        + p[TP_BETA0 + 5] * float(n)
         + p[TP_BETA0 + 6]
         + p[TP_BETA0 + 7] * p[TP_MOE_SCALING] * n_moe
     )
@@ -636,15 +503,15 @@ def step_time(
 ) -> np.int64:
     """The backend's StepTime (≥ 1 µs) over the first ``n`` scheduled requests; -1 for a code
     no backend has."""
-    if code == BLACKBOX:
+    if code == Backend.BLACKBOX:
         return _blackbox_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == ROOFLINE:
+    if code == Backend.ROOFLINE:
         return _roofline_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == CROSSMODEL:
+    if code == Backend.CROSSMODEL:
         return _crossmodel_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == TRAINED_ROOFLINE:
+    if code == Backend.TRAINED_ROOFLINE:
         return _trained_roofline_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == TRAINED_PHYSICS:
+    if code == Backend.TRAINED_PHYSICS:
         return _trained_physics_step(params, n, progress, new_tokens, input_len, output_len)
     return np.int64(-1)  # unknown backend: the engine refuses such a code before it runs
 
@@ -652,13 +519,13 @@ def step_time(
 @njit(cache=True, _nrt=False, error_model="numpy")
 def is_known_backend(code: int) -> bool:
     """True for a backend code :func:`step_time` implements."""
-    return BLACKBOX <= code <= TRAINED_PHYSICS
+    return Backend.BLACKBOX <= code <= Backend.TRAINED_PHYSICS
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def queueing_time(code: int, alpha: np.ndarray, input_len: int) -> np.int64:
     """Arrival → queued delay: α0 + α1·input length, or α0 alone for the trained backends."""
-    if code == TRAINED_ROOFLINE or code == TRAINED_PHYSICS:
+    if code == Backend.TRAINED_ROOFLINE or code == Backend.TRAINED_PHYSICS:
         return clamp_to_int64(alpha[0])
     t = 0.0
     t += alpha[0]
@@ -675,6 +542,6 @@ def output_token_processing_time(code: int, alpha: np.ndarray) -> np.int64:
 @njit(cache=True, _nrt=False, error_model="numpy")
 def post_decode_fixed_overhead(code: int, alpha: np.ndarray) -> np.int64:
     """Fixed E2E overhead of requests with outputs: α1 for the trained backends, else 0."""
-    if code == TRAINED_ROOFLINE or code == TRAINED_PHYSICS:
+    if code == Backend.TRAINED_ROOFLINE or code == Backend.TRAINED_PHYSICS:
         return clamp_to_int64(alpha[1])
     return np.int64(0)

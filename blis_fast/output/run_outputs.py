@@ -17,7 +17,8 @@ import numpy as np
 from blis_fast.engine.simulate import SimulationResult
 from blis_fast.errors import BlisConfigError
 from blis_fast.files import OutputPlan
-from blis_fast.kernels import engine as K
+from blis_fast.kernels.enums import Registration, RequestState
+from blis_fast.kernels.state import InstanceCounter
 from blis_fast.options import RUN_OPTIONS
 from blis_fast.output.report import ClusterReport, render_report, summarize_trace
 from blis_fast.output.summary import (
@@ -85,16 +86,16 @@ def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
         sched = res.sched_delay_us[mine & (res.sched_delay_us >= 0)].astype(np.int64)
         steps = (res.step_instance == i) & (res.step_itl_count > 0)
         out.append(InstanceMetrics(
-            completed=int(c[K.K_COMPLETED]),
+            completed=int(c[InstanceCounter.COMPLETED]),
             still_queued=int(res.still_queued[i]),
             still_running=int(res.still_running[i]),
-            dropped_unservable=int(c[K.K_DROPPED]),
-            timed_out=int(c[K.K_TIMED_OUT]),
-            length_capped=int(c[K.K_LENGTH_CAPPED]),
-            total_input_tokens=int(c[K.K_IN_TOKENS]),
-            total_output_tokens=int(c[K.K_OUT_TOKENS]),
-            preemption_count=int(c[K.K_PREEMPTIONS]),
-            kv_allocation_failures=int(c[K.K_KV_FAIL]),
+            dropped_unservable=int(c[InstanceCounter.DROPPED]),
+            timed_out=int(c[InstanceCounter.TIMED_OUT]),
+            length_capped=int(c[InstanceCounter.LENGTH_CAPPED]),
+            total_input_tokens=int(c[InstanceCounter.IN_TOKENS]),
+            total_output_tokens=int(c[InstanceCounter.OUT_TOKENS]),
+            preemption_count=int(c[InstanceCounter.PREEMPTIONS]),
+            kv_allocation_failures=int(c[InstanceCounter.KV_FAILURES]),
             sim_ended_time_us=int(ended[i]),
             ttft_us=ttft,
             e2e_us=e2e,
@@ -112,7 +113,7 @@ def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
 def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumns:
     """Per-request records of every request registered at an instance (ENG-7.6, CLU-7.24)."""
     rows = np.flatnonzero(res.registered == 1)
-    completed = res.state[rows] == K.ST_COMPLETED
+    completed = res.state[rows] == RequestState.COMPLETED
     out_len = table.output_len[rows]
     capped = res.length_capped[rows] == 1
     n_itl = np.where(capped, res.itl_count[rows], out_len)
@@ -151,8 +152,8 @@ def trace_outcome(res: SimulationResult, n: int | None = None) -> TraceOutcome:
     requests (default: all)."""
     state = res.state[:n]
     status = np.full(state.shape[0], 2, dtype=np.int8)
-    status[state == K.ST_COMPLETED] = 0
-    status[state == K.ST_TIMED_OUT] = 1
+    status[state == RequestState.COMPLETED] = 0
+    status[state == RequestState.TIMED_OUT] = 1
     return TraceOutcome(status=status, ttft_us=res.ttft_us[:n].astype(np.int64),
                         itl_sum_us=res.itl_sum_us[:n].astype(np.int64))
 
@@ -163,7 +164,7 @@ def shed_by_tier(res: SimulationResult) -> dict[str, int]:
         return {}
     table = res.table
     counts: dict[str, int] = {}
-    for idx in np.flatnonzero(res.registered == K.REG_REJECTED_ADMISSION):
+    for idx in np.flatnonzero(res.registered == Registration.REJECTED_ADMISSION):
         client = table.clients[table.client_idx[idx]] if table.clients else {}
         tier = str(client.get("slo_class", "") or "") or "standard"
         counts[tier] = counts.get(tier, 0) + 1

@@ -7,11 +7,11 @@ a refusal. The policy itself is a branch of ``admit`` in the kernel.
 
 from __future__ import annotations
 
-from blis_fast.kernels import routing as R
+from blis_fast.kernels.enums import Admission, AdmissionReason
 from blis_fast.options import Check, finite_positive
 from blis_fast.policies.registry import Param, Policy, Registry
 
-ADMISSION = Registry[Policy]("admission", flag="admission-policy", slot="rcfg.RC_ADMISSION")
+ADMISSION = Registry[Policy]("admission", flag="admission-policy", slot="RouterCfg.ADMISSION")
 
 
 def _bundle_finite_at_least_zero() -> Check:
@@ -19,33 +19,33 @@ def _bundle_finite_at_least_zero() -> Check:
                  "{flag} must be a finite number >= 0, got {value}")
 
 
-ADMISSION.register(Policy("always-admit", R.ADM_ALWAYS))
-ADMISSION.register(Policy("reject-all", R.ADM_REJECT_ALL,
-                          reason="reject-all", reason_code=R.REASON_REJECT_ALL))
-ADMISSION.register(Policy("token-bucket", R.ADM_TOKEN_BUCKET, params=(
-    Param("token_bucket_capacity", float, "rfl.RF_TB_CAPACITY", flag="token-bucket-capacity",
+ADMISSION.register(Policy("always-admit", Admission.ALWAYS))
+ADMISSION.register(Policy("reject-all", Admission.REJECT_ALL,
+                          reason="reject-all", reason_code=AdmissionReason.REJECT_ALL))
+ADMISSION.register(Policy("token-bucket", Admission.TOKEN_BUCKET, params=(
+    Param("token_bucket_capacity", float, "RouterParam.TB_CAPACITY", flag="token-bucket-capacity",
           bundle_check=_bundle_finite_at_least_zero(), check=finite_positive()),
-    Param("token_bucket_refill_rate", float, "rfl.RF_TB_REFILL",
+    Param("token_bucket_refill_rate", float, "RouterParam.TB_REFILL",
           flag="token-bucket-refill-rate", bundle_check=_bundle_finite_at_least_zero(),
           check=finite_positive()),
-), reason="insufficient tokens", reason_code=R.REASON_NO_TOKENS))
-ADMISSION.register(Policy("tier-shed", R.ADM_TIER_SHED, params=(
-    Param("tier_shed_threshold", int, "rcfg.RC_TIER_THRESHOLD", default=0,
+), reason="insufficient tokens", reason_code=AdmissionReason.NO_TOKENS))
+ADMISSION.register(Policy("tier-shed", Admission.TIER_SHED, params=(
+    Param("tier_shed_threshold", int, "RouterCfg.TIER_THRESHOLD", default=0,
           bundle_check=Check(lambda v: v >= 0, "{flag} must be >= 0, got {value}")),
-    Param("tier_shed_min_priority", int, "rcfg.RC_TIER_MIN_PRIORITY", default=0,
+    Param("tier_shed_min_priority", int, "RouterCfg.TIER_MIN_PRIORITY", default=0,
           bundle_default=3),
-), reason="tier-shed", reason_code=R.REASON_TIER_SHED))
-ADMISSION.register(Policy("gaie-legacy", R.ADM_GAIE_LEGACY, params=(
-    Param("gaie_qd_threshold", float, "rfl.RF_GAIE_QD", default=5.0,
+), reason="tier-shed", reason_code=AdmissionReason.TIER_SHED))
+ADMISSION.register(Policy("gaie-legacy", Admission.GAIE_LEGACY, params=(
+    Param("gaie_qd_threshold", float, "RouterParam.GAIE_QD", default=5.0,
           bundle_check=finite_positive("{flag} must be a finite value > 0, got {value}")),
-    Param("gaie_kv_threshold", float, "rfl.RF_GAIE_KV", default=0.8,
+    Param("gaie_kv_threshold", float, "RouterParam.GAIE_KV", default=0.8,
           bundle_check=Check(lambda v: 0 < v <= 1.0,
                              "{flag} must be a finite value in (0, 1.0], got {value}")),
-), reason="gaie-saturated", reason_code=R.REASON_GAIE))
-ADMISSION.register(Policy("custom", R.ADM_CUSTOM, reason="custom", reason_code=R.REASON_CUSTOM,
+), reason="gaie-saturated", reason_code=AdmissionReason.GAIE))
+ADMISSION.register(Policy("custom", Admission.CUSTOM, reason="custom", reason_code=AdmissionReason.CUSTOM,
                           hook="admission"))
 
-OTHER_REASONS = {R.REASON_NONE: "", R.REASON_TENANT_BUDGET: "tenant-budget-shed"}
+OTHER_REASONS = {AdmissionReason.NONE: "", AdmissionReason.TENANT_BUDGET: "tenant-budget-shed"}
 """Decision-trace reasons of no single policy: admitted, and the tenant budget (DELTA-40)."""
 
 

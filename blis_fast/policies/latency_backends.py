@@ -19,6 +19,7 @@ from blis_fast.config.hardware import HardwareCalib
 from blis_fast.config.model_config import ModelConfig
 from blis_fast.errors import BlisConfigError
 from blis_fast.kernels import latency as K
+from blis_fast.kernels.enums import Backend as BackendCode
 from blis_fast.policies.registry import Registry
 
 Packer = Callable[[Sequence[float], Sequence[float], ModelConfig, HardwareCalib, int, list[str]],
@@ -322,14 +323,14 @@ def _pack_roofline(alpha: Sequence[float], beta: Sequence[float], mc: ModelConfi
 
 
 LATENCY_BACKENDS = Registry[Backend]("latency backend", flag="latency-model",
-                                     slot="ic.IC_LATENCY_CODE")
+                                     slot="ConfigSlot.BACKEND")
 
-LATENCY_BACKENDS.register(Backend("blackbox", K.BLACKBOX, _pack_blackbox, analytical=False))
-LATENCY_BACKENDS.register(Backend("roofline", K.ROOFLINE, _pack_roofline))
-LATENCY_BACKENDS.register(Backend("trained-physics", K.TRAINED_PHYSICS, _pack_trained_physics,
+LATENCY_BACKENDS.register(Backend("blackbox", BackendCode.BLACKBOX, _pack_blackbox, analytical=False))
+LATENCY_BACKENDS.register(Backend("roofline", BackendCode.ROOFLINE, _pack_roofline))
+LATENCY_BACKENDS.register(Backend("trained-physics", BackendCode.TRAINED_PHYSICS, _pack_trained_physics,
                                   coefficients=Coefficients("trained_physics_coefficients", 7)))
-LATENCY_BACKENDS.register(Backend("crossmodel", K.CROSSMODEL, _pack_crossmodel,
+LATENCY_BACKENDS.register(Backend("crossmodel", BackendCode.CROSSMODEL, _pack_crossmodel,
                                   coefficients=Coefficients("crossmodel_defaults", 4),
                                   alpha_optional=True))
-LATENCY_BACKENDS.register(Backend("trained-roofline", K.TRAINED_ROOFLINE, _pack_trained_roofline,
+LATENCY_BACKENDS.register(Backend("trained-roofline", BackendCode.TRAINED_ROOFLINE, _pack_trained_roofline,
                                   coefficients=Coefficients("trained_roofline_defaults", 7)))

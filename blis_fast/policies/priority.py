@@ -1,20 +1,20 @@
 """Priority policies (ENG-3, DELTA-38): the priority a scheduler orders waiting requests by.
 
-One ``register`` per policy with the kernel's code (``blis_fast.kernels.engine``); the policy
+One ``register`` per policy with the kernel's code (``blis_fast.kernels.enums``); the policy
 itself is a branch of the engine's priority computation. ``SLO_PRIORITIES`` is the SLO-class
 map the priority-based policies and admission read (a bundle's ``slo_priorities`` override it).
 """
 
 from __future__ import annotations
 
-from blis_fast.kernels import engine as K
+from blis_fast.kernels.enums import Priority
 from blis_fast.policies.registry import Policy, Registry
 
-PRIORITY = Registry[Policy]("priority", flag="priority-policy", slot="ic.IC_PRIORITY")
+PRIORITY = Registry[Policy]("priority", flag="priority-policy", slot="ConfigSlot.PRIORITY")
 
-PRIORITY.register(Policy("constant", K.PRIO_CONSTANT))
-PRIORITY.register(Policy("slo-based", K.PRIO_SLO_BASED))
-PRIORITY.register(Policy("inverted-slo", K.PRIO_INVERTED_SLO))
+PRIORITY.register(Policy("constant", Priority.CONSTANT))
+PRIORITY.register(Policy("slo-based", Priority.SLO_BASED))
+PRIORITY.register(Policy("inverted-slo", Priority.INVERTED_SLO))
 
 SLO_PRIORITIES = {"critical": 4, "standard": 3, "batch": -1, "sheddable": -2, "background": -3}
 """Default SLO-class priorities (DELTA-38); an unknown or empty class counts as

@@ -8,17 +8,17 @@ the kernel; the weighted policy's scorers are the registry of ``policies/scorers
 
 from __future__ import annotations
 
-from blis_fast.kernels import routing as R
+from blis_fast.kernels.enums import Routing
 from blis_fast.policies.registry import Policy, Registry
 
-ROUTING = Registry[Policy]("routing", flag="routing-policy", slot="rcfg.RC_ROUTING")
+ROUTING = Registry[Policy]("routing", flag="routing-policy", slot="RouterCfg.ROUTING")
 
-ROUTING.register(Policy("round-robin", R.ROUTE_ROUND_ROBIN, reason="round-robin[{count}]"))
-ROUTING.register(Policy("least-loaded", R.ROUTE_LEAST_LOADED,
+ROUTING.register(Policy("round-robin", Routing.ROUND_ROBIN, reason="round-robin[{count}]"))
+ROUTING.register(Policy("least-loaded", Routing.LEAST_LOADED,
                         reason="least-loaded (load={count})"))
-ROUTING.register(Policy("always-busiest", R.ROUTE_ALWAYS_BUSIEST,
+ROUTING.register(Policy("always-busiest", Routing.ALWAYS_BUSIEST,
                         reason="always-busiest (load={count})"))
-ROUTING.register(Policy("weighted", R.ROUTE_WEIGHTED,
+ROUTING.register(Policy("weighted", Routing.WEIGHTED,
                         reason="weighted-scoring (score={best:.3f})"))
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blis_fast.kernels import routing as R
 from blis_fast.kernels import scorers as S
+from blis_fast.kernels.enums import StatefulScorer
 from blis_fast.policies.registry import Registry
 
 
@@ -39,7 +39,7 @@ class ScorerRegistry(Registry[Scorer]):
         scorer = self.entries[name]
         if scorer.code >= 0:
             return scorer.code
-        return R.SC_TABLE + self._table_entries().index(scorer)
+        return StatefulScorer.TABLE_BASE + self._table_entries().index(scorer)
 
     def table(self, custom_scorer: object) -> tuple:
         """The kernel's scorer table: every table scorer's cfunc, ``custom_scorer`` for the
@@ -54,9 +54,9 @@ class ScorerRegistry(Registry[Scorer]):
 
 SCORERS = ScorerRegistry("scorer", flag="routing-scorers")
 
-SCORERS.register(Scorer("prefix-affinity", reads_cache=False, code=R.SC_PREFIX_AFFINITY))
-SCORERS.register(Scorer("precise-prefix-cache", reads_cache=True, code=R.SC_PRECISE_PREFIX))
-SCORERS.register(Scorer("no-hit-lru", reads_cache=True, code=R.SC_NO_HIT_LRU))
+SCORERS.register(Scorer("prefix-affinity", reads_cache=False, code=StatefulScorer.PREFIX_AFFINITY))
+SCORERS.register(Scorer("precise-prefix-cache", reads_cache=True, code=StatefulScorer.PRECISE_PREFIX_CACHE))
+SCORERS.register(Scorer("no-hit-lru", reads_cache=True, code=StatefulScorer.NO_HIT_LRU))
 SCORERS.register(Scorer("queue-depth", reads_cache=False, function=S.score_queue_depth))
 SCORERS.register(Scorer("kv-utilization", reads_cache=False, function=S.score_kv_utilization))
 SCORERS.register(Scorer("load-balance", reads_cache=False, function=S.score_load_balance))

@@ -1,0 +1,202 @@
+"""The integer codes shared by the kernels and the Python layer, one NamedTuple enum per family.
+
+Each family is an instance of a ``NamedTuple`` class (the style of vectorbt's
+``portfolio/enums.py``): ``Admission.TOKEN_BUCKET`` is a plain ``int`` in Python, and inside
+``@njit`` code the attribute of the global instance is a compile-time constant (Numba freezes
+global tuples; the machine code is the same as with a module-level integer). The members keep
+the values the kernels have always used, so the codes of a run, its outputs and Numba's cached
+kernels are unchanged.
+
+Families: the policy codes (:data:`Admission`, :data:`Routing`, :data:`Priority`,
+:data:`Scheduler`, latency :data:`Backend`, :data:`StatefulScorer`), the admission decision
+reasons (:data:`AdmissionReason`), the kernels' return statuses (:data:`Status`), a request's
+lifecycle (:data:`RequestState`, :data:`Registration`, :data:`SessionOutcome`) and the event
+loop's kinds and priorities (:data:`Event`, :data:`EventPriority`).
+
+The names a policy has on the command line live in the registries of the Python layer; a kernel
+that meets a code no member of its family has returns an error status (never falls through).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class AdmissionT(NamedTuple):
+    """Admission policies (CLU-2, DELTA-38..40)."""
+
+    ALWAYS: int = 0
+    REJECT_ALL: int = 1
+    TOKEN_BUCKET: int = 2
+    TIER_SHED: int = 3
+    GAIE_LEGACY: int = 4
+    CUSTOM: int = 5  # the user's admission hook
+
+
+Admission = AdmissionT()
+
+
+class RoutingT(NamedTuple):
+    """Routing policies (CLU-3.11..3.16)."""
+
+    ROUND_ROBIN: int = 0
+    LEAST_LOADED: int = 1
+    WEIGHTED: int = 2
+    ALWAYS_BUSIEST: int = 3
+
+
+Routing = RoutingT()
+
+
+class PriorityT(NamedTuple):
+    """Priority policies: how a queued request's priority is recomputed each step (CLU-4.1/4.2)."""
+
+    CONSTANT: int = 0
+    SLO_BASED: int = 1
+    INVERTED_SLO: int = 2
+
+
+Priority = PriorityT()
+
+
+class SchedulerT(NamedTuple):
+    """Instance schedulers: the order of the wait queue (CLU-4.4)."""
+
+    FCFS: int = 0
+    PRIORITY_FCFS: int = 1
+    SJF: int = 2
+    REVERSE_PRIORITY: int = 3
+    CUSTOM: int = 4  # the user's scheduler-key hook
+
+
+Scheduler = SchedulerT()
+
+
+class BackendT(NamedTuple):
+    """Latency backends (ENG-6); each has its ``params`` layout in ``kernels/latency.py``."""
+
+    BLACKBOX: int = 0
+    ROOFLINE: int = 1
+    CROSSMODEL: int = 2
+    TRAINED_ROOFLINE: int = 3
+    TRAINED_PHYSICS: int = 4
+
+
+Backend = BackendT()
+
+
+class StatefulScorerT(NamedTuple):
+    """Routing scorers that keep router state, built into the kernel (CLU-3.22, DELTA-32/34).
+
+    Every other scorer, built-in or user-supplied, is a cfunc in the scorer table and has the
+    code ``TABLE_BASE`` + its index in that table.
+    """
+
+    PREFIX_AFFINITY: int = 0
+    PRECISE_PREFIX_CACHE: int = 1
+    NO_HIT_LRU: int = 2
+    TABLE_BASE: int = 16
+
+
+StatefulScorer = StatefulScorerT()
+
+
+class AdmissionReasonT(NamedTuple):
+    """Why an admission decision was taken, as recorded in the decision trace (CLU-6)."""
+
+    NONE: int = 0
+    REJECT_ALL: int = 1
+    NO_TOKENS: int = 2
+    TIER_SHED: int = 3
+    GAIE: int = 4
+    TENANT_BUDGET: int = 5
+    CUSTOM: int = 6
+
+
+AdmissionReason = AdmissionReasonT()
+
+
+class StatusT(NamedTuple):
+    """What a simulation kernel returns: done, a buffer to grow, a pause, or an error."""
+
+    OK: int = 0
+    GROW_HEAP: int = 2  # the event heap is full: the caller grows it and calls again
+    GROW_LOG: int = 3  # the step log or the ITL run pool is full: likewise
+    KV_LIST_OVERFLOW: int = 4  # a request's block list outgrew its slice (error)
+    SESSIONS: int = 5  # closed-loop outcomes wait for follow-ups: push them, call again
+    UNKNOWN_BACKEND: int = 6  # error: a latency backend code no backend has
+    TOO_MANY_INSTANCES: int = 7  # error: more instances than the event key can address
+    SEQ_OVERFLOW: int = 8  # error: more events than the event key can number
+    UNKNOWN_POLICY: int = 9  # error: an admission, routing, priority or scheduler code unknown
+
+
+Status = StatusT()
+
+
+class RequestStateT(NamedTuple):
+    """A request's lifecycle in the engine (ENG-3.2)."""
+
+    NEW: int = 0  # not injected into an instance yet (cluster pipeline, or rejected)
+    QUEUED: int = 1
+    RUNNING: int = 2
+    COMPLETED: int = 3
+    TIMED_OUT: int = 4
+    DROPPED: int = 5  # refused by the instance's enqueue guards (ENG-3.4)
+
+
+RequestState = RequestStateT()
+
+
+class RegistrationT(NamedTuple):
+    """What the cluster did with a request: routed to an instance (and not dropped) or not."""
+
+    NONE: int = 0
+    ROUTED: int = 1
+    REJECTED_ADMISSION: int = 2
+    REJECTED_ROUTING: int = 3
+
+
+Registration = RegistrationT()
+
+
+class SessionOutcomeT(NamedTuple):
+    """How a closed-loop session request ended, as handed to the session driver."""
+
+    COMPLETED: int = 0
+    CANCELLED: int = 1  # timed out or dropped
+
+
+SessionOutcome = SessionOutcomeT()
+
+
+class EventT(NamedTuple):
+    """Event kinds of the cluster loop; cluster events are < 10 <= instance events (CLU-1)."""
+
+    CLUSTER_ARRIVAL: int = 0
+    ADMISSION: int = 1
+    ROUTING: int = 2
+    ARRIVAL: int = 10
+    QUEUED: int = 11
+    STEP: int = 12
+    REQUEST_LEFT: int = 14
+    TIMEOUT: int = 15
+
+
+Event = EventT()
+
+
+class EventPriorityT(NamedTuple):
+    """Priorities within an event queue (ENG-1.2); the cluster's are offset by +2 so that they
+    are non-negative in the heap's tie key."""
+
+    ARRIVAL: int = 0
+    QUEUED: int = 1
+    STEP: int = 2
+    REQUEST_LEFT: int = 4
+    TIMEOUT: int = 5
+    CLUSTER_ARRIVAL: int = 2
+    ADMISSION: int = 3
+    ROUTING: int = 4
+
+
+EventPriority = EventPriorityT()

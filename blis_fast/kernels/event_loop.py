@@ -1,0 +1,440 @@
+"""The simulation kernel: the reference's cluster loop over N vLLM-style instances (CLU-1).
+
+One call of :func:`simulate` runs a whole simulation (or up to a pause for closed-loop
+follow-ups). All state is in the NamedTuple groups of ``kernels/state.py``, the KV caches
+(``kernels/kv_layout.py``) and the router state (``kernels/router_state.py``); see
+``blis_fast/engine/simulate.py`` for how they are built and read back.
+
+The loop pops the earliest event of one heap (``kernels/heap.py``: cluster events before
+instance events at a tick, then instance index, priority and sequence, CLU-1.5/1.6, ENG-1.2)
+and hands it to the handler of its kind: a cluster arrival goes to admission after the
+admission latency, admission (CLU-2) to routing after the routing latency, routing (CLU-3)
+injects it into the chosen instance; there it arrives, is queued after the queueing delay
+(enqueue guards ENG-3.4), runs in the instance's steps (ENG-2, ``kernels/step.py``) until it
+completes, is dropped or times out (DELTA-1), and leaves.
+
+Rules implemented: CLU-1, ENG-1..ENG-5 and ENG-7 with the adopted upstream fixes DELTA-1..8
+and DELTA-13. Everything the loop calls compiles without reference counting and touches only
+preallocated arrays; a buffer that must grow makes the loop return a status, and
+:func:`simulate` grows it and re-enters.
+
+The handlers are inlined into the loop (``inline="always"``, Numba-IR inlining; each has one
+call site): Numba passes a NamedTuple of arrays as all of its arrays' fields, so a call handing
+the whole state on costs hundreds of stores per event, and LLVM's inliner leaves functions this
+large alone. Small helpers stay separate functions (LLVM inlines them): Numba-IR inlining
+copies the callee's IR at every call site and every nesting level, which costs more compile
+time than a small separately compiled function (measured on the engine's cold compile).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from blis_fast.kernels import admission as adm
+from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels import routing as rtk
+from blis_fast.kernels.batch import wq_push_back, wq_remove
+from blis_fast.kernels.enums import (
+    Event,
+    EventPriority,
+    Priority,
+    Registration,
+    RequestState,
+    Scheduler,
+    SessionOutcome,
+    Status,
+)
+from blis_fast.kernels.heap import (
+    MAX_EVENT_SEQ,
+    MAX_INSTANCES,
+    heap_pop,
+    heap_push,
+    make_tie,
+    tie_instance,
+    tie_is_instance,
+)
+from blis_fast.kernels.latency import is_known_backend, queueing_time
+from blis_fast.kernels.router_state import RouterCfg
+from blis_fast.kernels.scorers import is_known_scorer
+from blis_fast.kernels.state import (
+    ConfigSlot,
+    EventHeap,
+    HotField,
+    InstanceCounter,
+    LogCursor,
+    LoopSlot,
+    OutcomeField,
+    QueueField,
+    Rejection,
+    grow_event_heap,
+    grow_step_log,
+)
+from blis_fast.kernels.step import (
+    count_done,
+    finishes,
+    itl_counts_from_marks,
+    record_completion,
+    run_step,
+)
+
+SEQ_LIMIT = MAX_EVENT_SEQ - (1 << 20)
+"""The last sequence number the loop hands out: room for the pushes of one event after the
+check."""
+_GO_ON = -1  # _stop_status: no reason to stop before the next event
+_CLUSTER = False
+_INSTANCE = True
+
+# ------------------------------------------------------------------ heap and session helpers
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _push(heap, time, on_instance, i, priority, kind, payload):
+    """Schedule an event with the next sequence number."""
+    seq = heap.loop[LoopSlot.NEXT_SEQ]
+    heap.loop[LoopSlot.NEXT_SEQ] = seq + 1
+    heap.loop[LoopSlot.HEAP_SIZE] = heap_push(
+        heap.times, heap.ties, heap.kinds, heap.payloads, heap.loop[LoopSlot.HEAP_SIZE], time,
+        make_tie(on_instance, i, priority, seq), kind, payload)
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _schedule_step(heap, ins, i, t):
+    """Schedule instance ``i``'s next step at ``t`` (at most one is ever pending)."""
+    _push(heap, t, _INSTANCE, i, EventPriority.STEP, Event.STEP, i)
+    ins.cnt[i, InstanceCounter.STEP_PENDING] = 1
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _session_outcome(sess, heap, r, tick, outcome, pi, seq, think):
+    """Record a closed-loop session request's terminal outcome for the session driver.
+
+    A completion may bring a follow-up arriving at ``tick + think`` at the earliest; ``seq`` is
+    the sequence number its arrival event takes (the reference pushes it right away).
+    """
+    loop = heap.loop
+    k = loop[LoopSlot.PENDING_OUTCOMES]
+    sess.outcomes[k, OutcomeField.ROW] = r
+    sess.outcomes[k, OutcomeField.TICK] = tick
+    sess.outcomes[k, OutcomeField.OUTCOME] = outcome
+    sess.outcomes[k, OutcomeField.PROGRESS] = pi
+    sess.outcomes[k, OutcomeField.SEQ] = seq
+    loop[LoopSlot.PENDING_OUTCOMES] = k + 1
+    if outcome == SessionOutcome.COMPLETED and tick + think < loop[LoopSlot.FOLLOW_UP_TICK]:
+        loop[LoopSlot.FOLLOW_UP_TICK] = tick + think
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _cancel(inp, rs, ins, rt, heap, sess, i, r, t, state, counter):
+    """End request ``r`` on instance ``i`` without completing it (dropped or timed out): its
+    state and counter, the tenant's in-flight count, its session cancelled."""
+    rs.state[r] = state
+    count_done(ins, i, counter)
+    adm.on_done(rt, r)
+    if inp.session[r] >= 0:
+        _session_outcome(sess, heap, r, t, SessionOutcome.CANCELLED, 0, -1, 0)
+
+
+# ------------------------------------------------------------------ cluster events
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
+    """AdmissionDecisionEvent (CLU-1.12, CLU-2): buildRouterState (cache-signal refresh, then
+    snapshots of the instances serving the request's model), the policy's decision, then the
+    routing event after the routing latency, or a rejection."""
+    rtk.refresh_cache_signal(rt, kv, t)
+    n_cand = cfg.ints[ConfigSlot.N_INSTANCES]
+    if rt.req_model_bad[r] == 1:
+        n_cand = 0
+    else:
+        rtk.take_snapshots(rt, ins, kv, t)
+    ok, _reason = adm.admit(rt, r, inp.input_len[r], n_cand, t, inp.arrival[r], hooks.admit, kv)
+    if not ok:
+        ins.rejected[Rejection.ADMISSION] += 1
+        rs.registered[r] = Registration.REJECTED_ADMISSION
+        return
+    _push(heap, t + cfg.ints[ConfigSlot.ROUTING_LATENCY], _CLUSTER, 0, EventPriority.ROUTING,
+          Event.ROUTING, r)
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
+    """RoutingDecisionEvent (CLU-3): the policy picks the instance; the request arrives there
+    at once (or is rejected when no instance serves its model)."""
+    rtk.refresh_cache_signal(rt, kv, t)
+    if rt.req_model_bad[r] == 1:
+        ins.rejected[Rejection.ROUTING] += 1
+        rs.registered[r] = Registration.REJECTED_ROUTING
+        return
+    rtk.take_snapshots(rt, ins, kv, t)
+    target = rtk.route(rt, kv, r, inp.input_len[r], t, cfg.instance_rank, inp.arrival[r],
+                       hooks.scorer_table)
+    ins.cnt[target, InstanceCounter.IN_FLIGHT] += 1
+    adm.on_routed(rt, r)
+    rs.inst[r] = target
+    rs.registered[r] = Registration.ROUTED
+    _push(heap, t, _INSTANCE, target, EventPriority.ARRIVAL, Event.ARRIVAL, r)
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _on_cluster_arrival(cfg, heap, t, r):
+    """ClusterArrivalEvent: the admission decision follows after the admission latency."""
+    _push(heap, t + cfg.ints[ConfigSlot.ADMISSION_LATENCY], _CLUSTER, 0,
+          EventPriority.ADMISSION, Event.ADMISSION, r)
+
+
+# ------------------------------------------------------------------ instance events
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _unservable(ints, rs, inp, kv, r):
+    """EnqueueRequest's guards (ENG-3.4): the output budget defaults to what max-model-len
+    leaves, then a request that cannot fit the model length or the cache is refused."""
+    max_len = ints[ConfigSlot.MAX_MODEL_LEN]
+    n_in = inp.input_len[r]
+    if rs.max_out[r] == 0 and max_len > 0 and n_in < max_len:
+        rs.max_out[r] = max_len - n_in
+    if rs.max_out[r] < 0:
+        return True
+    if max_len > 0 and (n_in >= max_len or (rs.max_out[r] > 0 and n_in + rs.max_out[r] > max_len)):
+        return True
+    bs = kv.cfg[kvc.KVConfig.BLOCK_SIZE]
+    return (n_in + bs - 1) // bs > kv.cfg[kvc.KVConfig.BLOCKS]
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _on_queued(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, r):
+    """QueuedEvent: the enqueue guards, the deadline check, then the wait queue with a timeout
+    event at the deadline; a step is scheduled when the instance has none pending."""
+    if _unservable(cfg.ints, rs, inp, kv, r):
+        rs.registered[r] = Registration.NONE
+        _cancel(inp, rs, ins, rt, heap, sess, i, r, t, RequestState.DROPPED,
+                np.int64(InstanceCounter.DROPPED))
+    else:
+        ins.cnt[i, InstanceCounter.IN_TOKENS] += inp.input_len[r]
+        deadline = inp.deadline[r]
+        if deadline > 0 and deadline <= t:
+            _cancel(inp, rs, ins, rt, heap, sess, i, r, t, RequestState.TIMED_OUT,
+                    np.int64(InstanceCounter.TIMED_OUT))
+        else:
+            rs.state[r] = RequestState.QUEUED
+            wq_push_back(ins, rs, i, r)
+            if deadline > 0 and deadline <= cfg.ints[ConfigSlot.HORIZON]:
+                _push(heap, deadline, _INSTANCE, i, EventPriority.TIMEOUT, Event.TIMEOUT, r)
+    if ins.cnt[i, InstanceCounter.STEP_PENDING] == 0 and ins.wq[i, QueueField.LEN] > 0:
+        _schedule_step(heap, ins, i, t)
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, done_at):
+    """A request finished in the step: blocks released, RequestLeft at ``done_at``, metrics,
+    and for a session request the outcome with the sequence number its follow-up takes."""
+    kvc.release(kv, i, r)
+    rs.fin_step[r] = ins.cnt[i, InstanceCounter.STEPS]
+    _push(heap, done_at, _INSTANCE, i, EventPriority.REQUEST_LEFT, Event.REQUEST_LEFT, r)
+    record_completion(ins, rs, lg, inp, i, r, cfg.ints[ConfigSlot.POST_DECODE])
+    adm.on_done(rt, r)
+    if inp.session[r] >= 0:
+        seq = heap.loop[LoopSlot.NEXT_SEQ]
+        heap.loop[LoopSlot.NEXT_SEQ] = seq + 1
+        _session_outcome(sess, heap, r, done_at, SessionOutcome.COMPLETED,
+                         rs.hot[r, HotField.PROGRESS], seq, sess.think[inp.session[r]])
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, i, t):
+    """StepEvent: the step, processCompletions (ENG-2.4, DELTA-8; skipped when nothing
+    finishes), then scheduleNextStep while the instance has work."""
+    d = run_step(cfg, ins, rs, kv, lg, inp, i, t, work, hooks.sort_key, rt.req_priority)
+    if d < 0:
+        return
+    if ins.cnt[i, InstanceCounter.DONE_IN_STEP] > 0:
+        keep = 0
+        for q in range(ins.batch_len[i]):
+            r = ins.batch[i, q]
+            if finishes(cfg.ints, rs, kv, ins, inp, i, r, work):
+                _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, t + d)
+            else:
+                ins.batch[i, keep] = r
+                keep += 1
+        ins.batch_len[i] = keep
+    if ins.batch_len[i] > 0 or ins.wq[i, QueueField.LEN] > 0:
+        _schedule_step(heap, ins, i, t + d)
+    else:
+        ins.cnt[i, InstanceCounter.STEP_PENDING] = 0
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, r):
+    """TimeoutEvent (DELTA-1): a request still queued or running times out; its blocks are
+    released and it leaves the queue or the batch."""
+    if rs.state[r] == RequestState.TIMED_OUT:
+        return
+    was_running = rs.state[r] == RequestState.RUNNING
+    was_queued = rs.state[r] == RequestState.QUEUED
+    _cancel(inp, rs, ins, rt, heap, sess, i, r, t, RequestState.TIMED_OUT,
+            np.int64(InstanceCounter.TIMED_OUT))
+    kvc.release(kv, i, r)
+    rs.hot[r, HotField.COMPUTED] = 0
+    if was_running:
+        keep = 0
+        for q in range(ins.batch_len[i]):
+            x = ins.batch[i, q]
+            if x != r:
+                ins.batch[i, keep] = x
+                keep += 1
+        ins.batch_len[i] = keep
+    elif was_queued:
+        wq_remove(ins, rs, i, r)
+    if (ins.batch_len[i] == 0 and ins.cnt[i, InstanceCounter.STEP_PENDING] == 0
+            and ins.wq[i, QueueField.LEN] > 0):
+        _schedule_step(heap, ins, i, t)
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _on_arrival(cfg, inp, heap, i, t, r):
+    """ArrivalEvent: the request is queued after the backend's queueing delay."""
+    delay = queueing_time(cfg.ints[ConfigSlot.BACKEND], cfg.alpha, inp.input_len[r])
+    _push(heap, t + delay, _INSTANCE, i, EventPriority.QUEUED, Event.QUEUED, r)
+
+
+# ------------------------------------------------------------------ the loop
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _stop_status(horizon, ins, kv, lg, heap, sess):
+    """Why the loop must stop before the next event (a Status: Status.OK once the heap is
+    empty or the next event is past the horizon), or ``_GO_ON``."""
+    loop = heap.loop
+    size = loop[LoopSlot.HEAP_SIZE]
+    max_batch = ins.batch.shape[1]
+    pending = loop[LoopSlot.PENDING_OUTCOMES]
+    if pending > 0 and (size == 0 or heap.times[0] >= loop[LoopSlot.FOLLOW_UP_TICK]
+                        or pending >= sess.outcomes.shape[0] - max_batch - 2):
+        return Status.SESSIONS
+    if size == 0:
+        return Status.OK
+    if size + max_batch + 4 > heap.times.shape[0]:
+        return Status.GROW_HEAP
+    if kvc.list_overflowed(kv):
+        return Status.KV_LIST_OVERFLOW
+    if loop[LoopSlot.NEXT_SEQ] >= SEQ_LIMIT:
+        return Status.SEQ_OVERFLOW
+    if heap.times[0] > horizon:
+        return Status.OK
+    if heap.kinds[0] == Event.STEP and (
+            lg.sizes[LogCursor.STEPS] + 1 > lg.time.shape[0]
+            or lg.sizes[LogCursor.RUNS] + ins.batch_len[tie_instance(heap.ties[0])] + max_batch
+            + 1 > lg.run_start.shape[0]):
+        return Status.GROW_LOG
+    return _GO_ON
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess):
+    """Process events until the heap drains, the horizon is passed, or the loop must stop
+    (a Status: a buffer to grow, closed-loop outcomes that must become follow-ups first,
+    ``inp.session[r]`` >= 0 marking a request of a closed-loop session, CLU-1.15; or an
+    error)."""
+    horizon = cfg.ints[ConfigSlot.HORIZON]
+    while True:
+        status = _stop_status(horizon, ins, kv, lg, heap, sess)
+        if status != _GO_ON:
+            return status
+        t = heap.times[0]
+        tie = heap.ties[0]
+        kind = heap.kinds[0]
+        x = heap.payloads[0]
+        heap.loop[LoopSlot.HEAP_SIZE] = heap_pop(heap.times, heap.ties, heap.kinds,
+                                                 heap.payloads, heap.loop[LoopSlot.HEAP_SIZE])
+        if not tie_is_instance(tie):
+            if kind == Event.CLUSTER_ARRIVAL:
+                _on_cluster_arrival(cfg, heap, t, x)
+            elif kind == Event.ADMISSION:
+                _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, x)
+            else:
+                _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, t, x)
+            continue
+        i = tie_instance(tie)
+        if kind == Event.TIMEOUT and rs.state[x] == RequestState.COMPLETED:
+            continue  # lazily cancelled timeout: the clock does not move (DELTA-1)
+        ins.cnt[i, InstanceCounter.CLOCK] = t
+        if kind == Event.ARRIVAL:
+            _on_arrival(cfg, inp, heap, i, t, x)
+        elif kind == Event.QUEUED:
+            _on_queued(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
+        elif kind == Event.STEP:
+            _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, i, t)
+        elif kind == Event.TIMEOUT:
+            _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
+        # a request-left event only moves the instance's clock
+
+
+# ------------------------------------------------------------------ entry points
+
+
+@njit(cache=True)
+def push_cluster_arrivals(heap, arrival, rows, seqs):
+    """Schedule ``ClusterArrival`` events for ``rows`` (growing the heap when needed); returns
+    the heap. ``seqs[k]`` is the event's sequence number, or -1 to take the next one (the
+    initial workload); follow-ups bring the number reserved when their parent completed."""
+    size = heap.loop[LoopSlot.HEAP_SIZE]
+    if size + rows.shape[0] + 1 > heap.times.shape[0]:
+        heap = grow_event_heap(heap, max(2 * heap.times.shape[0], size + rows.shape[0] + 16))
+    for k in range(rows.shape[0]):
+        seq = seqs[k]
+        if seq < 0:
+            seq = heap.loop[LoopSlot.NEXT_SEQ]
+            heap.loop[LoopSlot.NEXT_SEQ] += 1
+        size = heap_push(heap.times, heap.ties, heap.kinds, heap.payloads, size,
+                         arrival[rows[k]],
+                         make_tie(_CLUSTER, 0, EventPriority.CLUSTER_ARRIVAL, seq),
+                         Event.CLUSTER_ARRIVAL, rows[k])
+    heap.loop[LoopSlot.HEAP_SIZE] = size
+    return heap
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _config_status(cfg, rt, hooks):
+    """Status.OK, or the error status of a code no kernel implements (the codes are checked
+    before the run, never fallen through)."""
+    ints = cfg.ints
+    if not is_known_backend(ints[ConfigSlot.BACKEND]):
+        return Status.UNKNOWN_BACKEND
+    if ints[ConfigSlot.N_INSTANCES] > MAX_INSTANCES:
+        return Status.TOO_MANY_INSTANCES
+    if not (Priority.CONSTANT <= ints[ConfigSlot.PRIORITY] <= Priority.INVERTED_SLO
+            and Scheduler.FCFS <= ints[ConfigSlot.SCHEDULER] <= Scheduler.CUSTOM
+            and adm.is_known_policy(rt.rcfg[RouterCfg.ADMISSION])
+            and rtk.is_known_policy(rt.rcfg[RouterCfg.ROUTING])):
+        return Status.UNKNOWN_POLICY
+    for s in range(rt.scorer_codes.shape[0]):
+        if not is_known_scorer(rt.scorer_codes[s], len(hooks.scorer_table)):
+            return Status.UNKNOWN_POLICY
+    return Status.OK
+
+
+@njit(cache=True)
+def simulate(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess):
+    """Run the simulation from the state in ``heap`` until it ends or closed-loop session
+    outcomes need follow-ups. Returns (status, step log, heap); every other result is written
+    into the state groups in place. Call again after Status.SESSIONS (once the follow-ups are
+    pushed) to continue."""
+    status = _config_status(cfg, rt, hooks)
+    if status != Status.OK:
+        return status, lg, heap
+    while True:
+        lg.sizes[LogCursor.ENTRIES] += 1
+        status = _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess)
+        if status == Status.GROW_HEAP:
+            heap = grow_event_heap(heap, 2 * heap.times.shape[0])
+        elif status == Status.GROW_LOG:
+            lg = grow_step_log(lg, 1, 2 * ins.batch.shape[1] + 1)
+        else:
+            if status != Status.SESSIONS:  # the run is over: marks become counts
+                itl_counts_from_marks(lg, np.zeros(cfg.ints[ConfigSlot.N_INSTANCES], np.int64))
+            return status, lg, heap
+
+
+__all__ = ["SEQ_LIMIT", "EventHeap", "push_cluster_arrivals", "simulate"]

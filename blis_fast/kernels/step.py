@@ -1,0 +1,213 @@
+"""One engine iteration of one instance, and what a finishing request leaves behind.
+
+:func:`run_step` is the reference's step (ENG-2 with DELTA-2/3/4/5/6): scheduleBatch (the
+queue's order and batch formation, ``kernels/batch.py``), a step-log entry, executeBatchStep
+(the latency backend's step time over the scheduled requests, then the progress pass with TTFT
+and ITL samples) and the KV statistics. :func:`finish_requests` is processCompletions
+(ENG-2.4, DELTA-8), :func:`record_completion` recordRequestCompletion (DELTA-6/7).
+
+ITL samples: each request keeps runs of consecutive steps in which it decoded (first step,
+last step); when it completes, each run of its final attempt marks its first and its last step
+in ``StepLog.itl_count`` (+1 and +ITL_RUN_END), and :func:`itl_counts_from_marks` turns the marks
+into per-step counts at the end of the run, so exact ITL statistics come from
+``(step duration + alpha2, count)`` without storing per-token values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.batch import form_batch, order_wait_queue
+from blis_fast.kernels.enums import RequestState
+from blis_fast.kernels.latency import step_time
+from blis_fast.kernels.state import (
+    ITL_RUN_END,
+    ConfigSlot,
+    HotField,
+    InstanceCounter,
+    LogCursor,
+    QueueField,
+    QueueStat,
+)
+
+_PI, _NNT, _COMP = HotField.PROGRESS, HotField.NEW_TOKENS, HotField.COMPUTED
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def count_done(ins, i, column):
+    """Bump a terminal counter and the cluster's in-flight count for the instance (CLU-3.5)."""
+    ins.cnt[i, column] += 1
+    ins.cnt[i, InstanceCounter.IN_FLIGHT] -= 1
+    if ins.cnt[i, InstanceCounter.IN_FLIGHT] < 0:
+        ins.cnt[i, InstanceCounter.IN_FLIGHT] = 0
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def record_completion(ins, rs, lg, inp, i, r, post_decode):
+    """recordRequestCompletion with DELTA-6/7: output tokens counted at completion, E2E, and
+    the ITL runs of the final attempt marked in the step log."""
+    count_done(ins, i, np.int64(InstanceCounter.COMPLETED))
+    k = rs.hot[r, _PI] - inp.input_len[r]
+    if k < inp.output_len[r]:
+        k += 1
+    if k > 0:
+        ins.cnt[i, InstanceCounter.OUT_TOKENS] += k
+    post = post_decode if inp.output_len[r] > 0 else 0
+    rs.e2e[r] = rs.first_token[r] + rs.hot[r, HotField.ITL_SUM] + post
+    run = rs.run_head[r]
+    tail = rs.hot[r, HotField.RUN_TAIL]
+    while run >= 0:
+        lg.itl_count[lg.run_start[run]] += 1
+        last = rs.hot[r, HotField.LAST_DECODE] if run == tail else lg.run_last[run]
+        lg.itl_count[last] += ITL_RUN_END
+        run = lg.run_next[run]
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def itl_counts_from_marks(lg, open_runs):
+    """Turn the run marks in ``lg.itl_count`` into per-step ITL sample counts (one pass);
+    ``open_runs`` (zeros, one per instance) holds each instance's count of runs in progress."""
+    for s in range(lg.sizes[LogCursor.STEPS]):
+        i = lg.inst[s]
+        v = lg.itl_count[s]
+        now = open_runs[i] + (v & (ITL_RUN_END - 1))
+        lg.itl_count[s] = now
+        open_runs[i] = now - (v >> 32)
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _open_log_entry(ins, lg, i, now):
+    """Append the step's log entry (queue and batch after formation); returns its index and
+    the instance's previous entry."""
+    s = lg.sizes[LogCursor.STEPS]
+    lg.sizes[LogCursor.STEPS] = s + 1
+    lg.time[s] = now
+    lg.inst[s] = i
+    lg.queue[s] = ins.wq[i, QueueField.LEN]
+    lg.running[s] = ins.batch_len[i]
+    prev_step = ins.cnt[i, InstanceCounter.LAST_STEP]
+    if prev_step >= 0:
+        lg.next_same[prev_step] = s
+    ins.cnt[i, InstanceCounter.LAST_STEP] = s
+    ins.wq_sum[i, QueueStat.LENGTH_SUM] += ins.wq[i, QueueField.LEN]
+    ins.wq_sum[i, QueueStat.STEPS] += 1
+    return s, prev_step
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _step_duration(cfg, ins, rs, kv, inp, i, work):
+    """The latency backend's step time over the requests granted tokens (DELTA-3), plus a
+    pending CPU->GPU transfer, at least 1 tick."""
+    g = 0
+    for q in range(ins.batch_len[i]):
+        r = ins.batch[i, q]
+        if rs.hot[r, _NNT] > 0:
+            work.progress[g] = rs.hot[r, _PI]
+            work.new_tokens[g] = rs.hot[r, _NNT]
+            work.input_len[g] = inp.input_len[r]
+            work.output_len[g] = inp.output_len[r]
+            g += 1
+    d = step_time(cfg.ints[ConfigSlot.BACKEND], cfg.latency_params, g, work.progress,
+                  work.new_tokens, work.input_len, work.output_len)
+    d += kvc.consume_pending_transfer(kv, i)
+    return max(np.int64(1), d)
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _extend_itl_run(rs, lg, r, s, prev_step):
+    """Request ``r`` decoded in step ``s``: continue its ITL run, or open a new one."""
+    tail = rs.hot[r, HotField.RUN_TAIL]
+    if tail < 0 or rs.hot[r, HotField.LAST_DECODE] != prev_step:  # else the run goes on
+        run = lg.sizes[LogCursor.RUNS]
+        lg.sizes[LogCursor.RUNS] = run + 1
+        lg.run_start[run] = s
+        lg.run_next[run] = -1
+        if tail >= 0:
+            lg.run_last[tail] = rs.hot[r, HotField.LAST_DECODE]
+            lg.run_next[tail] = run
+        else:
+            rs.run_head[r] = run
+        rs.hot[r, HotField.RUN_TAIL] = run
+    rs.hot[r, HotField.LAST_DECODE] = s
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _advance_progress(ints, ins, rs, lg, inp, i, now, d, s, prev_step):
+    """executeBatchStep's progress pass: prefill progress, decode tokens with their ITL, TTFT.
+    Returns how many requests processCompletions will finish."""
+    otp = ints[ConfigSlot.OUTPUT_TOKEN_TIME]
+    max_len = ints[ConfigSlot.MAX_MODEL_LEN]
+    n_done = 0
+    for q in range(ins.batch_len[i]):
+        r = ins.batch[i, q]
+        if rs.hot[r, _PI] < inp.input_len[r]:
+            rs.hot[r, _PI] = rs.hot[r, _COMP]
+        elif rs.hot[r, _NNT] > 0:
+            rs.hot[r, _PI] += 1
+            rs.hot[r, HotField.ITL_SUM] += d + otp
+            rs.hot[r, HotField.ITL_COUNT] += 1
+            _extend_itl_run(rs, lg, r, s, prev_step)
+        pi = rs.hot[r, _PI]
+        if pi == inp.input_len[r] and rs.hot[r, HotField.TTFT_SET] == 0:
+            rs.hot[r, HotField.TTFT_SET] = 1
+            rs.first_token[r] = now + d + otp - inp.arrival[r]
+            rs.ttft[r] = rs.first_token[r]
+            rs.has_ttft[r] = 1
+        # NumNewTokens is read again only by the next formation, which expects it reset
+        rs.hot[r, _NNT] = 0
+        if pi >= inp.input_len[r] + max(inp.output_len[r], 1) - 1 or (
+                max_len > 0 and pi >= max_len - 1):
+            n_done += 1
+    return n_done
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority):
+    """One engine iteration at ``now`` (ENG-2 with DELTA-2/3/4/5/6). Returns the duration, or
+    -1 when the step was a no-op (idle instance)."""
+    if ins.batch_len[i] == 0 and ins.wq[i, QueueField.LEN] == 0:
+        ins.cnt[i, InstanceCounter.STEP_PENDING] = 0
+        return np.int64(-1)
+    ins.cnt[i, InstanceCounter.STEPS] += 1
+    order_wait_queue(cfg.ints, ins, rs, inp, i, now, work, key_fn, slo_priority)
+    n_adm = form_batch(cfg.ints, ins, rs, kv, inp, i, work)
+    for k in range(n_adm):
+        r = work.queue_a[k]
+        rs.sched_delay[r] = now - inp.arrival[r]
+        rs.has_sched[r] = 1
+    s, prev_step = _open_log_entry(ins, lg, i, now)
+    d = _step_duration(cfg, ins, rs, kv, inp, i, work)
+    lg.dur[s] = d
+    ins.cnt[i, InstanceCounter.DONE_IN_STEP] = _advance_progress(
+        cfg.ints, ins, rs, lg, inp, i, now, d, s, prev_step)
+    used = kvc.used_blocks(kv, i)
+    lg.kv_used[s] = used
+    if used > ins.cnt[i, InstanceCounter.PEAK_KV]:
+        ins.cnt[i, InstanceCounter.PEAK_KV] = used
+    ins.kv_integral[i] += np.float64(used) * np.float64(d)
+    kvc.mirror_to_cpu(kv, i, ins.batch[i], ins.batch_len[i])  # MirrorToCPU
+    return d
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def finishes(ints, rs, kv, ins, inp, i, r, work):
+    """processCompletions' test for running request ``r`` after a step: True (and the request
+    completed, its last decode token allocated) when it is done or hit max-model-len."""
+    pi = rs.hot[r, _PI]
+    if pi >= inp.input_len[r] + max(inp.output_len[r], 1) - 1:
+        rs.state[r] = RequestState.COMPLETED
+        if inp.output_len[r] > 0 and pi < inp.input_len[r] + inp.output_len[r]:
+            if not kvc.append_decode_token_fast(kv, i, r, pi) and not kvc.allocate(
+                    kv, i, r, pi, pi + 1, np.int64(0) > 0, inp.input_len[r], work.cached,
+                    np.int64(0), work.scratch):
+                ins.cnt[i, InstanceCounter.KV_FAILURES] += 1
+        return True
+    max_len = ints[ConfigSlot.MAX_MODEL_LEN]
+    if max_len > 0 and pi >= max_len - 1:
+        ins.cnt[i, InstanceCounter.LENGTH_CAPPED] += 1
+        rs.capped[r] = 1
+        rs.state[r] = RequestState.COMPLETED
+        return True
+    return False
