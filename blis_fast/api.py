@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blis_fast.engine.simulate import Hooks
+from blis_fast.engine.engine_config import Hooks
 from blis_fast.errors import BlisConfigError
 from blis_fast.options import build_options
 from blis_fast.runner import RunResult, execute_run

@@ -55,7 +55,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 import blis_fast
-from blis_fast.engine import simulate as sim_mod
+from blis_fast.engine import packing
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisConfigError
 from blis_fast.gonum import INT64_MAX
@@ -297,7 +297,7 @@ class _KVCapture:
 
     def __init__(self) -> None:
         self.kv = None
-        self._real = sim_mod.new_kv_state
+        self._real = packing.new_kv_state
 
     def __call__(self, *args, **kwargs):
         self.kv = self._real(*args, **kwargs)
@@ -373,7 +373,7 @@ def test_kv_block_conservation(opts: dict) -> None:
     with contextlib.redirect_stderr(io.StringIO()):
         prepared = prepare(build_options(opts))
     cap = _KVCapture()
-    with mock.patch.object(sim_mod, "new_kv_state", cap):
+    with mock.patch.object(packing, "new_kv_state", cap):
         sim = run_engine(prepared.table, prepared.engine, sessions=prepared.sessions)
     assert cap.kv is not None
     kv = _kv_view(cap.kv)
@@ -588,7 +588,7 @@ def _tiered_check(opts: dict) -> dict:
             o["horizon"] = horizon
         p = prepare(build_options(o))
         cap = _KVCapture()
-        with mock.patch.object(sim_mod, "new_kv_state", cap):
+        with mock.patch.object(packing, "new_kv_state", cap):
             run_engine(p.table, p.engine)
         kv, t = _kv_view(cap.kv), p.table
         capacity = np.diff(np.append(kv.req_off[: t.n], kv.pool.shape[0]))  # slice sizes

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from blis_fast.config.policy_bundle import load_policy_bundle, select_policies
-from blis_fast.engine import simulate as sim_mod
+from blis_fast.engine import engine_config
 from blis_fast.errors import BlisConfigError
 from blis_fast.kernels.enums import Admission, AdmissionReason, Priority, Routing, StatefulScorer
 from blis_fast.kernels.router_state import RouterCfg, RouterParam
@@ -45,7 +45,7 @@ def test_every_declared_slot_is_a_kernel_constant_used_once():
     seen: dict[tuple[str, int], str] = {}
     for who, slot in _declared_slots():
         array, constant = slot.split(".")
-        index = getattr(sim_mod.SLOT_ARRAYS[array], constant)  # AttributeError: no such slot
+        index = getattr(engine_config.SLOT_ARRAYS[array], constant)  # AttributeError: no such slot
         assert (array, index) not in seen, f"{who} and {seen[array, index]} share {slot}"
         seen[array, index] = who
     assert len(seen) == len(_declared_slots()) >= 23

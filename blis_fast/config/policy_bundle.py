@@ -186,7 +186,7 @@ def select_policies(opts: Any, hooks: Any) -> Policies:
     """Load, validate and merge ``--policy-config`` under the flags of ``opts``; check the
     selected admission policy's parameters and every policy name (DELTA-26 order).
 
-    ``hooks`` (``engine.simulate.Hooks``) holds the user functions the ``custom`` entries need.
+    ``hooks`` (``engine.engine_config.Hooks``) holds the user functions the ``custom`` entries need.
     The scorers are the bundle's until ``--routing-scorers`` is parsed (later in the order).
     """
     b = load_policy_bundle(opts.policy_config) if opts.policy_config else PolicyBundle()

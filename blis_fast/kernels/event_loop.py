@@ -3,7 +3,7 @@
 One call of :func:`simulate` runs a whole simulation (or up to a pause for closed-loop
 follow-ups). All state is in the NamedTuple groups of ``kernels/state.py``, the KV caches
 (``kernels/kv_layout.py``) and the router state (``kernels/router_state.py``); see
-``blis_fast/engine/simulate.py`` for how they are built and read back.
+``blis_fast/engine/`` (``packing.py``, ``results.py``) for how they are built and read back.
 
 The loop pops the earliest event of one heap (``kernels/heap.py``: cluster events before
 instance events at a tick, then instance index, priority and sequence, CLU-1.5/1.6, ENG-1.2)

@@ -213,7 +213,7 @@ def new_router_state(
 ) -> RouterState:
     """Allocate the router state (trace buffers only when tracing is on); ``routing``,
     ``cache_delay`` and ``counterfactual_k`` size it. The policy codes and parameters in
-    ``rcfg``/``rfl`` are packed by the caller from the declared slots (engine/simulate.py)."""
+    ``rcfg``/``rfl`` are packed by the caller from the declared slots (engine/engine_config.py)."""
     n = n_instances
     rcfg = np.zeros(RouterCfg.SIZE, np.int64)
     rcfg[RouterCfg.ROUTING] = routing

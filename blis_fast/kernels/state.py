@@ -1,5 +1,5 @@
 """The engine's state layouts: the NamedTuple groups the kernels take, their slot constants, and
-the constructors that allocate them (plain NumPy, called from ``blis_fast/engine/simulate.py``).
+the constructors that allocate them (plain NumPy, called from ``blis_fast/engine/packing.py`` and ``simulate.py``).
 
 Groups (each a ``NamedTuple`` of arrays, so a kernel signature names a handful of them):
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.engine.simulate import DecisionTrace
+from blis_fast.engine.results import DecisionTrace
 from blis_fast.policies.admission import admission_reasons
 from blis_fast.policies.routing import reason_text
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from blis_fast.engine.simulate import SimulationResult
+from blis_fast.engine.results import SimulationResult
 from blis_fast.errors import BlisConfigError
 from blis_fast.files import OutputPlan
 from blis_fast.kernels.enums import Registration, RequestState

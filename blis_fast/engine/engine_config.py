@@ -1,0 +1,85 @@
+"""``EngineConfig``: what the engine kernel runs, composed from a run's resolved parts, and how
+it packs itself into the kernel's config arrays by the slots the options rows and the policy
+registries declare."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from blis_fast.kernels.router_state import RouterCfg, RouterParam
+from blis_fast.kernels.state import ConfigSlot
+from blis_fast.options import RUN_OPTIONS
+from blis_fast.policies.admission import ADMISSION, admission_params
+from blis_fast.policies.latency_backends import LATENCY_BACKENDS
+from blis_fast.policies.priority import PRIORITY
+from blis_fast.policies.routing import ROUTING
+from blis_fast.policies.scheduler import SCHEDULER
+from blis_fast.policies.scorers import DEFAULT_PROFILE
+
+if TYPE_CHECKING:
+    from blis_fast.config.latency import LatencyConfig
+    from blis_fast.config.policy_bundle import Policies
+
+SLOT_ARRAYS = {"ConfigSlot": ConfigSlot, "RouterCfg": RouterCfg, "RouterParam": RouterParam}
+"""The slot families a ``"<family>.<slot>"`` slot names, by family (the config arrays
+they index: ``SimConfig.ints``, ``RouterState.rcfg``, ``RouterState.rfl``)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the kernel runs, composed from the resolved parts of a run.
+
+    ``options`` holds every flag's effective value (the resolved horizon, KV blocks,
+    max-model-len and counterfactual k included); ``latency`` the backend's code, α and packed
+    parameters; ``policies`` the merged policy names, scorers and admission parameters.
+    """
+
+    options: Any  # blis_fast.options.RunOptions
+    latency: LatencyConfig
+    policies: Policies
+    hash_decode_blocks: bool = False  # register decode-filled blocks (accumulating sessions)
+    hooks: Hooks | None = None  # user policies (custom scorer / admission / scheduler key)
+
+    @property
+    def scorers(self) -> tuple[tuple[str, float], ...]:
+        """Weighted routing's scorers and weights (the default profile when none is set)."""
+        return self.policies.scorers or DEFAULT_PROFILE
+
+    @property
+    def trace_decisions(self) -> bool:
+        """True when the decision trace is recorded (``--trace-level decisions``)."""
+        return self.options.trace_level == "decisions"
+
+    def slot_values(self) -> list[tuple[str, int | float]]:
+        """Every kernel config slot (``"<array>.<constant>"``) with its value: the options rows
+        naming a slot, each policy family's chosen code, the admission parameters and the
+        latency backend's per-token and post-decode times."""
+        pol, lat = self.policies, self.latency
+        values: list[tuple[str, int | float]] = [
+            (spec.slot, getattr(self.options, spec.field)) for spec in RUN_OPTIONS if spec.slot]
+        values += [(registry.slot, registry.code(name)) for registry, name in (
+            (ADMISSION, pol.admission), (ROUTING, pol.routing), (PRIORITY, pol.priority),
+            (SCHEDULER, pol.scheduler))]
+        values.append((LATENCY_BACKENDS.slot, lat.code))
+        values += [(p.slot, pol.params[p.key]) for p in admission_params()]
+        values += [("ConfigSlot.OUTPUT_TOKEN_TIME", lat.output_token_time),
+                   ("ConfigSlot.POST_DECODE", lat.post_decode_overhead)]
+        return values
+
+    def pack_slots(self, arrays: dict[str, np.ndarray]) -> None:
+        """Write ``slot_values`` into the config arrays named by their slots."""
+        for slot, value in self.slot_values():
+            family, name = slot.split(".")
+            arrays[family][getattr(SLOT_ARRAYS[family], name)] = value
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """User policy hooks, each a Numba cfunc of the signature in blis_fast.kernels.hooks."""
+
+    scorer: object | None = None
+    admission: object | None = None
+    scheduler_key: object | None = None

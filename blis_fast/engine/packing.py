@@ -1,0 +1,151 @@
+"""The kernel's input arrays from a run's request table and ``EngineConfig``: request inputs,
+router-facing request metadata, the KV and router states, the config slots."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from blis_fast.engine.engine_config import EngineConfig
+from blis_fast.kernels.gorand import new_source, subsystem_seed
+from blis_fast.kernels.kv_layout import new_kv_state
+from blis_fast.kernels.router_state import RouterParam, new_router_state
+from blis_fast.kernels.state import ConfigSlot, RequestInputs
+from blis_fast.policies.priority import DEFAULT_SLO_PRIORITY, SLO_PRIORITIES
+from blis_fast.policies.routing import ROUTING
+from blis_fast.policies.scorers import SCORERS
+
+if TYPE_CHECKING:
+    from blis_fast.engine.follow_ups import Capacity
+
+def rank_of_ids(id_list) -> np.ndarray:
+    """Rank of each id in byte-wise string order."""
+    n = len(id_list)
+    ids = np.array(id_list)
+    order = np.argsort(ids, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
+    return rank
+
+
+def _delayed_cache_signal(cfg: EngineConfig) -> bool:
+    """True when the router reads frozen copies of the instance caches (DELTA-33)."""
+    return (cfg.policies.routing == "weighted" and cfg.options.cache_signal_delay > 0
+            and SCORERS.reads_cache(name for name, _ in cfg.scorers))
+
+
+def request_inputs(table, n: int, ids: list[str] | None) -> RequestInputs:
+    """The kernel's per-request inputs for ``n`` rows (the table's, then room for follow-ups);
+    ``ids`` ranks the scheduler's tie-break by request id (``None``: no scheduler reads it)."""
+    return RequestInputs(
+        arrival=pad(table.arrival_us, n, np.int64), input_len=pad(table.input_len, n, np.int64),
+        output_len=pad(table.output_len, n, np.int64),
+        deadline=pad(table.deadline_us, n, np.int64),
+        id_rank=pad(rank_of_ids(ids), n, np.int64) if ids is not None else np.zeros(n, np.int64),
+        session=np.full(n, -1, np.int32))
+
+
+def instance_rank_of(n: int) -> np.ndarray:
+    """Rank of ``instance_<i>`` ids in byte-wise string order (``instance_10`` < ``instance_2``)."""
+    return rank_of_ids([f"instance_{i}" for i in range(n)])
+
+
+@dataclass
+class RequestMeta:
+    """Router-facing request metadata, per client and per request."""
+
+    client_priority: np.ndarray  # int64 SLO priority
+    client_tenant: np.ndarray  # int64 tenant code (-1 = no budget)
+    client_model_bad: np.ndarray  # int8, 1 when the client's model is not the served one
+    tenant_budget: np.ndarray  # float64 in-flight cap per tenant code
+    per_request: tuple  # (priority, sheddable, tenant, model_bad) of the table's rows
+
+
+def request_metadata(table, cfg: EngineConfig, model: str) -> RequestMeta:
+    """Per-request SLO priority, sheddable flag, tenant code and model-mismatch flag."""
+    priorities = dict(SLO_PRIORITIES)
+    priorities.update(cfg.policies.slo_priorities)
+    clients = table.clients or [{}]
+    client_prio = np.array([priorities.get(str(c.get("slo_class", "") or ""),
+                                           DEFAULT_SLO_PRIORITY) for c in clients], np.int64)
+    budgets = cfg.policies.tenant_budgets
+    tenants = sorted(budgets)
+    tenant_code = {t: k for k, t in enumerate(tenants)}
+    client_tenant = np.array([tenant_code.get(str(c.get("tenant_id", "") or ""), -1)
+                              for c in clients], dtype=np.int64)
+    client_model_bad = np.array([1 if (c.get("model") or "") not in ("", model) else 0
+                                 for c in clients], dtype=np.int8)
+    cidx = table.client_idx if table.n else np.zeros(0, np.int32)
+    capacity = max(1, cfg.options.num_instances * cfg.options.max_num_running_reqs)
+    budget = np.array([budgets[t] * float(capacity) for t in tenants], np.float64)
+    prio = client_prio[cidx]
+    return RequestMeta(client_prio, client_tenant, client_model_bad, budget,
+                        (prio, (prio < 0).astype(np.int8), client_tenant[cidx],
+                         client_model_bad[cidx]))
+
+
+def pad(values: np.ndarray, n: int, dtype, fill=0) -> np.ndarray:
+    """``values`` as a contiguous ``dtype`` array of length ``n`` (extra rows = ``fill``); the
+    array itself when it already is one (no room for follow-ups: nothing writes to it)."""
+    if values.shape[0] == n:
+        return np.ascontiguousarray(values, dtype=dtype)
+    out = np.full(n, fill, dtype=dtype)
+    out[: values.shape[0]] = values
+    return out
+
+
+def config_ints(cfg: EngineConfig, rt) -> np.ndarray:
+    """``SimConfig.ints`` by ConfigSlot, with the router's slots: every value the options
+    table, the policy registries and the latency part declare a slot for (``pack_slots``)."""
+    ints = np.zeros(ConfigSlot.SIZE, dtype=np.int64)
+    cfg.pack_slots({"ConfigSlot": ints, "RouterCfg": rt.rcfg, "RouterParam": rt.rfl})
+    rt.tb_tokens[0] = rt.rfl[RouterParam.TB_CAPACITY]  # the token bucket starts full
+    return ints
+
+
+def router_state(cfg: EngineConfig, n: int, meta: RequestMeta, kv, room: Capacity):
+    """The router's state for ``n`` request rows (scorers, per-request inputs); the policy
+    codes and parameters are packed into its slots by ``config_ints``."""
+    opts = cfg.options
+    scorers = cfg.scorers
+    total_weight = 0.0
+    for _, weight in scorers:
+        total_weight += weight
+    prio, sheddable, tenant, model_bad = (pad(a, n, a.dtype) for a in meta.per_request)
+    return new_router_state(
+        opts.num_instances, n,
+        routing=ROUTING.code(cfg.policies.routing),
+        cache_delay=opts.cache_signal_delay,
+        counterfactual_k=opts.counterfactual_k,
+        scorer_codes=np.array([SCORERS.code(name) for name, _ in scorers], np.int64),
+        uses_cache_query=SCORERS.reads_cache(name for name, _ in scorers),
+        scorer_weights=np.array([weight / total_weight for _, weight in scorers], np.float64),
+        rng_state=new_source(subsystem_seed(opts.seed, "router")),
+        trace=cfg.trace_decisions,
+        req_priority=prio, req_sheddable=sheddable, req_tenant=tenant, req_model_bad=model_bad,
+        tenant_budget=meta.tenant_budget,
+        max_chunks=room.max_chunks,
+        table_size=kv.ht.shape[1],
+    )
+
+
+def kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: Capacity):
+    """Every instance's KV cache, with room for the follow-ups' digests and block lists."""
+    opts = cfg.options
+    n = inp.arrival.shape[0]
+    chunk_off = pad(table.chunk_offsets, n + 1, np.int64, table.chunk_offsets[-1])
+    chunk_dig = pad(table.chunk_digests, table.chunk_digests.shape[0] + room.chunks,
+                     np.uint64)
+    block_size = opts.block_size_in_tokens
+    reload_ticks = 0
+    if opts.kv_cpu_blocks > 0:
+        reload_ticks = opts.kv_transfer_base_latency + int(
+            math.ceil(float(block_size) / opts.kv_transfer_bandwidth))
+    return new_kv_state(opts.num_instances, opts.total_kv_blocks, block_size, chunk_off,
+                        chunk_dig, inp.input_len, inp.output_len, opts.kv_cpu_blocks,
+                        reload_ticks, cfg.hash_decode_blocks,
+                        log_changes=_delayed_cache_signal(cfg), pool_extra=room.pool,
+                        chunk_capacity=chunk_dig.shape[0])

@@ -1,0 +1,167 @@
+"""The engine's results read back from the kernel's state: ``SimulationResult`` (per request,
+per instance, per step) and the decision trace; the kernel's error statuses as errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from blis_fast.engine.engine_config import EngineConfig
+from blis_fast.errors import BlisRuntimeError
+from blis_fast.kernels.enums import RequestState, Routing, Status
+from blis_fast.kernels.event_loop import SEQ_LIMIT
+from blis_fast.kernels.heap import MAX_INSTANCES
+from blis_fast.kernels.kv_layout import CpuMeta, KVMeta
+from blis_fast.kernels.router_state import RouterCfg, RouterVar
+from blis_fast.kernels.state import HotField, InstanceCounter, LogCursor, QueueField, Rejection
+
+KERNEL_FAILURES = {
+    Status.UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
+                            "was given",
+    Status.UNKNOWN_POLICY: "the simulation kernel does not know an admission, routing, "
+                           "priority, scheduler or scorer code it was given",
+    Status.TOO_MANY_INSTANCES: f"the simulation kernel supports at most {MAX_INSTANCES} "
+                               "instances",
+    Status.SEQ_OVERFLOW: "the run pushed more events than the event key can number "
+                         f"({SEQ_LIMIT})",
+}
+"""Messages for the kernel's error statuses (the kernel returns codes, it never raises)."""
+
+
+@dataclass
+class DecisionTrace:
+    """Admission and routing decision records (CLU-6), when tracing is on."""
+
+    admission_request: np.ndarray
+    admission_clock: np.ndarray
+    admitted: np.ndarray
+    admission_reason: np.ndarray  # AdmissionReason codes (kernels/enums.py)
+    routing_request: np.ndarray
+    routing_clock: np.ndarray
+    routing_target: np.ndarray
+    routing_regret: np.ndarray
+    routing_best: np.ndarray  # policy-specific: best composite score, extreme load, RR counter
+    routing_scores: np.ndarray | None  # [decisions, instances] composite scores (weighted only)
+    candidate_instance: np.ndarray  # [decisions, k]; -1 = none
+    candidate_score: np.ndarray
+    candidate_counts: np.ndarray  # [decisions, k, 4]: queue depth, batch size, in-flight, free
+    candidate_kv_utilization: np.ndarray
+
+
+@dataclass
+class SimulationResult:
+    """Raw per-request, per-instance and per-step results of one run."""
+
+    config: EngineConfig
+    table: object  # the RequestTable of every simulated request (follow-ups appended)
+    # per request
+    state: np.ndarray
+    instance: np.ndarray
+    registered: np.ndarray
+    ttft_us: np.ndarray  # -1 when no first token
+    e2e_us: np.ndarray  # -1 unless completed
+    itl_sum_us: np.ndarray
+    itl_count: np.ndarray
+    sched_delay_us: np.ndarray  # -1 when never admitted
+    length_capped: np.ndarray
+    # per instance
+    counters: np.ndarray  # int64 [N, InstanceCounter.SIZE]
+    kv_integral: np.ndarray
+    wait_queue_sum: np.ndarray  # [N, 2] sum of per-step wait-queue lengths, number of steps
+    cache_hit_rate: np.ndarray
+    thrashing_rate: np.ndarray
+    still_queued: np.ndarray  # per instance, wait-queue length at the end
+    still_running: np.ndarray  # per instance, running-batch size at the end
+    rejected_admission: int
+    rejected_routing: int
+    decisions: DecisionTrace | None
+    # per step
+    step_time: np.ndarray
+    step_instance: np.ndarray
+    step_duration: np.ndarray
+    step_queue: np.ndarray
+    step_running: np.ndarray
+    step_kv_used: np.ndarray
+    step_itl_count: np.ndarray
+
+    @property
+    def sim_ended_us(self) -> np.ndarray:
+        """Per-instance SimEndedTime = min(clock, horizon)."""
+        return np.minimum(self.counters[:, InstanceCounter.CLOCK], self.config.options.horizon)
+
+
+def raise_failure(status: int, failures: list) -> None:
+    """BlisRuntimeError for a user hook that raised or a kernel error status."""
+    if failures:
+        name, exc = failures[0]
+        raise BlisRuntimeError(f"{name} raised {type(exc).__name__}: {exc} (the run is "
+                               "discarded; no output was written)")
+    if status == Status.KV_LIST_OVERFLOW:
+        raise BlisRuntimeError(
+            "a request's KV block list outgrew its preallocated slice after CPU-tier reloads "
+            "(--kv-cpu-blocks); this case is not supported yet")
+    if status != Status.OK:
+        raise BlisRuntimeError(KERNEL_FAILURES.get(
+            status, f"simulation kernel failed with status {status}"))
+
+
+def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt) -> SimulationResult:
+    """Read the kernel's state back into a SimulationResult (rows ``0..n_used-1``)."""
+    hits = kv.meta[:, KVMeta.HITS]
+    total = hits + kv.meta[:, KVMeta.MISSES] + kv.cpu_meta[:, CpuMeta.MISSES]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        hit_rate = np.where(total > 0, hits / np.maximum(total, 1), 0.0)
+        mirrors = kv.cpu_meta[:, CpuMeta.MIRRORS]
+        thrash = np.where(mirrors > 0, kv.cpu_meta[:, CpuMeta.EVICTIONS]
+                          / np.maximum(mirrors, 1), 0.0)
+    steps = int(lg.sizes[LogCursor.STEPS])
+    used = slice(0, n_used)
+    completed = rs.state[used] == RequestState.COMPLETED
+    return SimulationResult(
+        config=cfg,
+        table=table,
+        state=rs.state[used],
+        instance=rs.inst[used],
+        registered=rs.registered[used],
+        ttft_us=np.where(rs.has_ttft[used] == 1, rs.ttft[used], -1),
+        e2e_us=np.where(completed, rs.e2e[used], -1),
+        itl_sum_us=rs.hot[used, HotField.ITL_SUM].copy(),
+        itl_count=rs.hot[used, HotField.ITL_COUNT].copy(),
+        sched_delay_us=np.where(rs.has_sched[used] == 1, rs.sched_delay[used], -1),
+        length_capped=rs.capped[used],
+        counters=ins.cnt,
+        kv_integral=ins.kv_integral,
+        wait_queue_sum=ins.wq_sum,
+        cache_hit_rate=hit_rate,
+        thrashing_rate=thrash,
+        still_queued=ins.wq[:, QueueField.LEN].copy(),
+        still_running=ins.batch_len.copy(),
+        decisions=decision_trace(rt) if cfg.trace_decisions else None,
+        rejected_admission=int(ins.rejected[Rejection.ADMISSION]),
+        rejected_routing=int(ins.rejected[Rejection.ROUTING]),
+        step_time=lg.time[:steps].copy(),
+        step_instance=lg.inst[:steps].copy(),
+        step_duration=lg.dur[:steps].copy(),
+        step_queue=lg.queue[:steps].copy(),
+        step_running=lg.running[:steps].copy(),
+        step_kv_used=lg.kv_used[:steps].copy(),
+        step_itl_count=lg.itl_count[:steps].copy(),
+    )
+
+
+def decision_trace(rt) -> DecisionTrace:
+    """Slice the kernel's trace buffers to the records actually written."""
+    na = int(rt.st[RouterVar.N_ADMISSION_RECORDS])
+    nr = int(rt.st[RouterVar.N_ROUTING_RECORDS])
+    weighted = rt.rcfg[RouterCfg.ROUTING] == Routing.WEIGHTED
+    return DecisionTrace(
+        admission_request=rt.adm_req[:na].copy(), admission_clock=rt.adm_clock[:na].copy(),
+        admitted=rt.adm_ok[:na].astype(bool), admission_reason=rt.adm_reason[:na].copy(),
+        routing_request=rt.rt_req[:nr].copy(), routing_clock=rt.rt_clock[:nr].copy(),
+        routing_target=rt.rt_target[:nr].copy(), routing_regret=rt.rt_regret[:nr].copy(),
+        routing_best=rt.rt_best[:nr].copy(),
+        routing_scores=rt.rt_scores[:nr].copy() if weighted else None,
+        candidate_instance=rt.cf_inst[:nr].copy(), candidate_score=rt.cf_score[:nr].copy(),
+        candidate_counts=rt.cf_int[:nr].copy(), candidate_kv_utilization=rt.cf_kv[:nr].copy(),
+    )
