@@ -85,6 +85,29 @@ class BackendT(NamedTuple):
 Backend = BackendT()
 
 
+class DeciderT(NamedTuple):
+    """P/D disaggregation deciders (PD-3): whether a routed request is split into a prefill
+    and a decode sub-request."""
+
+    NEVER: int = 0
+    ALWAYS: int = 1
+    PREFIX_THRESHOLD: int = 2  # uncached prompt tokens on the decode pick > threshold
+
+
+Decider = DeciderT()
+
+
+class EncodeDeciderT(NamedTuple):
+    """Encode-stage deciders (PD-3): whether a request visits the encode pool first."""
+
+    NEVER: int = 0
+    ALWAYS: int = 1
+    MULTIMODAL: int = 2  # image, audio or video tokens > 0
+
+
+EncodeDecider = EncodeDeciderT()
+
+
 class StatefulScorerT(NamedTuple):
     """Routing scorers that keep router state, built into the kernel (CLU-3.22, DELTA-32/34).
 

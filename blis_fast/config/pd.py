@@ -1,0 +1,218 @@
+"""Prefill/decode disaggregation: the P/D flags checked in the reference's order (PD-1.2) and
+resolved into ``PDConfig``, the pools' layout and the KV link the engine runs with.
+
+The checks run where the reference runs them (``runner.prepare``): ``check_encode`` before
+the policies for ``blis replay``, ``validate_pd`` after the policies, ``check_construction``
+last, before the kernel. ``blis run`` and ``blis replay`` differ in order and in which
+"has no effect" cases are warnings (run) or refusals (replay).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from blis_fast.errors import BlisConfigError
+from blis_fast.options import check_options
+from blis_fast.workload.gofmt import go_pct_f, go_quote
+
+ROLE_PREFILL, ROLE_DECODE, ROLE_ENCODE = 1, 2, 4
+"""Pool role bits of an instance (PD-2); a shared instance has both prefill and decode."""
+
+PER_POOL_FLAGS = ("prefill-tp", "decode-tp", "prefill-hardware", "decode-hardware",
+                  "prefill-latency-model", "decode-latency-model", "prefill-max-model-len",
+                  "decode-max-model-len")
+"""The per-pool configuration flags (PD-1.2): they apply only with a prefill pool."""
+
+
+@dataclass(frozen=True)
+class PDConfig:
+    """The P/D layout and parameters of a run (all counts 0: P/D off)."""
+
+    prefill: int = 0
+    decode: int = 0
+    shared: int = 0
+    encode: int = 0
+    decider: str = "never"
+    threshold: int = 16
+    encode_decider: str = "never"
+    bandwidth_gbps: float = 25.0
+    base_latency_ms: float = 0.05
+    contention: bool = False
+    prefill_scorers: tuple[tuple[str, float], ...] = ()
+    decode_scorers: tuple[tuple[str, float], ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def on(self) -> bool:
+        """P/D mode: some prefill, decode or shared instance (encode alone never turns it on)."""
+        return self.prefill + self.decode + self.shared > 0
+
+    def roles(self, n_instances: int) -> np.ndarray:
+        """Each instance's role bits by index: prefill, decode, shared, encode, then role 0."""
+        roles = np.zeros(n_instances, np.int8)
+        p, d, s, e = self.prefill, self.decode, self.shared, self.encode
+        roles[:p] = ROLE_PREFILL
+        roles[p:p + d] = ROLE_DECODE
+        roles[p + d:p + d + s] = ROLE_PREFILL | ROLE_DECODE
+        roles[p + d + s:p + d + s + e] = ROLE_ENCODE
+        return roles
+
+
+def _fail(message: str) -> None:
+    raise BlisConfigError(message)
+
+
+def _decider_known(name: str) -> bool:
+    from blis_fast.policies.deciders import DECIDERS
+
+    return name == "" or name in DECIDERS
+
+
+def check_encode(opts: Any) -> list[str]:
+    """The encode-pool checks (PD-1.2 step 8); returns the warnings."""
+    from blis_fast.policies.deciders import ENCODE_DECIDERS
+
+    e, dec = opts.encode_instances, opts.encode_decider
+    if e < 0:
+        _fail(f"--encode-instances must be >= 0, got {e}")
+    if dec != "" and dec not in ENCODE_DECIDERS:
+        _fail(f"Unknown encode decider {go_quote(dec)}. Valid: "
+              + ", ".join(ENCODE_DECIDERS.valid_names()))
+    if dec not in ("", "never") and e == 0:
+        _fail(f"--encode-decider={go_quote(dec)} requires --encode-instances > 0 (the encode "
+              "pool is disabled)")
+    if e > 0 and dec in ("", "never"):
+        return [f"--encode-decider={go_quote(dec)} has no effect because --encode-instances={e} "
+                "but the decider never encodes; set --encode-decider=multimodal or always to "
+                "activate the encode pool"]
+    return []
+
+
+def topology_error(p: int, d: int, s: int, e: int, n: int) -> str | None:
+    """The first problem of a pool layout (PD-2, ``ValidatePoolTopology``), or None."""
+    for name, v in (("prefill", p), ("decode", d), ("prefill-decode", s), ("encode", e)):
+        if v < 0:
+            return f"{name}-instances must be >= 0, got {v}"
+    if p == d == s == e == 0:
+        return None
+    if p == d == s == 0:
+        return (f"encode-instances ({e}) requires a decode-capable pool: set "
+                "--prefill-instances, --decode-instances, or --prefill-decode-instances > 0")
+    if s == 0 and (p == 0) != (d == 0):
+        return ("both --prefill-instances and --decode-instances must be set when PD "
+                "disaggregation is enabled without shared-role pods "
+                f"(got prefill={p}, decode={d})")
+    if p + d + s + e > n:
+        return (f"prefill-instances ({p}) + decode-instances ({d}) + prefill-decode-instances "
+                f"({s}) + encode-instances ({e}) = {p + d + s + e} exceeds num-instances ({n})")
+    return None
+
+
+def _pool_scorers(opts: Any, pool: str, allow_custom: bool) -> tuple[tuple[str, float], ...]:
+    from blis_fast.config.policy_bundle import parse_scorer_list
+
+    text = getattr(opts, f"{pool}_routing_scorers")
+    try:
+        return tuple(parse_scorer_list(text, allow_custom=allow_custom))
+    except BlisConfigError as exc:
+        detail = str(exc).removeprefix("Invalid --routing-scorers: ")
+        raise BlisConfigError(f"Invalid --{pool}-routing-scorers: {detail}") from None
+
+
+def _check_pool_flags(opts: Any) -> None:
+    """Per-pool TP, latency model and max-model-len, prefill then decode (PD-1.2 step 10)."""
+    from blis_fast.policies.latency_backends import LATENCY_BACKENDS
+
+    for pool in ("prefill", "decode"):
+        tp = getattr(opts, f"{pool}_tp")
+        if opts.given(f"{pool}_tp") and tp <= 0:
+            _fail(f"--{pool}-tp must be > 0, got {tp}")
+        backend = getattr(opts, f"{pool}_latency_model")
+        if backend and backend not in LATENCY_BACKENDS:
+            _fail(f"--{pool}-latency-model {go_quote(backend)} is not a recognized backend; "
+                  "valid: " + ", ".join(LATENCY_BACKENDS.valid_names()))
+        max_len = getattr(opts, f"{pool}_max_model_len")
+        if opts.given(f"{pool}_max_model_len") and max_len <= 0:
+            _fail(f"--{pool}-max-model-len must be > 0 when set, got {max_len}")
+
+
+def validate_pd(opts: Any, replay: bool = False, allow_custom: bool = False,
+                encode_warnings: list[str] | None = None) -> PDConfig:
+    """The P/D checks after the policies (PD-1.2 steps 1-11, ``blis run`` or ``blis
+    replay`` order); the first failure raises BlisConfigError. For replay, ``check_encode``
+    ran before the policies and ``encode_warnings`` are its warnings."""
+    check_options(opts, "pd")
+    warnings: list[str] = []
+    decider = opts.pd_decider
+    if not _decider_known(decider):
+        from blis_fast.policies.deciders import DECIDERS
+
+        _fail(f"Unknown PD decider {go_quote(decider)}. Valid: "
+              + ", ".join(DECIDERS.valid_names()))
+    p, d, s, e = (opts.prefill_instances, opts.decode_instances, opts.prefill_decode_instances,
+                  opts.encode_instances)
+    problem = topology_error(p, d, s, e, opts.num_instances)
+    if problem:
+        _fail(f"Invalid PD pool topology: {problem}")
+    bw, base = opts.pd_transfer_bandwidth, opts.pd_transfer_base_latency
+    if p > 0:
+        if not (bw > 0) or math.isinf(bw):
+            _fail(f"--pd-transfer-bandwidth must be a finite positive number, got {go_pct_f(bw)}")
+        if not (base >= 0) or math.isinf(base):
+            _fail("--pd-transfer-base-latency must be a finite non-negative number, got "
+                  f"{go_pct_f(base)}")
+    threshold = opts.pd_prefix_threshold
+    if decider == "prefix-threshold" and threshold < 0:
+        _fail(f"--pd-prefix-threshold must be >= 0, got {threshold}")
+    if opts.given("pd_prefix_threshold") and decider != "prefix-threshold":
+        if replay:
+            _fail(f"--pd-prefix-threshold={threshold} has no effect when "
+                  f"--pd-decider={go_quote(decider)} (only applies to the prefix-threshold "
+                  "decider); remove the flag or set --pd-decider=prefix-threshold")
+        warnings.append(f"--pd-prefix-threshold={threshold} is ignored when "
+                        f"--pd-decider={go_quote(decider)} (only applies to the "
+                        "prefix-threshold decider)")
+    if decider not in ("", "never") and p == 0:
+        if replay:
+            _fail(f"--pd-decider={go_quote(decider)} has no effect because --prefill-instances=0 "
+                  "(disaggregation is disabled); set --prefill-instances > 0 and "
+                  "--decode-instances > 0, or omit --pd-decider")
+        warnings.append(f"--pd-decider={go_quote(decider)} has no effect because "
+                        "--prefill-instances=0 (disaggregation is disabled); set "
+                        "--prefill-instances and --decode-instances to enable")
+    warnings += check_encode(opts) if encode_warnings is None else encode_warnings
+    pool_flags = any(opts.given(flag.replace("-", "_")) for flag in PER_POOL_FLAGS)
+    if pool_flags and p == 0:
+        if replay:
+            _fail("per-pool hardware flags (--prefill-tp, --decode-tp, etc.) have no effect when "
+                  "--prefill-instances=0 (disaggregation is disabled); either set "
+                  "--prefill-instances > 0 or remove the per-pool flags")
+        warnings.append("per-pool hardware flags (--prefill-tp, --decode-tp, etc.) have no "
+                        "effect when --prefill-instances=0 (disaggregation is disabled)")
+    if p > 0:
+        _check_pool_flags(opts)
+    return PDConfig(
+        prefill=p, decode=d, shared=s, encode=e, decider=decider or "never",
+        threshold=threshold, encode_decider=opts.encode_decider or "never",
+        bandwidth_gbps=bw, base_latency_ms=base, contention=opts.pd_transfer_contention,
+        prefill_scorers=_pool_scorers(opts, "prefill", allow_custom),
+        decode_scorers=_pool_scorers(opts, "decode", allow_custom),
+        warnings=tuple(warnings))
+
+
+def check_construction(opts: Any, pd: PDConfig) -> None:
+    """The cluster's construction checks (PD-1.2, ``NewClusterSimulator``), and what
+    blis_fast does not support with P/D; the last checks before the kernel."""
+    if opts.pd_transfer_contention and not pd.on:
+        _fail("ClusterSimulator: PDTransferContention requires PD disaggregation "
+              "(--prefill-instances, --decode-instances, or --prefill-decode-instances must be "
+              "set)")
+    if pd.on and opts.kv_cpu_blocks > 0:
+        _fail("--kv-cpu-blocks is not supported with P/D disaggregation")
+    if pd.on:  # the engine side is being built (issue 14): refuse rather than ignore the pools
+        _fail("P/D disaggregation (--prefill-instances, --decode-instances, "
+              "--prefill-decode-instances) is not implemented yet")
