@@ -18,7 +18,12 @@ from typing import Any
 
 from blis_fast.config.defaults import load_defaults
 from blis_fast.config.latency import LatencyConfig, resolve_latency
-from blis_fast.config.pd import check_construction, check_encode, validate_pd
+from blis_fast.config.pd import (
+    check_construction,
+    check_encode,
+    validate_pd,
+    with_transfer_sizing,
+)
 from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_policies
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
@@ -158,10 +163,14 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         log.warning("KVOffloadThreshold is deprecated and ignored; the CPU tier is populated "
                     "by mirroring")
     check_construction(opts, pd)
+    if pd.on:
+        if sessions is not None and sessions.blueprints:
+            _fail("closed-loop sessions are not supported yet with P/D disaggregation")
+        pd = with_transfer_sizing(pd, latency, opts.block_size_in_tokens)
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(
-        options=resolved, latency=latency, policies=pol, hooks=hooks,
+        options=resolved, latency=latency, policies=pol, hooks=hooks, pd=pd if pd.on else None,
         # the reference hashes every block output tokens fill; a later request can match one
         # only if its input repeats that output: rounds of an accumulating multi-turn client,
         # open loop (pre-generated) or closed loop (follow-ups built at completion)

@@ -42,6 +42,7 @@ class PDConfig:
     bandwidth_gbps: float = 25.0
     base_latency_ms: float = 0.05
     contention: bool = False
+    block_bytes: float = 0.0  # KV bytes of one block at the prefill TP (transfer sizing)
     prefill_scorers: tuple[tuple[str, float], ...] = ()
     decode_scorers: tuple[tuple[str, float], ...] = ()
     warnings: tuple[str, ...] = ()
@@ -213,6 +214,27 @@ def check_construction(opts: Any, pd: PDConfig) -> None:
               "set)")
     if pd.on and opts.kv_cpu_blocks > 0:
         _fail("--kv-cpu-blocks is not supported with P/D disaggregation")
-    if pd.on:  # the engine side is being built (issue 14): refuse rather than ignore the pools
-        _fail("P/D disaggregation (--prefill-instances, --decode-instances, "
-              "--prefill-decode-instances) is not implemented yet")
+    if not pd.on:
+        return
+    # parts of the reference's P/D that blis_fast does not run yet: refused, never ignored
+    given = [f"--{flag}" for flag in PER_POOL_FLAGS + ("prefill-routing-scorers",
+                                                      "decode-routing-scorers")
+             if opts.given(flag.replace("-", "_")) and pd.prefill > 0]
+    if given:
+        _fail(f"{given[0]} is not supported yet with P/D disaggregation")
+    if pd.encode > 0:
+        _fail("--encode-instances is not supported yet with P/D disaggregation")
+
+
+def with_transfer_sizing(pd: PDConfig, latency: Any, block_size: int) -> PDConfig:
+    """``pd`` with the KV bytes of one block at the prefill TP (PD-3.9), from the model's
+    architecture; a model without one is refused."""
+    from dataclasses import replace
+
+    from blis_fast.config.kv_capacity import kv_bytes_per_token
+
+    if latency.model_config is None:
+        _fail("P/D disaggregation needs the model's architecture for KV transfer sizing; "
+              f"--latency-model {latency.backend} has none (not supported yet)")
+    per_token = kv_bytes_per_token(latency.model_config, latency.tp)
+    return replace(pd, block_bytes=float(block_size) * per_token)

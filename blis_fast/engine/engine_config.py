@@ -46,6 +46,12 @@ class EngineConfig:
     # instance; None = the resolved global value (options.total_kv_blocks / max_model_len)
     instance_kv_blocks: tuple[int, ...] | None = None
     instance_max_model_len: tuple[int, ...] | None = None
+    pd: Any = None  # blis_fast.config.pd.PDConfig: P/D pools and link (None or off: no P/D)
+
+    @property
+    def pd_on(self) -> bool:
+        """True in P/D mode (``pd`` given with a prefill, decode or shared pool)."""
+        return self.pd is not None and self.pd.on
 
     @property
     def scorers(self) -> tuple[tuple[str, float], ...]:

@@ -198,6 +198,9 @@ class EventT(NamedTuple):
     CLUSTER_ARRIVAL: int = 0
     ADMISSION: int = 1
     ROUTING: int = 2
+    PREFILL_ROUTING: int = 3  # P/D (PD-3): the prefill sub-request picks its instance
+    KV_TRANSFER_START: int = 4  # P/D: a prefill finished; the decode side reserves KV
+    KV_TRANSFER_DONE: int = 5  # P/D: the KV arrived; the decode sub-request is queued
     ARRIVAL: int = 10
     QUEUED: int = 11
     STEP: int = 12
@@ -220,6 +223,9 @@ class EventPriorityT(NamedTuple):
     CLUSTER_ARRIVAL: int = 2
     ADMISSION: int = 3
     ROUTING: int = 4
+    PREFILL_ROUTING: int = 6  # the reference's cluster priorities 4, 5, 6 (PD-3.13)
+    KV_TRANSFER_START: int = 7
+    KV_TRANSFER_DONE: int = 8
 
 
 EventPriority = EventPriorityT()

@@ -222,6 +222,7 @@ class RequestArrays(NamedTuple):
     wq_next: np.ndarray
     run_head: np.ndarray  # first ITL run of the current attempt (-1 = none)
     sort_key: np.ndarray  # float64: the custom scheduler's key, computed each step
+    pd_sub: np.ndarray  # int8: 1 = a P/D decode sub-request (admitted for one token, PD-3.11)
 
 
 class InstanceArrays(NamedTuple):
@@ -310,6 +311,7 @@ def new_request_arrays(n: int, max_output_len: np.ndarray) -> RequestArrays:
         e2e=np.zeros(n, np.int64), registered=np.zeros(n, np.int8),
         wq_prev=np.full(n, -1, np.int64), wq_next=np.full(n, -1, np.int64),
         run_head=np.full(n, -1, np.int64), sort_key=np.zeros(n, np.float64),
+        pd_sub=np.zeros(n, np.int8),
     )
 
 
