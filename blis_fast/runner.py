@@ -21,6 +21,7 @@ from blis_fast.config.latency import LatencyConfig, resolve_latency
 from blis_fast.config.pd import (
     check_construction,
     check_encode,
+    resolve_pools,
     validate_pd,
     with_transfer_sizing,
 )
@@ -166,11 +167,13 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     if pd.on:
         if sessions is not None and sessions.blueprints:
             _fail("closed-loop sessions are not supported yet with P/D disaggregation")
-        pd = with_transfer_sizing(pd, latency, opts.block_size_in_tokens)
+        pd = with_transfer_sizing(pd, opts, latency)
+        pools = resolve_pools(pd, opts, latency)
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(
         options=resolved, latency=latency, policies=pol, hooks=hooks, pd=pd if pd.on else None,
+        **(pools.engine_fields() if pd.on else {}),
         # the reference hashes every block output tokens fill; a later request can match one
         # only if its input repeats that output: rounds of an accumulating multi-turn client,
         # open loop (pre-generated) or closed loop (follow-ups built at completion)
@@ -178,7 +181,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
             bp.context_growth == "accumulate" for bp in sessions.blueprints)),
     )
     # diagnostics of a run that passed every check (a refused run prints only its error)
-    for msg in latency.warnings + list(pd.warnings):
+    for msg in latency.warnings + list(pd.warnings) + list(pools.warnings if pd.on else ()):
         log.warning(msg)
     for msg in latency.infos:
         log.info(msg)

@@ -30,14 +30,10 @@ REL_TOL = 1e-9
 # so a family whose cases start passing must leave this table.
 PENDING_FAMILIES: dict[str, str] = {
     "as-": "issue 15 (autoscaler)",
-    "pd-": "issue 14 (P/D disaggregation)",
 }
 """Case-id prefixes of families waiting for a feature (every case of the family except those
 of ``ADOPTED_EARLY``)."""
-ADOPTED_EARLY: dict[str, tuple[str, ...]] = {
-    "pd-": ("pd-invalid-", "pd-1p1d-", "pd-1p2d-", "pd-1p3d-", "pd-2p2d-", "pd-3p1d-",
-            "pd-horizon-", "pd-prefix-threshold-", "pd-role0-", "pd-timeout-"),
-}
+ADOPTED_EARLY: dict[str, tuple[str, ...]] = {}
 """Case-id prefixes, per pending family, of the cases that must already pass while the rest
 of the family waits (a feature built in steps)."""
 

@@ -217,8 +217,8 @@ def check_construction(opts: Any, pd: PDConfig) -> None:
     if not pd.on:
         return
     # parts of the reference's P/D that blis_fast does not run yet: refused, never ignored
-    given = [f"--{flag}" for flag in PER_POOL_FLAGS + ("prefill-routing-scorers",
-                                                      "decode-routing-scorers")
+    given = [f"--{flag}" for flag in ("prefill-latency-model", "decode-latency-model",
+                                      "prefill-routing-scorers", "decode-routing-scorers")
              if opts.given(flag.replace("-", "_")) and pd.prefill > 0]
     if given:
         _fail(f"{given[0]} is not supported yet with P/D disaggregation")
@@ -226,9 +226,16 @@ def check_construction(opts: Any, pd: PDConfig) -> None:
         _fail("--encode-instances is not supported yet with P/D disaggregation")
 
 
-def with_transfer_sizing(pd: PDConfig, latency: Any, block_size: int) -> PDConfig:
-    """``pd`` with the KV bytes of one block at the prefill TP (PD-3.9), from the model's
-    architecture; a model without one is refused."""
+def pool_tp(opts: Any, pd: PDConfig, pool: str, global_tp: int) -> int:
+    """A pool's TP: ``--<pool>-tp`` when given with a prefill pool, else the global TP."""
+    if pd.prefill > 0 and opts.given(f"{pool}_tp"):
+        return int(getattr(opts, f"{pool}_tp"))
+    return global_tp
+
+
+def with_transfer_sizing(pd: PDConfig, opts: Any, latency: Any) -> PDConfig:
+    """``pd`` with the KV bytes of one block at the prefill pool's TP (PD-3.9), from the
+    model's architecture; a model without one is refused."""
     from dataclasses import replace
 
     from blis_fast.config.kv_capacity import kv_bytes_per_token
@@ -236,5 +243,104 @@ def with_transfer_sizing(pd: PDConfig, latency: Any, block_size: int) -> PDConfi
     if latency.model_config is None:
         _fail("P/D disaggregation needs the model's architecture for KV transfer sizing; "
               f"--latency-model {latency.backend} has none (not supported yet)")
-    per_token = kv_bytes_per_token(latency.model_config, latency.tp)
-    return replace(pd, block_bytes=float(block_size) * per_token)
+    per_token = kv_bytes_per_token(latency.model_config,
+                                   pool_tp(opts, pd, "prefill", latency.tp))
+    return replace(pd, block_bytes=float(opts.block_size_in_tokens) * per_token)
+
+
+@dataclass(frozen=True)
+class PoolClasses:
+    """Per-instance configuration of a P/D run (PD-2.8): latency parameters per class (0 =
+    global, 1 = prefill pool, 2 = decode and shared pods), each instance's class, KV blocks
+    and max model length."""
+
+    params: np.ndarray  # float64 [classes, P]: each class's packed latency parameters
+    instance_class: tuple[int, ...]
+    kv_blocks: tuple[int, ...]
+    max_model_len: tuple[int, ...]
+    warnings: tuple[str, ...] = ()
+
+    def engine_fields(self) -> dict[str, Any]:
+        """The ``EngineConfig`` fields these overrides set."""
+        return {"latency_class_params": self.params,
+                "instance_latency_class": self.instance_class,
+                "instance_kv_blocks": self.kv_blocks,
+                "instance_max_model_len": self.max_model_len}
+
+
+def resolve_pools(pd: PDConfig, opts: Any, latency: Any) -> PoolClasses:
+    """The per-pool overrides (``deployment.go: resolveConfigForRole``, ``cmd/root.go``'s
+    per-pool KV calculation): a pool whose TP or GPU differs from the global one gets the KV
+    blocks computed for it (roofline and trained-physics only; its GPU changes nothing else:
+    step times keep the global hardware calibration) and, unless set, a max model length
+    capped by them; its TP repacks its latency parameters."""
+    from blis_fast.config.hardware import get_hw_config
+    from blis_fast.config.kv_capacity import calculate_kv_blocks, extract_kv_capacity_params
+    from blis_fast.config.latency import pack_latency_params
+    from blis_fast.config.model_config import parse_hf_config
+
+    warnings: list[str] = []
+    rows = [np.asarray(latency.params, np.float64)]
+    blocks = [latency.total_kv_blocks]
+    max_len = [latency.max_model_len]
+    kv_params = None
+    per_pool_kv = latency.backend in ("roofline", "trained-physics") and pd.prefill > 0
+    if per_pool_kv:
+        import os
+
+        try:
+            hf = parse_hf_config(os.path.join(latency.model_config_folder, "config.json"))
+        except Exception as exc:  # noqa: BLE001 - the reference's message carries the cause
+            _fail(f"Failed to parse HuggingFace config for per-pool KV calc: {exc}")
+        try:
+            kv_params = extract_kv_capacity_params(hf)
+        except BlisConfigError as exc:
+            warnings.append(f"per-pool KV calculation skipped: no KV capacity parameters ({exc})")
+            per_pool_kv = False
+    for pool in ("prefill", "decode"):
+        tp = pool_tp(opts, pd, pool, latency.tp)
+        gpu = latency.gpu
+        if pd.prefill > 0 and opts.given(f"{pool}_hardware"):
+            gpu = getattr(opts, f"{pool}_hardware")
+        n_blocks, n_len = latency.total_kv_blocks, latency.max_model_len
+        if per_pool_kv and (tp != latency.tp or gpu != latency.gpu):
+            try:
+                hw = get_hw_config(latency.hardware_config_path, gpu)
+            except BlisConfigError:
+                warnings.append(f"--{pool}-hardware {gpu}: no hardware entry; the {pool} pool "
+                                "keeps the global KV blocks")
+            else:
+                if hw.memory_gib <= 0:
+                    warnings.append(f"--{pool}-hardware {gpu}: no GPU memory; the {pool} pool "
+                                    "keeps the global KV blocks")
+                else:
+                    try:
+                        n_blocks = calculate_kv_blocks(
+                            latency.model_config, hw, tp, opts.block_size_in_tokens,
+                            opts.gpu_memory_utilization, kv_params)
+                    except BlisConfigError as exc:
+                        _fail(f"--{pool}-tp/--{pool}-hardware: KV capacity auto-calculation "
+                              f"failed for {pool} pool: {exc}")
+                    cap = n_blocks * opts.block_size_in_tokens
+                    if not opts.given(f"{pool}_max_model_len") and cap < n_len:
+                        n_len = cap
+        if pd.prefill > 0 and opts.given(f"{pool}_max_model_len"):
+            n_len = int(getattr(opts, f"{pool}_max_model_len"))
+        params = rows[0]
+        if tp != latency.tp:
+            _code, _alpha, params = pack_latency_params(
+                latency.backend, latency.alpha, latency.beta, latency.model_config,
+                latency.hardware, tp)
+        rows.append(np.asarray(params, np.float64))
+        blocks.append(int(n_blocks))
+        max_len.append(int(n_len))
+    width = max(len(r) for r in rows)
+    params = np.zeros((len(rows), width), np.float64)
+    for k, r in enumerate(rows):
+        params[k, : len(r)] = r
+    roles = pd.roles(opts.num_instances)
+    cls = [0 if role == 0 or role == ROLE_ENCODE else (1 if role == ROLE_PREFILL else 2)
+           for role in roles.tolist()]
+    return PoolClasses(params=params, instance_class=tuple(cls),
+                       kv_blocks=tuple(blocks[c] for c in cls),
+                       max_model_len=tuple(max_len[c] for c in cls), warnings=tuple(warnings))

@@ -117,6 +117,7 @@ def instance_config(cfg: EngineConfig) -> np.ndarray:
     """``SimConfig.inst``: one row of InstanceSlot values per instance."""
     inst = np.zeros((cfg.options.num_instances, InstanceSlot.SIZE), np.int64)
     inst[:, InstanceSlot.MAX_MODEL_LEN] = cfg.max_model_len_per_instance()
+    inst[:, InstanceSlot.LATENCY_CLASS] = cfg.latency_class_per_instance()
     return inst
 
 

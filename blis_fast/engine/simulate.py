@@ -152,7 +152,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     sess = SessionBuffers(think, np.zeros((2 * max_batch + 64, OutcomeField.SIZE), np.int64))
     appended = FollowUpRows(n0, int(kv.pool.shape[0] - room.pool - 1))
     sim_cfg = SimConfig(config_ints(cfg, rt),
-                        np.ascontiguousarray(cfg.latency.params, np.float64),
+                        cfg.latency_params_by_class(),
                         np.ascontiguousarray(cfg.latency.alpha, np.float64),
                         instance_rank_of(n_inst), instance_config(cfg))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:

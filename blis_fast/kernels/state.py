@@ -56,7 +56,8 @@ class InstanceSlotT(NamedTuple):
     between instances (pools of different GPUs or TP, instances added later)."""
 
     MAX_MODEL_LEN: int = 0  # 0 = unlimited
-    SIZE: int = 1
+    LATENCY_CLASS: int = 1  # row of SimConfig.latency_params its steps are timed with
+    SIZE: int = 2
 
 
 InstanceSlot = InstanceSlotT()
@@ -182,7 +183,7 @@ class SimConfig(NamedTuple):
     """The run's configuration as the kernels read it."""
 
     ints: np.ndarray  # int64 [ConfigSlot.SIZE]
-    latency_params: np.ndarray  # float64: the backend's layout (kernels/latency.py)
+    latency_params: np.ndarray  # float64 [classes, P]: the backend's layout (kernels/latency.py)
     alpha: np.ndarray  # float64 [3]
     instance_rank: np.ndarray  # int64 [n_instances]: rank of ``instance_<i>`` in string order
     inst: np.ndarray  # int64 [n_instances, InstanceSlot.SIZE]: per-instance configuration
