@@ -42,7 +42,7 @@ def case_dirs() -> list[Path]:
     """The folders of the parity cases of implemented families, P/D cases left out: their
     cluster block and results are projected from sub-requests (output/pd.py), which a rebuild
     from the case files' per-instance blocks cannot reproduce; the parity suite checks them
-    end to end, and tests/test_pd_outputs.py the projection."""
+    end to end and tests/test_pd_invariants.py the projection's inputs."""
     return [CASES / name for name in adopted_case_ids() if "pd" not in _needs(name)]
 
 
