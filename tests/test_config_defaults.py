@@ -156,3 +156,43 @@ def test_empty_and_malformed_files(tmp_path):
 def test_null_sections_are_empty(tmp_path):
     cfg = load_defaults(_write(tmp_path, "defaults:\nmodels:\ncrossmodel_defaults:\n"))
     assert cfg.defaults == {} and cfg.models == () and "crossmodel_defaults" not in cfg.coefficients
+
+
+def test_a_stored_parse_is_read_back_equal_and_a_broken_one_is_ignored(tmp_path, monkeypatch):
+    """The parse of a defaults file is kept between runs (keyed by its content and the
+    decoders' source); a later load reads it instead of parsing, with its own path, and a
+    truncated or foreign stored file is ignored (the file is parsed again)."""
+    from blis_fast.config import defaults as D
+
+    text = data_path("defaults.yaml").read_text()
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(text)
+    second.write_text(text)
+    stored = tmp_path / "stored.pickle"
+    monkeypatch.setattr(D, "_parsed_path", lambda *_: str(stored))
+    parsed = load_defaults(first)
+    assert stored.is_file()
+
+    def no_parse(*_):
+        raise AssertionError("parsed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(D, "_parse", no_parse)
+        again = load_defaults(second)
+    assert again.path == str(second)
+    assert again == D.replace(parsed, path=str(second))
+    assert again.models == parsed.models and len(again.models) == 111
+
+    for junk in (b"", stored.read_bytes()[:100], b"\x80\x04K\x01."):  # empty, cut, an int
+        stored.write_bytes(junk)
+        D._CACHE.clear()
+        assert load_defaults(second) == again
+
+
+def test_the_stored_parse_key_follows_content_and_sections():
+    from blis_fast.config import defaults as D
+
+    base = D._parsed_path("a: 1\n", ("x",))
+    assert base == D._parsed_path("a: 1\n", ("x",))
+    assert base != D._parsed_path("a: 2\n", ("x",))
+    assert base != D._parsed_path("a: 1\n", ("x", "y"))
