@@ -12,7 +12,6 @@ hashed) and keeps what blueprints need of round 0. Per-round helpers take arrays
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.arrivals import in_window
 from blis_fast.kernels.buffers import grow_1d, grow_2d
@@ -38,6 +37,7 @@ from blis_fast.kernels.generation_rows import (
 )
 from blis_fast.kernels.gomath import go_max, go_min
 from blis_fast.kernels.gorand import int63
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.token_ids import draw_token_ids, fill_block_digests, skip_token_ids
 
 NO_MODAL = (0, 0, 0, 0)

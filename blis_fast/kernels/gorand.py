@@ -28,7 +28,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from blis_fast.kernels.jit import njit
 
 # --- generator constants (Go's rng.go) -------------------------------------------------
 _LEN = 607

@@ -10,7 +10,8 @@ before instance events at one tick, the lowest instance index first, then (prior
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from blis_fast.kernels.jit import njit
 
 # Bit layout of the tie key.
 SEQ_BITS = 40
