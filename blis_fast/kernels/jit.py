@@ -11,14 +11,28 @@ exact: a kernel called from outside must be in it, an entry nobody outside calls
 Calling a kernel missing from the list from Python fails at once ("no Python wrapper").
 The C wrapper is never built: user hooks and scorers are ``cfunc``s, and no kernel is passed
 as a first-class function.
+
+Importing this module also sets how LLVM optimizes everything compiled in the process: O2
+without the loop vectorizer, unless the user chose (``NUMBA_OPT``, ``NUMBA_LOOP_VECTORIZE``).
+The kernels are branchy event code the vectorizer rarely helps. The compiled arithmetic is the
+same at any level >= 1 (no kernel uses fastmath, so LLVM keeps IEEE semantics and never fuses
+a multiply and an add); the cache key does not include the level, and a kernel cached at
+another level is equally valid. O0 is not an option: Numba cannot cache code compiled at O0.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numba
+from numba.core import config
+
+if "NUMBA_OPT" not in os.environ:
+    config.OPT = config._OptLevel(2)
+if "NUMBA_LOOP_VECTORIZE" not in os.environ:
+    config.LOOP_VECTORIZE = False
 
 PYTHON_CALLABLE: dict[str, frozenset[str]] = {
     # module (under blis_fast.kernels): kernels called from Python
