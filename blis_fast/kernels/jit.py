@@ -12,6 +12,13 @@ Calling a kernel missing from the list from Python fails at once ("no Python wra
 The C wrapper is never built: user hooks and scorers are ``cfunc``s, and no kernel is passed
 as a first-class function.
 
+A call from one kernel to another compiles the callee for the argument types with literal
+values removed (:func:`_typed_without_literals`): Numba otherwise compiles a callee once per
+literal argument it sees while typing (``f(x, 0)``, and a loop counter ``i = 0`` typed as
+``Literal[int](0)`` before its loop is typed), each a whole extra compile of the callee and of
+everything it calls. No kernel dispatches on a literal value (``numba.literally`` is not used);
+``tests/test_kernel_specializations.py`` checks that no kernel holds a literal specialization.
+
 Importing this module also sets how LLVM optimizes everything compiled in the process: O2
 without the loop vectorizer, unless the user chose (``NUMBA_OPT``, ``NUMBA_LOOP_VECTORIZE``).
 The kernels are branchy event code the vectorizer rarely helps. The compiled arithmetic is the
@@ -24,10 +31,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from types import MethodType
 from typing import Any
 
 import numba
-from numba.core import config
+from numba.core import config, types
 
 if "NUMBA_OPT" not in os.environ:
     config.OPT = config._OptLevel(2)
@@ -70,14 +78,28 @@ def _options_for(fn: Callable[..., Any]) -> dict[str, bool]:
     return _WITHOUT_C_WRAPPER if fn.__name__ in PYTHON_CALLABLE.get(module, ()) else _INTERNAL
 
 
+def _typed_without_literals(kernel: Any) -> Any:
+    """Make calls to ``kernel`` from jitted code type (and compile) it for the arguments' base
+    types: its dispatcher's ``get_call_template`` (the method Numba's typing asks for the
+    callee's signature) gets the argument types unliteral. Only this dispatcher is changed."""
+    resolve = kernel.get_call_template
+
+    def get_call_template(self: Any, args: tuple, kws: dict) -> Any:
+        return resolve(tuple(types.unliteral(a) for a in args),
+                       {k: types.unliteral(v) for k, v in kws.items()})
+
+    kernel.get_call_template = MethodType(get_call_template, kernel)
+    return kernel
+
+
 def njit(*args: Any, **options: Any) -> Any:
     """``numba.njit`` with the kernel defaults above; used exactly like ``numba.njit``
     (``@njit``, ``@njit(cache=True, ...)``, ``@njit("sig", cache=True, ...)``)."""
     if len(args) == 1 and callable(args[0]) and not options:  # bare @njit
-        return numba.njit(**_options_for(args[0]))(args[0])
+        return _typed_without_literals(numba.njit(**_options_for(args[0]))(args[0]))
 
     def decorate(fn: Callable[..., Any]) -> Any:
-        return numba.njit(*args, **options, **_options_for(fn))(fn)
+        return _typed_without_literals(numba.njit(*args, **options, **_options_for(fn))(fn))
 
     return decorate
 
