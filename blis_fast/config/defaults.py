@@ -16,9 +16,7 @@ Known layout::
 
 from __future__ import annotations
 
-import hashlib
 import os
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,6 +36,7 @@ from blis_fast.config.strict_yaml import (
 )
 from blis_fast.errors import BlisInputError
 from blis_fast.files import read_input_text
+from blis_fast.stored import kept_beside
 
 __all__ = [
     "CoefficientSet",
@@ -216,14 +215,17 @@ def load_defaults(path: str | os.PathLike[str]) -> DefaultsConfig:
     except (OSError, ValueError) as exc:  # ValueError: bad UTF-8, a NUL byte in the path
         raise DefaultsReadError(f"cannot read defaults file {p}: {exc}") from exc
     sections = _coefficient_sections()
-    stored = _parsed_path(text, sections)
-    cfg = _load_parsed(stored, p) if stored else None
-    if cfg is None:
-        cfg = _parse(text, p, sections)
-        if stored:
-            _store_parsed(stored, cfg)
+    cfg = kept_beside(__file__, "defaults", "\0".join((text, *sections)).encode("utf-8"),
+                      lambda: _parse(text, p, sections), DefaultsConfig, _DECODER_SOURCES)
+    cfg = cfg if cfg.path == p else replace(cfg, path=p)
     _CACHE[key] = cfg
     return cfg
+
+
+_DECODER_SOURCES = ("strict_yaml.py", os.path.join(os.pardir, "gonum.py"))
+"""Beside this module, the code that decides what a defaults file parses to (the strict YAML
+toolkit, Go's number parsers): the stored parse (``blis_fast.stored``, 70 ms of a warm quick
+start saved) is keyed by it, the file's content and the coefficient sections."""
 
 
 def _parse(text: str, p: str, sections: tuple[str, ...]) -> DefaultsConfig:
@@ -239,56 +241,6 @@ def _parse(text: str, p: str, sections: tuple[str, ...]) -> DefaultsConfig:
         coefficients={s: top[s] for s in sections if top.get(s) is not None},
         version=top.get("version", ""),
     )
-
-
-_DECODER_SOURCES = ("defaults.py", "strict_yaml.py", os.path.join(os.pardir, "gonum.py"))
-"""The modules whose code decides what a defaults file parses to (this one's dataclasses and
-decoders, the strict YAML toolkit, Go's number parsers): a stored parse is keyed by their
-source, so it is never read back by code that would have parsed the file differently."""
-
-
-def _parsed_path(text: str, sections: tuple[str, ...]) -> str | None:
-    """Where the parse of a defaults file with this content is kept between runs: beside this
-    module's bytecode, named by the SHA-256 of the content, the coefficient sections and the
-    decoders' source (the strict parse of the bundled 44 kB file costs 70 ms, a tenth of a
-    warm quick start; loading the stored parse under 1 ms). None when the source is not
-    readable (then every run parses)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    digest = hashlib.sha256(text.encode("utf-8"))
-    digest.update("\0".join(sections).encode("utf-8"))
-    try:
-        for name in _DECODER_SOURCES:
-            with open(os.path.join(here, name), "rb") as fh:
-                digest.update(fh.read())
-    except OSError:
-        return None
-    return os.path.join(here, "__pycache__", f"defaults-{digest.hexdigest()}.pickle")
-
-
-def _load_parsed(stored: str, path: str) -> DefaultsConfig | None:
-    """The stored parse (with this run's path), or None when there is none or it is unusable."""
-    try:
-        with open(stored, "rb") as fh:
-            cfg = pickle.load(fh)
-    except Exception:  # noqa: BLE001 - missing, truncated or foreign: parse the file instead
-        return None
-    return replace(cfg, path=path) if isinstance(cfg, DefaultsConfig) else None
-
-
-def _store_parsed(stored: str, cfg: DefaultsConfig) -> None:
-    """Keep ``cfg`` for later runs (written whole, then renamed into place); nothing when the
-    folder is not writable. Parse errors raise before this, so they are never stored."""
-    tmp = f"{stored}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(stored), exist_ok=True)
-        with open(tmp, "wb") as fh:
-            pickle.dump(cfg, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, stored)
-    except OSError:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
 
 
 def get_default_specs(cfg: DefaultsConfig, model: str) -> tuple[str, int, str]:
