@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.generation_layout import GenClientCol as C
 from blis_fast.kernels.generation_layout import GenRateCol as F
 from blis_fast.kernels.generation_layout import GenStatus
 from blis_fast.kernels.gorand import STATE_LEN, int63, new_source, seed_source
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.samplers import (
     ARRIVAL_FACTORY_POISSON,
     ARRIVAL_NORMALIZED_EXP,

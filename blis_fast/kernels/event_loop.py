@@ -29,7 +29,6 @@ time than a small separately compiled function (measured on the engine's cold co
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import admission as adm
 from blis_fast.kernels import kvcache as kvc
@@ -54,6 +53,7 @@ from blis_fast.kernels.heap import (
     tie_instance,
     tie_is_instance,
 )
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.latency import is_known_backend, queueing_time
 from blis_fast.kernels.router_state import RouterCfg, RouterVar
 from blis_fast.kernels.scorers import is_known_scorer

@@ -28,7 +28,6 @@ Layouts and status codes: ``generation_layout.py``; rows, heap and growth:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.arrivals import next_arrival, start_client_streams
 from blis_fast.kernels.buffers import grow_1d
@@ -59,6 +58,7 @@ from blis_fast.kernels.generation_rows import (
 )
 from blis_fast.kernels.generation_sessions import emit_session, new_pending, release_slot
 from blis_fast.kernels.gorand import new_source
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.token_ids import draw_token_ids, fill_block_digests, group_prefixes
 
 

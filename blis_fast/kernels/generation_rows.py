@@ -14,13 +14,13 @@ counted or not; a reference-counted callee adds two atomic updates per array):
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.buffers import grow_1d, grow_2d
 from blis_fast.kernels.generation_layout import GenCount as N
 from blis_fast.kernels.generation_layout import GenHeap, RowBuffers
 from blis_fast.kernels.generation_layout import GenRowCol as R
 from blis_fast.kernels.heap import heap_pop, heap_push
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.samplers import sample_length_at
 
 

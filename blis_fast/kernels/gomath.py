@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from blis_fast.kernels.jit import njit
 
 INT64_MAX = (1 << 63) - 1
 """Go's math.MaxInt64: the kernels' one definition (no-tick sentinels, clamped conversions)."""

@@ -41,10 +41,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.enums import Backend
 from blis_fast.kernels.gomath import INT64_MAX, INT64_MIN, go_max, go_min, go_pow
+from blis_fast.kernels.jit import njit
 
 __all__ = [
     "clamp_to_int64",

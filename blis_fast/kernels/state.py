@@ -23,10 +23,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels.gomath import INT64_MAX
+from blis_fast.kernels.jit import njit
 
 
 class ConfigSlotT(NamedTuple):
