@@ -51,7 +51,7 @@ def observed(tmp_path_factory):
                 timeout=120, trace_header=paths[0], trace_data=paths[1], itl_output=paths[2],
                 given=frozenset({"rate", "seed", "record_itl", "timeout", "itl_output",
                                  *WORKLOAD}), **WORKLOAD,
-            )  # fmt: skip
+            )
             t0 = time.perf_counter()
             run_observe(opts)
             print(f"\nobserved {name} in {time.perf_counter() - t0:.1f} s")

@@ -204,7 +204,7 @@ def _working_spec(spec: WorkloadSpec) -> tuple[WorkloadSpec, list[ClientSpec]]:
 
 
 def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
-         conversion: bool, keep_ids: bool = False) -> _Raw:  # fmt: skip
+         conversion: bool, keep_ids: bool = False) -> _Raw:
     """GenerateRequests: every client's requests, merged in arrival order and truncated."""
     work, clients = _working_spec(spec)
     rc = resolve_clients(clients, work.aggregate_rate, max_requests, conversion)
@@ -212,7 +212,7 @@ def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
     smp = rc.samplers
     res = generate_kernel(np.int64(subsystem_seed(work.seed, "workload-gen")), params,
                           np.int64(horizon), np.int64(block_size), np.int64(rc.prefix_capture_len),
-                          np.int64(max_requests), np.int64(1 if keep_ids else 0))  # fmt: skip
+                          np.int64(max_requests), np.int64(1 if keep_ids else 0))
     if res.status == GenStatus.SAMPLER_ERROR:
         raise smp.error(clients[res.err_client], res.err_sampler)
     if res.status == GenStatus.NEGATIVE_LENGTH:
@@ -228,7 +228,7 @@ def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
                 res.round0, res.round0_tokens, res.first_input, res.prefix_capture,
                 rc.prefix_capture_off, res.group_off, res.group_tokens, rc.group_of,
                 params.group_len, smp, params,
-                res.input_ids, res.input_off)  # fmt: skip
+                res.input_ids, res.input_off)
 
 
 def _assemble(raw: _Raw, rows, ratio, offsets, digests, sess_names, block_size) -> RequestTable:
@@ -286,7 +286,7 @@ def _check_args(spec, horizon, max_requests, block_size) -> bool:
 def _empty_table(spec: WorkloadSpec, block_size: int) -> RequestTable:
     clients = list(spec.clients) + expand_cohorts(spec.cohorts, spec.seed)
     return RequestTable.empty(block_size=block_size, seed=spec.seed,
-                              clients=[client_metadata(c) for c in clients])  # fmt: skip
+                              clients=[client_metadata(c) for c in clients])
 
 
 def generate_requests(
@@ -301,7 +301,7 @@ def generate_requests(
     raw = _run(spec, horizon, max_requests, block_size, conversion=False)
     vals = raw.sess_val
     return _assemble(raw, raw.rows, raw.ratio, raw.offsets, raw.digests,
-                     lambda s: f"sess_{int(vals[s])}", block_size)  # fmt: skip
+                     lambda s: f"sess_{int(vals[s])}", block_size)
 
 
 def generate_workload(
@@ -319,9 +319,9 @@ def generate_workload(
     """
     if not _check_args(spec, horizon, max_requests, block_size):
         return GeneratedWorkload(_empty_table(spec, block_size), [], -1, [],
-                                 [] if keep_token_ids else None)  # fmt: skip
+                                 [] if keep_token_ids else None)
     raw = _run(spec, horizon, max_requests, block_size, conversion=True,
-               keep_ids=keep_token_ids)  # fmt: skip
+               keep_ids=keep_token_ids)
 
     def ids_of(ids: np.ndarray, off: np.ndarray, rows_idx) -> list[np.ndarray]:
         return [ids[off[p] : off[p + 1]] for p in rows_idx]
@@ -332,7 +332,7 @@ def generate_workload(
     has_conc = any(c.concurrency > 0 for c in clients)
     if not has_cl and not has_conc:
         table = _assemble(raw, raw.rows, raw.ratio, raw.offsets, raw.digests,
-                          lambda s: f"sess_{int(vals[s])}", block_size)  # fmt: skip
+                          lambda s: f"sess_{int(vals[s])}", block_size)
         ids = ids_of(raw.in_ids, raw.in_off, range(table.n)) if keep_token_ids else None
         return GeneratedWorkload(table, [], -1, clients, ids)
 
@@ -413,13 +413,13 @@ def generate_workload(
         s_code = np.full(1, SAMPLER_ABSENT, dtype=np.int64)
         s_off = np.zeros(1, dtype=np.int64)
     seed_params = raw.params._replace(ints=ci2, sampler_code=s_code, sampler_off=s_off,
-                                      sampler_params=sp)  # fmt: skip
+                                      sampler_params=sp)
     st, c_rows, c_off, c_dig, c_bp, c_ids, c_idoff = concurrency_kernel(
         np.int64(_wrap64(raw.spec.seed + CONCURRENCY_SEED_OFFSET)),
         np.asarray(u_client, dtype=np.int64), np.asarray(u_arrival, dtype=np.int64),
         seed_params, raw.g_off, raw.prefix_tok, np.int64(block_size),
         np.int64(1 if keep_token_ids else 0),
-    )  # fmt: skip
+    )
     if st == GenStatus.NEGATIVE_LENGTH:
         raise BlisInputError("a length distribution produced a negative token count")
     n_sess_kernel = int(vals.shape[0])
@@ -447,9 +447,9 @@ def generate_workload(
         csr_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
         np.cumsum(seg_len[order], out=csr_off[1:])
         new_dig = gather_two(seg_src[order], seg_off[order], seg_len[order], raw.digests,
-                               c_dig, csr_off)  # fmt: skip
+                               c_dig, csr_off)
     conc_names = [f"concurrency_{clients[k].id}_user_{u}" for k, u in zip(u_client, u_index,
-                                                                        strict=True)]  # fmt: skip
+                                                                        strict=True)]
 
     def name(s: int) -> str:
         if s >= n_sess_kernel:
@@ -460,7 +460,7 @@ def generate_workload(
     row_ids = None
     if keep_token_ids:
         merged = (ids_of(raw.in_ids, raw.in_off, kept_pos.tolist())
-                  + ids_of(c_ids, c_idoff, range(m)))  # fmt: skip
+                  + ids_of(c_ids, c_idoff, range(m)))
         row_ids = [merged[o] for o in order.tolist()]
 
     # row of each session's round 0 in the final table
@@ -492,14 +492,14 @@ def generate_workload(
                 sname, c.id, ki, seeds[j], mt.max_rounds, False, mt.context_growth,
                 mt.think_time_us, c.timeout, int(horizon), s_in, s_out, prefix, c.tenant_id,
                 c.slo_class, c.model, r0_rows[q], r0_in, r0_out,
-            ))  # fmt: skip
+            ))
             j += 1
     for i in range(m):
         ki = u_client[i]
         c = clients[ki]
         g = int(raw.group_of[ki])
         prefix = (raw.prefix_tok[raw.g_off[g] : raw.g_off[g + 1]].copy() if g >= 0
-                  else np.zeros(0, dtype=np.int64))  # fmt: skip
+                  else np.zeros(0, dtype=np.int64))
         blueprints.append(SessionBlueprint(
             session_id=conc_names[i], client_id=c.id, client_idx=ki, seed=int(c_bp[i]),
             max_rounds=0, unlimited_rounds=True, context_growth="",
@@ -507,7 +507,7 @@ def generate_workload(
             input_sampler=build_sampler(c.input_dist), output_sampler=build_sampler(c.output_dist),
             prefix=prefix, tenant_id=c.tenant_id, slo_class=c.slo_class, model=c.model,
             round0_row=int(final_pos[n_kept + i]),
-        ))  # fmt: skip
+        ))
     budget = -1
     if max_requests > 0 and total_users > 0:
         budget = max(0, int(max_requests) - table.n)
@@ -549,7 +549,7 @@ def resolve_horizon(spec_horizon: int, cli_horizon: int, cli_horizon_given: bool
 
 
 def resolve_max_requests(spec_num_requests: int, cli_num_requests: int,
-                         cli_num_requests_given: bool) -> int:  # fmt: skip
+                         cli_num_requests_given: bool) -> int:
     """WL-1.4: the spec's ``num_requests`` unless ``--num-requests`` was given (even 0)."""
     return int(cli_num_requests) if cli_num_requests_given else int(spec_num_requests)
 

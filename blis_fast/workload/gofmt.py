@@ -30,7 +30,7 @@ def quote_escaped(s: str, escapes: Mapping[str, str], other: Callable[[str], str
 
 
 _STRCONV_ESCAPES = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f",
-                    "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}  # fmt: skip
+                    "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
 
 
 def _strconv_other(ch: str) -> str:
