@@ -14,16 +14,18 @@ Public entry points:
 * :func:`generate_workload` - the reference's ``GenerateWorkload``: closed-loop sessions are
   cut to round 0 and described by :class:`SessionBlueprint`\\ s, concurrency clients get their
   seed requests and blueprints, and the follow-up budget is computed;
-* the seed / horizon / request-cap precedence helpers of WL-1.2 - WL-1.4.
+* re-exported for its callers: the result types and ``--timeout`` deadlines
+  (``generated.py``) and the seed / horizon / request-cap precedence of WL-1.2 - WL-1.4
+  (``precedence.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.errors import BlisInputError
 from blis_fast.gonum import INT64_MAX
 from blis_fast.kernels.generation import generate_kernel
 from blis_fast.kernels.generation_layout import (
@@ -36,11 +38,22 @@ from blis_fast.kernels.gorand import subsystem_seed
 from blis_fast.kernels.session_seeds import concurrency_kernel, gather_two, int63_sequence
 from blis_fast.workload.client_params import SamplerTable, resolve_clients
 from blis_fast.workload.expand import expand_cohorts, expand_sources
+from blis_fast.workload.generated import (
+    GeneratedWorkload,
+    SessionBlueprint,
+    apply_timeout,
+    apply_timeout_to_workload,
+)
 from blis_fast.workload.gofmt import go_quote
+from blis_fast.workload.precedence import (
+    check_generation_bounded,
+    resolve_horizon,
+    resolve_max_requests,
+    resolve_workload_seed,
+)
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import (
     SAMPLER_ABSENT,
-    SamplerSpec,
     build_sampler,
 )
 from blis_fast.workload.spec import (
@@ -56,70 +69,6 @@ from blis_fast.workload.validate import validate_spec
 BLUEPRINT_SEED_OFFSET = 7919
 CONCURRENCY_SEED_OFFSET = 10007
 
-
-
-# --- public dataclasses -----------------------------------------------------------------------
-@dataclass
-class SessionBlueprint:
-    """A closed-loop session the engine continues after each completion (WL-6.4/6.5, DELTA-47/48).
-
-    ``seed`` seeds the session's own Go RNG (``NewSource(seed)``); follow-ups draw, in order,
-    input length, output length, input ids, output ids from it (after a think-time draw if the
-    engine adds a think-time sampler). ``prefix`` is prepended to every follow-up input.
-    For ``context_growth == "accumulate"``, ``round0_input``/``round0_output`` are the token
-    ids of the session's round-0 request (DELTA-46 builds the context from them).
-    """
-
-    session_id: str
-    client_id: str
-    client_idx: int  # index into the table's ``clients`` (the claiming client)
-    seed: int
-    max_rounds: int
-    unlimited_rounds: bool
-    context_growth: str
-    think_time_us: int
-    timeout: int | None  # µs; None = 300 s default for session requests, 0 = no deadline
-    horizon: int
-    input_sampler: SamplerSpec
-    output_sampler: SamplerSpec
-    prefix: np.ndarray  # int64 token ids (empty = none)
-    tenant_id: str
-    slo_class: str
-    model: str
-    round0_row: int  # row of the session's round-0 request in the table
-    round0_input: np.ndarray | None = None  # int32 token ids (accumulate sessions only; a view)
-    round0_output: np.ndarray | None = None  # int32 token ids (a view of a shared buffer)
-    # replay (DELTA-65): think times drawn per follow-up instead of ``think_time_us``, and the
-    # session's Go RNG state after its round-0 draws (used instead of ``seed``)
-    think_sampler: SamplerSpec | None = None
-    rng_state: np.ndarray | None = None
-
-
-@dataclass
-class GeneratedWorkload:
-    """The reference's ``GeneratedWorkload``: requests, session blueprints, follow-up budget.
-
-    ``follow_up_budget`` is -1 for no cap, else the number of follow-ups the engine may
-    generate (DELTA-47.4). ``clients`` is the working client list (explicit clients, expanded
-    inference-perf / ServeGen clients, then cohort members), aligned with ``table.clients``.
-    """
-
-    table: RequestTable
-    sessions: list[SessionBlueprint] = field(default_factory=list)
-    follow_up_budget: int = -1
-    clients: list[ClientSpec] = field(default_factory=list)
-    # the input token ids of each table row (group prefix included), only when asked for
-    # with ``keep_token_ids`` (``blis observe`` builds its prompts from them, OBS-4.3)
-    input_ids: list[np.ndarray] | None = None
-
-    @property
-    def outputs_reenter_inputs(self) -> bool:
-        """Whether some request's input repeats an earlier request's output tokens: a multi-turn
-        client accumulates context, in open loop (later rounds are drawn so, WL-6.2) or closed
-        loop (follow-ups are built so at completion, WL-6.5). Only then can the prefix cache
-        ever match a block that output tokens filled."""
-        return any(has_multi_turn(c) and c.reasoning.multi_turn.context_growth == "accumulate"
-                   for c in self.clients)
 
 
 # --- Python side ------------------------------------------------------------------------------
@@ -512,54 +461,6 @@ def generate_workload(
     if max_requests > 0 and total_users > 0:
         budget = max(0, int(max_requests) - table.n)
     return GeneratedWorkload(table, blueprints, budget, clients, row_ids)
-
-
-# --- deadlines after generation (DELTA-28) ----------------------------------------------------
-def apply_timeout(table: RequestTable, timeout_s: int) -> RequestTable:
-    """Overwrite every deadline from ``--timeout`` seconds (DELTA-28): arrival + T*1e6, or 0 if T < 0."""
-    if timeout_s == 0:
-        raise ValueError("timeout 0 must be rejected by the caller (use a negative value)")
-    if timeout_s > 0:
-        with np.errstate(over="ignore"):
-            deadline = table.arrival_us + np.int64(int(timeout_s) * 1_000_000)
-    else:
-        deadline = np.zeros(table.n, dtype=np.int64)
-    return table.with_deadlines(deadline)
-
-
-def apply_timeout_to_workload(wl: GeneratedWorkload, timeout_s: int) -> GeneratedWorkload:
-    """``applyTimeoutToRequests``: request deadlines and blueprint timeouts from ``--timeout``."""
-    table = apply_timeout(wl.table, timeout_s)
-    us = int(timeout_s) * 1_000_000 if timeout_s > 0 else 0
-    sessions = [replace(b, timeout=us) for b in wl.sessions]
-    return GeneratedWorkload(table, sessions, wl.follow_up_budget, wl.clients)
-
-
-# --- parameter precedence (WL-1.2 - WL-1.4) ---------------------------------------------------
-def resolve_workload_seed(spec_seed: int, cli_seed: int, cli_seed_given: bool) -> int:
-    """WL-1.2: the spec's seed unless ``--seed`` was given explicitly."""
-    return int(cli_seed) if cli_seed_given else int(spec_seed)
-
-
-def resolve_horizon(spec_horizon: int, cli_horizon: int, cli_horizon_given: bool) -> int:
-    """WL-1.3: a positive spec horizon replaces the default unless ``--horizon`` was given."""
-    if spec_horizon > 0 and not cli_horizon_given:
-        return int(spec_horizon)
-    return int(cli_horizon)
-
-
-def resolve_max_requests(spec_num_requests: int, cli_num_requests: int,
-                         cli_num_requests_given: bool) -> int:
-    """WL-1.4: the spec's ``num_requests`` unless ``--num-requests`` was given (even 0)."""
-    return int(cli_num_requests) if cli_num_requests_given else int(spec_num_requests)
-
-
-def check_generation_bounded(max_requests: int, horizon: int) -> None:
-    """WL-1.4 guard: an uncapped request count needs a finite horizon."""
-    if max_requests <= 0 and horizon == INT64_MAX:
-        raise BlisConfigError(
-            "Workload requires either num_requests or --horizon to bound generation"
-        )
 
 
 __all__ = [
