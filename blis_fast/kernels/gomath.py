@@ -27,10 +27,8 @@ import math
 import numpy as np
 from numba import njit
 
-INT64_MAX = (1 << 63) - 1
-"""Go's math.MaxInt64: the kernels' one definition (no-tick sentinels, clamped conversions)."""
-INT64_MIN = -(1 << 63)
-"""Go's math.MinInt64."""
+from blis_fast.gonum import INT64_MIN  # Go's int64 limits, one definition
+
 _TWO63 = 9223372036854775808.0
 _SPLIT = 134217729.0  # 2^27 + 1 (Dekker)
 
