@@ -61,7 +61,7 @@ def observed(tmp_path_factory):
                 num_requests=count,
                 given=frozenset({"rate", "seed", "record_itl", "timeout", "itl_output",
                                  "num_requests", *WORKLOAD}), **WORKLOAD,
-            )  # fmt: skip
+            )
             for attempt in range(1, ATTEMPTS + 1):
                 t0 = time.perf_counter()
                 run_observe(opts)

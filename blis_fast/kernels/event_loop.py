@@ -409,8 +409,8 @@ def _config_status(cfg, rt, hooks):
         return Status.UNKNOWN_BACKEND
     if ints[ConfigSlot.N_INSTANCES] > MAX_INSTANCES:
         return Status.TOO_MANY_INSTANCES
-    if not (Priority.CONSTANT <= ints[ConfigSlot.PRIORITY] <= Priority.INVERTED_SLO
-            and Scheduler.FCFS <= ints[ConfigSlot.SCHEDULER] <= Scheduler.CUSTOM
+    if not (0 <= ints[ConfigSlot.PRIORITY] < len(Priority)
+            and 0 <= ints[ConfigSlot.SCHEDULER] < len(Scheduler)
             and adm.is_known_policy(rt.rcfg[RouterCfg.ADMISSION])
             and rtk.is_known_policy(rt.rcfg[RouterCfg.ROUTING])):
         return Status.UNKNOWN_POLICY
