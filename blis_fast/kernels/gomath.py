@@ -26,10 +26,9 @@ import math
 
 import numpy as np
 
-from blis_fast.kernels.jit import njit
-
 from blis_fast.gonum import INT64_MAX as INT64_MAX  # Go's int64 limits, one definition,
 from blis_fast.gonum import INT64_MIN as INT64_MIN  # re-exported for the kernels
+from blis_fast.kernels.jit import njit
 
 _TWO63 = 9223372036854775808.0
 _SPLIT = 134217729.0  # 2^27 + 1 (Dekker)
