@@ -130,6 +130,21 @@ def requests_table(columns: RequestColumns) -> pa.Table:
         "length_capped": pa.array(take(columns.length_capped, bool), type=pa.bool_()),
         "completed": pa.array(~np.isnan(e2e), type=pa.bool_()),
     }
+    pd_cols = columns.pd or {}
+    for f in schema:  # P/D columns: null without P/D (output/pd.py: request_columns_pd)
+        if f.name in arrays:
+            continue
+        values = pd_cols.get(f.name)
+        if values is None:
+            arrays[f.name] = pa.nulls(len(order), type=f.type)
+        else:
+            a = take(values)
+            mask = None if a.dtype == object else (a < 0 if a.dtype.kind == "i" else np.isnan(a)
+                                                   if a.dtype.kind == "f" else None)
+            if f.type == pa.float64():
+                a = a / 1e3  # the *_ms columns are kept in µs until here
+            arrays[f.name] = pa.array(a.tolist() if a.dtype == object else a, type=f.type,
+                                      mask=mask)
     if set(arrays) != set(schema.names):
         raise AssertionError("requests schema and writer disagree")
     return pa.Table.from_arrays([arrays[n] for n in schema.names], schema=schema)

@@ -115,6 +115,7 @@ def request_columns_pd(res: SimulationResult, proj: Projection) -> RequestColumn
         return values[cidx] if len(clients) else np.full(len(rows), "", dtype=object)
 
     return RequestColumns(
+        pd=_pd_columns(res, rows),
         request_id=np.array(table.id_strings(), dtype=object)[rows],
         arrival_us=table.arrival_us[rows],
         num_prefill_tokens=table.input_len[rows],
@@ -124,6 +125,39 @@ def request_columns_pd(res: SimulationResult, proj: Projection) -> RequestColumn
         slo_class=meta("slo_class"), tenant_id=meta("tenant_id"), model=meta("model"),
         length_capped=proj.capped,
     )
+
+
+def _pd_columns(res: SimulationResult, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """requests.parquet's P/D columns for the results-file ``rows`` (times in µs, -1 / NaN /
+    None = null)."""
+    par = res.pd.par[rows]
+    n = res.table.n
+    split = par[:, _F.FLAG] == 1
+    decode_done = split & (res.state[rows] == RequestState.COMPLETED)
+    dropped = split & (par[:, _F.ATTACHED] == 0) & (par[:, _F.T_XFER_START] > 0)
+    outcome = np.where(~split, "local", np.where(decode_done, "completed", np.where(
+        dropped, "dropped_at_decode", "decode_timed_out"))).astype(object)
+
+    def inst(a: np.ndarray) -> np.ndarray:
+        return np.array([f"instance_{i}" if i >= 0 else None for i in a.tolist()], dtype=object)
+
+    prefill_ttft = np.where(split, res.ttft_us[np.where(split, rows + n, rows)], -1)
+    dsched = np.where(split, res.sched_delay_us[rows], -1)
+    moved = par[:, _F.T_XFER_DONE] > 0
+    return {
+        "disaggregated": split.astype(object),
+        "pd_outcome": outcome,
+        "prefill_instance": inst(np.where(split, par[:, _F.PREFILL], -1)),
+        "decode_instance": inst(np.where(split, par[:, _F.DECODE], -1)),
+        "prefill_ttft_ms": np.where(prefill_ttft >= 0, prefill_ttft, np.nan).astype(np.float64),
+        "decode_scheduling_delay_ms": np.where(dsched >= 0, dsched, np.nan).astype(np.float64),
+        "transfer_start_us": np.where(split & (par[:, _F.T_XFER_START] > 0),
+                                      par[:, _F.T_XFER_START], -1),
+        "transfer_end_us": np.where(moved, par[:, _F.T_XFER_DONE], -1),
+        "kv_blocks_transferred": np.where(split, par[:, _F.BLOCKS], -1),
+        "transfer_concurrency": np.where(split & moved & res.config.pd.contention,
+                                         par[:, _F.XFER_ACTIVE], -1),
+    }
 
 
 def cluster_aggregate_pd(res: SimulationResult, instances: list[InstanceMetrics],

@@ -242,6 +242,8 @@ class RequestColumns:
     """bool: force-completed at the MaxModelLen boundary."""
     gateway_queue_delay_ms: np.ndarray | None = None
     """float64 DELTA-10 gateway delay in ms (flow control only; None or 0 = omitted)."""
+    pd: dict | None = None
+    """P/D runs: per-row P/D columns (``output/pd.py: PD_COLUMNS``), None otherwise."""
 
     def __len__(self) -> int:
         """Number of rows."""
