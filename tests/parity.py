@@ -97,6 +97,8 @@ def run_case_params(spec_driven: bool, invalid_reason: str) -> list:
         if ("--workload-spec" in flags or "--concurrency" in flags) != spec_driven:
             continue
         marks = [pytest.mark.skip(reason=invalid_reason)] if case["exit_code"] != 0 else []
+        if not marks and not (CASES_DIR / name / "trace.csv").is_file():
+            marks = [pytest.mark.skip(reason="the case exports no trace (no --trace-output)")]
         params.append(pytest.param(name, case, flags, id=name, marks=marks))
     return params
 
@@ -250,6 +252,13 @@ def drop_head_extras(items: list[tuple[str, object]]) -> list[tuple[str, object]
             continue
         kept.append((kind, value))
     return kept
+
+
+def trace_header_bytes(path: Path, case: dict) -> bytes:
+    """A trace.yaml's bytes, less the ``trace_version:`` line the August reference adds when
+    the case says so (``head_extras``)."""
+    text = path.read_text(encoding="utf-8")
+    return (_without_extra_lines(text) if case.get("head_extras") else text).encode()
 
 
 def _without_extra_lines(text: str) -> str:
