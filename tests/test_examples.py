@@ -30,7 +30,7 @@ SINGLE_TURN_SPECS = ("inference-perf-shared-prefix.yaml", "prefix-affinity-demo.
                      "regression_workload_cache_warmup.yaml",
                      "regression_workload_load_spikes.yaml", "servegen-language.yaml")
 MULTI_TURN_SPECS = ("multiturn-chat-demo.yaml", "regression_workload_multiturn.yaml")
-SCRIPTS = ("custom_scorer.py", "evolve_scorer.py", "routing_comparison.py")
+SCRIPTS = ("custom_scorer.py", "evolve_scorer.py", "pd_split.py", "routing_comparison.py")
 SWEEPS = ("sweep.yaml",)
 # run on a real sweep by tests/test_sweep_run.py (test_example_questions_script_answers_from_the_sweep)
 SWEEP_SCRIPTS = ("sweep_questions.py",)
@@ -284,3 +284,18 @@ def test_sweep_example_expands_and_validates():
     one = plan.configs[0]
     res = blis_fast.run(**{**plan.run_kwargs(one), "num_requests": 50, "log": "error"})
     assert res.summary["completed_requests"] == 50
+
+
+def test_pd_split_finds_a_split_by_goodput(tmp_path, capsys):
+    """examples/pd_split.py on a 4-GPU budget: every split and the ordinary cluster, goodput
+    counted from completed requests within the SLOs, the best printed and plotted."""
+    module = _import_example("pd_split.py")
+    plot = tmp_path / "split.png"
+    table = module.main(["--budget", "4", "--rate", "80", "--num-requests", str(SMALL),
+                         "--plot", str(plot)])
+    assert table["split"].to_list() == ["1P+3D", "2P+2D", "3P+1D", "ordinary"]
+    assert (table["within_slo"] <= table["completed"]).all()
+    assert (table["completed"] <= SMALL).all() and (table["goodput_per_gpu"] >= 0).all()
+    best = table.sort("goodput_per_gpu", descending=True)["split"][0]
+    assert f"best: {best} (" in capsys.readouterr().out
+    assert plot.stat().st_size > 1000
