@@ -38,6 +38,7 @@ from unittest import mock
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_invariants import _KVCapture
 
 import blis_fast
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
@@ -102,16 +103,6 @@ def _run(opts: dict):
     with contextlib.redirect_stderr(io.StringIO()), mock.patch.object(packing, "new_kv_state",
                                                                        cap):
         return blis_fast.run(**opts), cap.kv
-
-
-class _KVCapture:
-    def __init__(self) -> None:
-        self.kv = None
-        self._real = packing.new_kv_state
-
-    def __call__(self, *args, **kwargs):
-        self.kv = self._real(*args, **kwargs)
-        return self.kv
 
 
 @settings(max_examples=200, **SETTINGS)

@@ -22,6 +22,7 @@ import numpy as np
 from blis_fast.engine.results import SimulationResult
 from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.pd import ParentField, PDCounter
+from blis_fast.output.run_outputs import client_meta, mean_itl
 from blis_fast.output.stats import distribution, go_fixed
 from blis_fast.output.summary import InstanceMetrics, RequestColumns, aggregate_instances
 
@@ -41,15 +42,6 @@ class Projection:
     handled_by: np.ndarray  # int32
     capped: np.ndarray  # bool
     parent_ttft_us: np.ndarray  # float64 projected TTFT of every projected parent (NaN = none)
-
-
-def _own_itl(res: SimulationResult, rows: np.ndarray, out_len: np.ndarray) -> np.ndarray:
-    """Per-request mean ITL of ``rows`` (ENG-7.2): NaN unless completed, 0 without outputs."""
-    capped = res.length_capped[rows] == 1
-    n_itl = np.where(capped, res.itl_count[rows], out_len)
-    itl = res.itl_sum_us[rows].astype(np.float64) / np.maximum(n_itl - 1, 1).astype(np.float64)
-    itl = np.where(out_len > 0, itl, 0.0)
-    return np.where(res.state[rows] == RequestState.COMPLETED, itl, np.nan)
 
 
 def project(res: SimulationResult) -> Projection:
@@ -86,7 +78,7 @@ def project(res: SimulationResult) -> Projection:
     ttft = np.where(has_pf, ttft, np.nan)
     sched = res.sched_delay_us[p]
     out_len = table.output_len[r]
-    itl = _own_itl(res, r, out_len)
+    itl = mean_itl(res, r, out_len)
     local_ttft = res.ttft_us[local]
     local_e2e = res.e2e_us[local]
     return Projection(
@@ -96,7 +88,7 @@ def project(res: SimulationResult) -> Projection:
         e2e_us=np.concatenate([np.where(local_e2e >= 0, local_e2e.astype(np.float64), np.nan),
                                e2e]),
         sched_us=np.concatenate([res.sched_delay_us[local], sched]).astype(np.int64),
-        itl_us=np.concatenate([_own_itl(res, local, table.output_len[local]), itl]),
+        itl_us=np.concatenate([mean_itl(res, local, table.output_len[local]), itl]),
         handled_by=np.concatenate([res.instance[local], par[r, _F.DECODE]]).astype(np.int32),
         capped=np.concatenate([res.length_capped[local] == 1, res.length_capped[r] == 1]),
         parent_ttft_us=ttft,
@@ -107,12 +99,9 @@ def request_columns_pd(res: SimulationResult, proj: Projection) -> RequestColumn
     """The results file's records: one per local request and per projected parent."""
     table = res.table
     rows = proj.rows
-    clients = table.clients
-    cidx = table.client_idx[rows]
 
     def meta(key: str) -> np.ndarray:
-        values = np.array([str(c.get(key, "") or "") for c in clients] or [""], dtype=object)
-        return values[cidx] if len(clients) else np.full(len(rows), "", dtype=object)
+        return client_meta(table, rows, key)
 
     return RequestColumns(
         pd=_pd_columns(res, rows),

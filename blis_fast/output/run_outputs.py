@@ -110,25 +110,37 @@ def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
     return out
 
 
-def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumns:
-    """Per-request records of every request registered at an instance (ENG-7.6, CLU-7.24)."""
-    rows = np.flatnonzero(res.registered == 1)
-    completed = res.state[rows] == RequestState.COMPLETED
-    out_len = table.output_len[rows]
+def mean_itl(res: SimulationResult, rows: np.ndarray, out_len: np.ndarray) -> np.ndarray:
+    """Per-request mean ITL of ``rows`` (ENG-7.2 step 4): the ITL sum over max(samples - 1, 1)
+    (samples = the output length, or the decode steps when length-capped); 0 without outputs,
+    NaN unless completed."""
     capped = res.length_capped[rows] == 1
     n_itl = np.where(capped, res.itl_count[rows], out_len)
     denom = np.maximum(n_itl - 1, 1).astype(np.float64)
     itl = res.itl_sum_us[rows].astype(np.float64) / denom
     itl = np.where(out_len > 0, itl, 0.0)
-    itl = np.where(completed, itl, np.nan)
+    return np.where(res.state[rows] == RequestState.COMPLETED, itl, np.nan)
+
+
+def client_meta(table: RequestTable, rows: np.ndarray, key: str) -> np.ndarray:
+    """Client metadata ``key`` (slo_class, tenant_id, model) of ``rows``, "" when none."""
+    clients = table.clients
+    values = np.array([str(c.get(key, "") or "") for c in clients] or [""], dtype=object)
+    return values[table.client_idx[rows]] if len(clients) else np.full(len(rows), "",
+                                                                         dtype=object)
+
+
+def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumns:
+    """Per-request records of every request registered at an instance (ENG-7.6, CLU-7.24)."""
+    rows = np.flatnonzero(res.registered == 1)
+    out_len = table.output_len[rows]
+    capped = res.length_capped[rows] == 1
+    itl = mean_itl(res, rows, out_len)
     ttft = res.ttft_us[rows]
     e2e = res.e2e_us[rows]
-    clients = table.clients
-    cidx = table.client_idx[rows]
 
     def meta(key: str) -> np.ndarray:
-        values = np.array([str(c.get(key, "") or "") for c in clients] or [""], dtype=object)
-        return values[cidx] if len(clients) else np.full(len(rows), "", dtype=object)
+        return client_meta(table, rows, key)
 
     return RequestColumns(
         request_id=np.array(table.id_strings(), dtype=object)[rows],
