@@ -18,6 +18,13 @@ from typing import Any
 
 from blis_fast.config.defaults import load_defaults
 from blis_fast.config.latency import LatencyConfig, resolve_latency
+from blis_fast.config.pd import (
+    check_construction,
+    check_encode,
+    resolve_pools,
+    validate_pd,
+    with_transfer_sizing,
+)
 from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_policies
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
@@ -142,7 +149,10 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
                                                               latency.total_kv_blocks)
     check_options(opts, "engine")
     hooks = hooks or Hooks()
+    encode_warnings = check_encode(opts) if replay else None
     pol = _resolve_policies(opts, hooks)
+    pd = validate_pd(opts, replay, allow_custom=hooks.scorer is not None,
+                     encode_warnings=encode_warnings)
     total_blocks = latency.total_kv_blocks
     _check_memory(opts, total_blocks, table.n)
     bs = opts.block_size_in_tokens
@@ -153,10 +163,17 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     if opts.kv_offload_threshold != 0 and opts.kv_cpu_blocks > 0:
         log.warning("KVOffloadThreshold is deprecated and ignored; the CPU tier is populated "
                     "by mirroring")
+    check_construction(opts, pd)
+    if pd.on:
+        if sessions is not None and sessions.blueprints:
+            _fail("closed-loop sessions are not supported yet with P/D disaggregation")
+        pd = with_transfer_sizing(pd, opts, latency)
+        pools = resolve_pools(pd, opts, latency)
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(
-        options=resolved, latency=latency, policies=pol, hooks=hooks,
+        options=resolved, latency=latency, policies=pol, hooks=hooks, pd=pd if pd.on else None,
+        **(pools.engine_fields() if pd.on else {}),
         # the reference hashes every block output tokens fill; a later request can match one
         # only if its input repeats that output: rounds of an accumulating multi-turn client,
         # open loop (pre-generated) or closed loop (follow-ups built at completion)
@@ -164,7 +181,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
             bp.context_growth == "accumulate" for bp in sessions.blueprints)),
     )
     # diagnostics of a run that passed every check (a refused run prints only its error)
-    for msg in latency.warnings:
+    for msg in latency.warnings + list(pd.warnings) + list(pools.warnings if pd.on else ()):
         log.warning(msg)
     for msg in latency.infos:
         log.info(msg)

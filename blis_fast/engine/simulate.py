@@ -25,16 +25,19 @@ from blis_fast.engine.packing import (
     instance_rank_of,
     kv_state,
     pad,
+    pd_state,
     rank_of_ids,
     request_inputs,
     request_metadata,
     router_state,
+    with_prefill_rows,
 )
 from blis_fast.engine.results import SimulationResult, raise_failure, read_result
 from blis_fast.engine.sessions import SessionDriver
 from blis_fast.kernels.enums import Status
 from blis_fast.kernels.event_loop import push_cluster_arrivals, simulate
 from blis_fast.kernels.gomath import INT64_MAX
+from blis_fast.kernels.pd import pd_off
 from blis_fast.kernels.state import (
     KernelHooks,
     LoopSlot,
@@ -116,6 +119,9 @@ def _compiled_overload(dispatcher, args):
 
 def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None,
               room: Capacity) -> SimulationResult:
+    parents = table
+    if cfg.pd_on:  # prefill sub-requests get rows of their own (kernels/pd.py)
+        table = with_prefill_rows(table)
     n0 = table.n
     n = n0 + room.rows
     opts = cfg.options
@@ -130,8 +136,10 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     lg = new_step_log(max(1024, 4 * n), max(1024, 2 * n))
     meta = request_metadata(table, cfg, model)
     rt = router_state(cfg, n, meta, kv, room)
+    pd = pd_state(cfg, parents, max_batch, inp, ranked) if cfg.pd_on else pd_off()
     heap = push_cluster_arrivals(new_event_heap(3 * n + 4 * n_inst + 16), inp.arrival,
-                                 np.arange(n0, dtype=np.int64), np.full(n0, -1, np.int64))
+                                 np.arange(parents.n, dtype=np.int64),
+                                 np.full(parents.n, -1, np.int64))
     work = new_work(n, max_batch, room.max_chunks)
     driver = None
     think = np.zeros(1, np.int64)
@@ -144,7 +152,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     sess = SessionBuffers(think, np.zeros((2 * max_batch + 64, OutcomeField.SIZE), np.int64))
     appended = FollowUpRows(n0, int(kv.pool.shape[0] - room.pool - 1))
     sim_cfg = SimConfig(config_ints(cfg, rt),
-                        np.ascontiguousarray(cfg.latency.params, np.float64),
+                        cfg.latency_params_by_class(),
                         np.ascontiguousarray(cfg.latency.alpha, np.float64),
                         instance_rank_of(n_inst), instance_config(cfg))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
@@ -153,7 +161,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
         hooks = _kernel_hooks(cfg.hooks)
         run = simulate
         while True:
-            args = (sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess)
+            args = (sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd)
             status, lg, heap = run(*args)
             if status != Status.SESSIONS:
                 break
@@ -173,4 +181,6 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     raise_failure(status, failures)
     n_used = appended.n
     final = appended.table(table, sessions) if n_used > n0 else table
+    if cfg.pd_on:  # every row read back; the table stays the workload's
+        return read_result(cfg, parents, n_used, rs, ins, kv, lg, rt, pd)
     return read_result(cfg, final, n_used, rs, ins, kv, lg, rt)

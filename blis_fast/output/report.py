@@ -117,6 +117,9 @@ class ClusterReport:
     """``run`` or ``replay`` (section set and anomaly variant)."""
     metrics_outputs: list[dict] | None = None
     """Precomputed ``build_metrics_output`` dicts: one per instance, then the cluster's."""
+    pd_section: str = ""
+    """The ``=== PD Metrics ===`` text of a P/D run (``output/pd.py``), printed before the
+    trace summary."""
 
 
 @dataclass
@@ -444,6 +447,7 @@ def render_report(report: ClusterReport) -> str:
     parts.append(_slo_section(report.requests))
     parts.append(_model_section(report.requests, agg.sim_ended_time_us))
     parts.append(_tenant_section(report.requests))
+    parts.append(report.pd_section)
     if report.trace_summary is not None:
         parts.append(_trace_section(report.trace_summary))
     return "".join(parts)
