@@ -88,6 +88,12 @@ def required(message: str) -> Check:
     return Check(bool, message)
 
 
+def _go_g(v: float) -> str:
+    from blis_fast.workload.gofmt import go_g
+
+    return go_g(v)
+
+
 def _session_mode_text(flag: str, value: str) -> str:
     from blis_fast.workload.gofmt import go_quote
 
@@ -200,6 +206,16 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                _DELAY, slot="RouterCfg.REFRESH"),
     OptionSpec("cache-signal-delay", "int", 50_000, "prefix-cache signal delay (µs)", _DELAY,
                slot="RouterCfg.CACHE_DELAY"),
+    OptionSpec("model-autoscaler-interval-us", "float", 0.0,
+               "autoscaler tick interval (µs); 0 = off unless the policy bundle sets one",
+               (Check(lambda v: v >= 0 and not math.isinf(v),
+                      lambda flag, v: f"--{flag} must be a finite number >= 0 (0 = disabled), "
+                                      f"got {_go_g(v)}"),
+                Check(lambda v: v == 0 or v >= 1,
+                      lambda flag, v: f"--{flag} must be 0 (off) or at least 1 µs, got "
+                                      f"{_go_g(v)}: a shorter interval truncates to 0 and the "
+                                      "reference ticks forever at one instant"),
+                in_time_range())),
     # workload
     OptionSpec("workload", "str", "distribution", "distribution or a preset name"),
     OptionSpec("workload-spec", "str", "", "workload spec YAML", file="input"),
@@ -258,6 +274,7 @@ CHECK_ORDER: dict[str, tuple[str, ...]] = {
     "kv-tier": ("kv-cpu-blocks", "kv-offload-threshold"),
     "delays": ("kv-transfer-base-latency", "snapshot-refresh-interval", "cache-signal-delay",
                "admission-latency", "routing-latency"),
+    "autoscale": ("model-autoscaler-interval-us",),
 }
 """Which flags' own checks run at each point of a run's validation (DELTA-26), in order.
 
@@ -267,7 +284,7 @@ it cannot report a confusing error); ``latency`` (after the backend name and the
 ``latency-end``; ``workload`` (before the workload source checks); ``timeout`` (after them);
 ``replay-inputs``/``replay`` (``blis replay``); ``engine`` (after generation); ``tracing``,
 ``kv-tier`` and ``delays`` (after the policy names; warnings and cross-flag checks sit
-between them)."""
+between them); ``autoscale`` (where the reference merges the flag over the bundle's interval)."""
 
 WORKLOAD_FLAGS = frozenset({
     "workload", "workload-spec", "rate", "num-requests", "concurrency", "think-time-ms",

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from blis_fast.config.autoscale import resolve_autoscale
 from blis_fast.config.defaults import load_defaults
 from blis_fast.config.latency import LatencyConfig, resolve_latency
 from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_policies
@@ -143,6 +144,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     check_options(opts, "engine")
     hooks = hooks or Hooks()
     pol = _resolve_policies(opts, hooks)
+    autoscale = resolve_autoscale(opts, pol.bundle, latency, replay)
     total_blocks = latency.total_kv_blocks
     _check_memory(opts, total_blocks, table.n)
     bs = opts.block_size_in_tokens
@@ -157,6 +159,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(
         options=resolved, latency=latency, policies=pol, hooks=hooks,
+        autoscale=autoscale if autoscale.active else None,
         # the reference hashes every block output tokens fill; a later request can match one
         # only if its input repeats that output: rounds of an accumulating multi-turn client,
         # open loop (pre-generated) or closed loop (follow-ups built at completion)
@@ -168,6 +171,8 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         log.warning(msg)
     for msg in latency.infos:
         log.info(msg)
+    for msg in autoscale.warnings:
+        log.warning(msg)
     log.info("Policy config: admission=%s, routing=%s, priority=%s, scheduler=%s",
              pol.admission, pol.routing, pol.priority, pol.scheduler)
     if pol.routing == "weighted":

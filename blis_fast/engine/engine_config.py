@@ -20,6 +20,7 @@ from blis_fast.policies.scheduler import SCHEDULER
 from blis_fast.policies.scorers import DEFAULT_PROFILE
 
 if TYPE_CHECKING:
+    from blis_fast.config.autoscale import AutoscaleSetup
     from blis_fast.config.latency import LatencyConfig
     from blis_fast.config.policy_bundle import Policies
 
@@ -42,6 +43,7 @@ class EngineConfig:
     policies: Policies
     hash_decode_blocks: bool = False  # register decode-filled blocks (accumulating sessions)
     hooks: Hooks | None = None  # user policies (custom scorer / admission / scheduler key)
+    autoscale: AutoscaleSetup | None = None  # autoscaler / node pools; None: a fixed fleet
 
     @property
     def scorers(self) -> tuple[tuple[str, float], ...]:
