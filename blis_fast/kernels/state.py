@@ -4,7 +4,8 @@ the constructors that allocate them (plain NumPy, called from ``blis_fast/engine
 Groups (each a ``NamedTuple`` of arrays, so a kernel signature names a handful of them):
 
 * :class:`SimConfig` – the run's configuration: integer slots (:data:`ConfigSlot`), the latency
-  backend's packed parameters and alpha, the instances' rank in id order;
+  backend's packed parameters and alpha, the instances' rank in id order, per-instance
+  configuration (:data:`InstanceSlot`);
 * :class:`RequestInputs` – per-request inputs (arrival, lengths, deadline, id rank, session);
 * :class:`RequestArrays` – per-request mutable state; the fields every step touches share one
   64-byte row ``hot[r, HotField.*]``;
@@ -36,7 +37,7 @@ class ConfigSlotT(NamedTuple):
     MAX_RUNNING: int = 2  # --max-num-running-reqs
     MAX_TOKENS: int = 3  # --max-num-scheduled-tokens
     LONG_PREFILL: int = 4  # --long-prefill-token-threshold
-    MAX_MODEL_LEN: int = 5
+    MAX_MODEL_LEN: int = 5  # the global value; instances read InstanceSlot.MAX_MODEL_LEN
     ADMISSION_LATENCY: int = 6
     ROUTING_LATENCY: int = 7
     PRIORITY: int = 8  # Priority code
@@ -48,6 +49,17 @@ class ConfigSlotT(NamedTuple):
 
 
 ConfigSlot = ConfigSlotT()
+
+
+class InstanceSlotT(NamedTuple):
+    """Columns of ``SimConfig.inst`` (one row per instance): configuration that can differ
+    between instances (pools of different GPUs or TP, instances added later)."""
+
+    MAX_MODEL_LEN: int = 0  # 0 = unlimited
+    SIZE: int = 1
+
+
+InstanceSlot = InstanceSlotT()
 
 
 class InstanceCounterT(NamedTuple):
@@ -173,6 +185,7 @@ class SimConfig(NamedTuple):
     latency_params: np.ndarray  # float64: the backend's layout (kernels/latency.py)
     alpha: np.ndarray  # float64 [3]
     instance_rank: np.ndarray  # int64 [n_instances]: rank of ``instance_<i>`` in string order
+    inst: np.ndarray  # int64 [n_instances, InstanceSlot.SIZE]: per-instance configuration
 
 
 class RequestInputs(NamedTuple):

@@ -149,10 +149,14 @@ class VllmServer:
     """One vLLM OpenAI-compatible server process (use as a context manager)."""
 
     def __init__(self, root: Path | None = None, start_timeout_s: float = 240.0,
-                 max_model_len: int = 2048) -> None:
+                 max_model_len: int = 2048, omp_threads: int | None = None) -> None:
+        """``omp_threads``: the engine's OpenMP threads (default: ``$OMP_NUM_THREADS`` or 2).
+        One thread on a 2-core machine leaves a core to the API process and the client, whose
+        timestamps would otherwise wait behind the engine's spinning threads."""
         self.root = root or cache_root()
         self.start_timeout_s = start_timeout_s
         self.max_model_len = max_model_len
+        self.omp_threads = omp_threads
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.log_path: Path | None = None
@@ -174,7 +178,8 @@ class VllmServer:
             "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": str(caches / "vllm"),
             "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
             "HF_HOME": str(caches / "hf"), "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
+            "DO_NOT_TRACK": "1",
+            "OMP_NUM_THREADS": str(self.omp_threads or env.get("OMP_NUM_THREADS", "2")),
         })  # fmt: skip
         env.pop("PYTHONPATH", None)
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
