@@ -29,15 +29,10 @@ REL_TOL = 1e-9
 # Cases that wait for a later issue. The parity test marks them as strict expected failures,
 # so a family whose cases start passing must leave this table.
 PENDING_FAMILIES: dict[str, str] = {
-    "as-": "issue 15 (autoscaler)",
     "pd-": "issue 14 (P/D disaggregation)",
 }
 """Case-id prefixes of families waiting for a feature (every case of the family)."""
-PASSING_IN_PENDING: frozenset[str] = frozenset({
-    "as-invalid-down-boundary-above-up",
-    "as-invalid-gpus-per-node-zero",
-    "as-invalid-negative-interval",
-})
+PASSING_IN_PENDING: frozenset[str] = frozenset()
 """Cases of a pending family that already pass: the parity test checks them like any other
 case (the family's other tests, which rebuild inputs from whole families, still skip it)."""
 

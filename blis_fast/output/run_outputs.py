@@ -78,7 +78,7 @@ def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
     out: list[InstanceMetrics] = []
     ended = res.sim_ended_us
     otp = res.config.latency.output_token_time
-    for i in range(res.config.options.num_instances):
+    for i in range(res.counters.shape[0]):
         c = res.counters[i]
         mine = res.instance == i
         ttft = res.ttft_us[mine & (res.ttft_us >= 0)].astype(np.float64)
@@ -140,6 +140,7 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
         e2e_us=np.where(e2e >= 0, e2e.astype(np.float64), np.nan),
         scheduling_delay_us=res.sched_delay_us[rows].astype(np.int64),
         handled_by=res.instance[rows].astype(np.int32),
+        instance_names=res.instance_names,
         slo_class=meta("slo_class"),
         tenant_id=meta("tenant_id"),
         model=meta("model"),
@@ -184,7 +185,7 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
     instances = instance_metrics(res)
     requests = request_columns(res, res.table)  # pre-generated requests, then follow-ups
     aggregate = aggregate_instances(instances)
-    per_instance = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(instances)]
+    per_instance = [build_metrics_output(res.instance_name(i), m) for i, m in enumerate(instances)]
     summary = build_metrics_output("cluster", aggregate)
     report = ClusterReport(
         instances=instances,
