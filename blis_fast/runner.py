@@ -23,6 +23,7 @@ from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_p
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.engine_config import EngineConfig, Hooks
+from blis_fast.engine.fleet import run_warnings
 from blis_fast.engine.follow_ups import SessionPlan
 from blis_fast.engine.results import SimulationResult
 from blis_fast.engine.simulate import run_engine
@@ -118,6 +119,8 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
     res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model,
                      sessions=prepared.sessions)
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
+    for msg in run_warnings(res):
+        log.warning(msg)
     outputs = build_outputs(res, opts, replay)
     write_outputs(plan, opts, replay, prepared.table, res, outputs)
     return RunResult(stdout=outputs.stdout, summary=outputs.summary,

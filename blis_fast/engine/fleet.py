@@ -16,7 +16,7 @@ from blis_fast.config.autoscale import AutoscaleSetup
 from blis_fast.engine.engine_config import EngineConfig
 from blis_fast.errors import BlisRuntimeError
 from blis_fast.kernels import autoscale as ak
-from blis_fast.kernels.enums import Event, EventPriority, InstanceKind
+from blis_fast.kernels.enums import Event, EventPriority, InstanceKind, Lifecycle, Registration
 from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.gorand import new_source, subsystem_seed
 from blis_fast.kernels.heap import MAX_INSTANCES
@@ -169,6 +169,81 @@ def fleet_result(res, asc: ak.AutoscaleState, model: str):
     return res
 
 
+def run_warnings(res) -> list[str]:
+    """The traps of an autoscaled run that happened (once each, with counts and times): the
+    reference's behaviour reproduced, made loud."""
+    asc = res.fleet
+    if asc is None:
+        return []
+    V, Col = ak.AsVar, ak.AsInst
+    var = asc.var
+    cfg = res.config
+    setup = cfg.autoscale
+    names = res.instance_names or []
+    out: list[str] = []
+    n_start = cfg.options.num_instances
+    started = sum(1 for i in range(built(asc)) if asc.inst[i, Col.KIND] == InstanceKind.STARTUP)
+    if started < n_start:
+        missing = (f"instance_{started}" if n_start - started == 1
+                   else f"instance_{started}..instance_{n_start - 1}")
+        out.append(f"node pools hold GPUs for only {started} of the {n_start} startup instances "
+                   f"(tp={startup_tp(cfg)}): {missing} are never created")
+    if var[V.LAST_SERVING_DRAINED_AT] >= 0:
+        out.append(
+            f"autoscaler: at t={var[V.LAST_SERVING_DRAINED_AT] / 1e6:.3f} s the scale-down "
+            f"drained the last serving instance ({names[var[V.LAST_SERVING_DRAINED]]}); the "
+            "reference never scales up from zero serving instances, so later requests are "
+            "rejected at routing — set autoscaler.scale_down_stabilization_window_us or "
+            "autoscaler.min_replicas")
+    routed_at = _routing_times(res)
+    rejected = (res.registered == Registration.REJECTED_ROUTING) & _model_served(res)
+    if rejected.any():
+        times = routed_at[rejected]
+        out.append(f"{int(rejected.sum())} request(s) were rejected at routing because no "
+                   f"instance was serving (first at t={times.min() / 1e6:.3f} s, last at "
+                   f"t={times.max() / 1e6:.3f} s)")
+    if var[V.FAILED_PLACEMENTS] > 0:
+        out.append(
+            f"autoscaler: {var[V.FAILED_PLACEMENTS]} scale-up placement(s) found no free GPU "
+            f"(ids {var[V.FIRST_FAILED_SEQ]:06d}..{var[V.LAST_FAILED_SEQ]:06d}); their instance "
+            "ids were used up, so autoscaled ids have gaps")
+    if var[V.NO_POOL_SCALE_UPS] > 0:
+        out.append(
+            f"autoscaler: {var[V.NO_POOL_SCALE_UPS]} scale-up decision(s) added no instance: "
+            "without node_pools the reference has nowhere to place one")
+    autoscaled = [n for i, n in enumerate(names) if asc.inst[i, Col.KIND] == InstanceKind.AUTOSCALED]
+    if autoscaled and "/" in setup.model:
+        out.append(f"autoscaled instance ids contain the model name (e.g. {autoscaled[0]}); quote "
+                   "them or replace '/' before using them as file names")
+    idle = [i for i in range(built(asc)) if asc.inst[i, Col.STATE] == Lifecycle.DRAINING]
+    if idle and setup.has_pools:
+        gpus = sum(int(asc.inst[i, Col.TP]) for i in idle)
+        out.append(f"{len(idle)} drained instance(s) stayed idle and never terminated; they held "
+                   f"{gpus} GPU(s) until the end")
+    stopped = var[V.TICKING_STOPPED_AT]
+    if stopped >= 0 and (routed_at[res.registered != Registration.NONE] > stopped).any():
+        out.append(f"autoscaler: ticking stopped at t={stopped / 1e6:.3f} s (no pending arrival, "
+                   "nothing in flight) although requests were still in admission/routing; no "
+                   "scaling happened after it")
+    return out
+
+
+def _routing_times(res) -> np.ndarray:
+    """When each request reached its routing decision (arrival + both latencies)."""
+    opts = res.config.options
+    arrival = np.asarray(res.table.arrival_us, np.int64)[: res.registered.shape[0]]
+    return arrival + opts.admission_latency + opts.routing_latency
+
+
+def _model_served(res) -> np.ndarray:
+    """Requests whose model is the served one (a mismatch is rejected at routing anyway)."""
+    model = res.config.latency.model
+    clients = res.table.clients
+    bad = np.array([(c.get("model") or "") not in ("", model) for c in clients] or [False])
+    idx = np.asarray(res.table.client_idx, np.int64)[: res.registered.shape[0]]
+    return ~bad[idx] if len(clients) else np.ones(res.registered.shape[0], bool)
+
+
 def check_rows(rows: int) -> None:
     """The event key addresses at most MAX_INSTANCES instances."""
     if rows > MAX_INSTANCES:
@@ -176,5 +251,5 @@ def check_rows(rows: int) -> None:
                                "rows (instances are never reused after they terminate)")
 
 
-__all__ = ["FleetTooSmall", "built", "fleet_result", "initial_rows", "instance_names",
+__all__ = ["FleetTooSmall", "built", "fleet_result", "run_warnings", "initial_rows", "instance_names",
            "new_autoscale_state", "row_config", "start_fleet"]

@@ -136,7 +136,7 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     rs = new_request_arrays(n, pad(table.max_output_len, n, np.int64))
     ins = new_instance_arrays(n_inst, max_batch)
     lg = new_step_log(max(1024, 4 * n), max(1024, 2 * n))
-    meta = request_metadata(table, cfg, model)
+    meta = request_metadata(table, given, model)  # tenant capacity: --num-instances (AS-7.3)
     rt = router_state(cfg, n, meta, kv, room)
     heap = push_cluster_arrivals(new_event_heap(3 * n + 4 * n_inst + 16), inp.arrival,
                                  np.arange(n0, dtype=np.int64), np.full(n0, -1, np.int64))

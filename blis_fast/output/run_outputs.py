@@ -177,7 +177,7 @@ def trace_summary(res: SimulationResult):
     if res.decisions is None:
         return None
     d = res.decisions
-    return summarize_trace(d.admitted, d.routing_target, d.routing_regret)
+    return summarize_trace(d.admitted, d.routing_target, d.routing_regret, res.instance_names)
 
 
 def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
@@ -243,7 +243,8 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
             from blis_fast.output.parquet import decisions_table
 
             tables.append(("decisions.parquet", decisions_table(
-                decision_columns(res.decisions, res.config.policies.routing))))
+                decision_columns(res.decisions, res.config.policies.routing,
+                                 res.instance_name))))
         out_dir = plan.make_dir(opts.output_dir, "--output-dir")
         for name, tab in tables:
             plan.stage(out_dir / name, "--output-dir",
