@@ -71,6 +71,18 @@ def test_flag_alone_drains_every_instance_and_warns(caplog):
     assert rejected.startswith("30 request(s)")
 
 
+def test_min_replicas_keeps_a_serving_instance(caplog, tmp_path):
+    """Our extension: with min_replicas 1 the flag-only drain leaves the last instance (the
+    bound is read even when the flag alone enables the autoscaler)."""
+    res, messages = _run(caplog, num_instances=3, model_autoscaler_interval_us=1e6, rate=10,
+                         num_requests=30,
+                         policy_config=_bundle(tmp_path, "autoscaler:\n  min_replicas: 1\n"))
+    states = res.simulation.fleet.inst[:3, AsInst.STATE].tolist()
+    assert states == [Lifecycle.DRAINING, Lifecycle.DRAINING, Lifecycle.ACTIVE]
+    assert res.simulation.rejected_routing == 0
+    assert not [m for m in messages if "last serving instance" in m]
+
+
 def test_scale_up_names_ids_and_counts_failed_placements(caplog, tmp_path):
     """Traps 2.2/2.3: autoscaled ids carry the model name; placements that find no GPU use
     up ids (gaps), each warned once with the count."""
