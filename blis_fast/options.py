@@ -216,6 +216,10 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                                       f"{_go_g(v)}: a shorter interval truncates to 0 and the "
                                       "reference ticks forever at one instant"),
                 in_time_range())),
+    OptionSpec("gpu-hour-cost", "float", 0.0,
+               "price of one GPU-hour: prints the run's cost (node_pools[].gpu_hour_cost wins)",
+               (Check(lambda v: v >= 0 and not math.isinf(v),
+                      lambda flag, v: f"--{flag} must be a finite number >= 0, got {_go_g(v)}"),)),
     # workload
     OptionSpec("workload", "str", "distribution", "distribution or a preset name"),
     OptionSpec("workload-spec", "str", "", "workload spec YAML", file="input"),
@@ -274,7 +278,7 @@ CHECK_ORDER: dict[str, tuple[str, ...]] = {
     "kv-tier": ("kv-cpu-blocks", "kv-offload-threshold"),
     "delays": ("kv-transfer-base-latency", "snapshot-refresh-interval", "cache-signal-delay",
                "admission-latency", "routing-latency"),
-    "autoscale": ("model-autoscaler-interval-us",),
+    "autoscale": ("model-autoscaler-interval-us", "gpu-hour-cost"),
 }
 """Which flags' own checks run at each point of a run's validation (DELTA-26), in order.
 

@@ -139,6 +139,55 @@ def test_fleet_rows_grow_by_restarting(monkeypatch, caplog, tmp_path):
     assert grown.stdout == ref.stdout
 
 
+def test_fixed_fleet_cost_when_priced():
+    """GPU-seconds of a fixed fleet: every instance from 0 to the end of the run."""
+    res = blis_fast.run(**BASE | dict(log="error", num_instances=2, rate=10, num_requests=20,
+                                      gpu_hour_cost=2.0))
+    end = res.simulation.counters[:, InstanceCounter.CLOCK].max() / 1e6
+    assert res.stdout.endswith(f"=== Cost ===\nGPU-Seconds: {2 * end:.1f}\n  default: "
+                               f"{2 * end:.1f}\nCost (USD): {2 * end / 3600 * 2.0:.4f}\n"
+                               f"Cost per 1000 Completed Requests (USD): "
+                               f"{2 * end / 3600 * 2.0 * 1000 / 20:.4f}\n")
+    plain = blis_fast.run(**BASE | dict(log="error", num_instances=2, rate=10, num_requests=20))
+    assert "=== Cost ===" not in plain.stdout
+
+
+def test_scaling_timeline_and_cost_agree(tmp_path):
+    """scaling.parquet: lifecycle rows in order, decisions after their window, and GPU-seconds
+    equal to the sum of the instances' lifetimes (placement to termination or the end); a
+    pool's gpu_hour_cost wins over the flag."""
+    import json
+
+    import polars as pl
+
+    extra = "  scale_up_stabilization_window_us: 1000000\n"
+    bundle = _pools(3, extra=extra).replace("max_nodes: 3}", "max_nodes: 3, gpu_hour_cost: 4}")
+    out = tmp_path / "out"
+    res = blis_fast.run(**BASE | LOAD | dict(log="error", num_instances=2, gpu_hour_cost=1.0,
+                                             policy_config=_bundle(tmp_path, bundle),
+                                             output_dir=str(out),
+                                             metrics_path=str(tmp_path / "r.json")))
+    rows = pl.read_parquet(out / "scaling.parquet")
+    assert rows["time_us"].is_sorted()
+    order = ["loading", "active", "draining", "terminated"]
+    end = int(np.max(res.simulation.counters[:, InstanceCounter.CLOCK]))
+    lifetime = 0.0
+    for _name, grp in rows.group_by("instance", maintain_order=True):
+        states = grp["state"].to_list()
+        first = order.index(states[0])
+        assert states == order[first:first + len(states)]
+        gone = grp.filter(pl.col("state") == "terminated")["time_us"].to_list()
+        lifetime += (min(gone[0], end) if gone else end) - grp["time_us"][0]
+    ups = rows.filter(pl.col("reason") == "scale_up")
+    assert ups.height >= 1
+    assert ((ups["decision_time_us"] - ups["signal_since_us"]) >= 1_000_000).all()
+    assert (ups["time_us"] >= ups["decision_time_us"]).all()
+    cost = json.loads((tmp_path / "r.json").read_text())["cost"]
+    assert cost["gpu_seconds"] == pytest.approx(lifetime / 1e6)
+    assert cost["cost_usd"] == pytest.approx(lifetime / 1e6 / 3600 * 4.0)
+    assert res.stdout.splitlines()[-3] == "  h100: " + f"{lifetime / 1e6:.1f}"
+
+
 # ------------------------------------------------------------------ invariants
 
 

@@ -103,10 +103,11 @@ def resolve_autoscale(opts: Any, bundle: Any, latency: Any, replay: bool = False
     life: LifecycleBundle = bundle.instance_lifecycle
     if replay:
         _replay_refusals(opts, a, pools)
+    check_options(opts, "autoscale")
+    if replay:
         if life.present:
             log.warning("instance_lifecycle has no effect in blis replay")
-        return AutoscaleSetup(model=latency.model)
-    check_options(opts, "autoscale")
+        return AutoscaleSetup(model=latency.model if latency is not None else "")
     setup = AutoscaleSetup(model=latency.model)
     warnings = setup.warnings
     bundle_on = a is not None and a.interval_us > 0

@@ -72,6 +72,7 @@ class NodePoolBundle:
     initial_nodes: int = 0
     max_nodes: int = 0
     cost_per_hour: float = 0.0
+    gpu_hour_cost: float | None = None  # ours: the price of one GPU-hour (cost outputs)
 
 
 @dataclass
@@ -130,6 +131,7 @@ def _static_node_key(ctx: YamlContext, node: yaml.Node, what: str) -> None:
 _POOL_FIELDS = {
     "name": as_str, "gpu_type": as_str, "gpus_per_node": as_int, "gpu_memory_gib": as_float,
     "initial_nodes": as_int, "max_nodes": as_int, "cost_per_hour": as_float,
+    "gpu_hour_cost": as_float,
     "min_nodes": _static_node_key, "provisioning_delay": _static_node_key,
 }
 
@@ -254,6 +256,10 @@ def _own_error(a: AutoscalerBundle, pools: list[NodePoolBundle],
                 f"({a.max_replicas})")
     seen: set[str] = set()
     for i, p in enumerate(pools):
+        price = p.gpu_hour_cost
+        if price is not None and not (_finite(price) and price >= 0):
+            return (f"node_pools[{i}] {go_quote(p.name)}: gpu_hour_cost must be a finite number "
+                    f">= 0, got {g(price)}")
         if p.name in seen:
             return (f"node_pools[{i}] {go_quote(p.name)}: duplicate pool name (the reference "
                     "panics on this)")

@@ -118,6 +118,9 @@ class AutoscaleState(NamedTuple):
     node_gpu0: np.ndarray  # int64 [nodes + 1]: first GPU of each node
     gpu_owner: np.ndarray  # int64 [G]: instance holding the GPU, -1 = free
     act: np.ndarray  # int64 [R, 3]: a ring of the actuations in flight (delta, label, tp)
+    act_sig: np.ndarray  # float64 [R, Signal.SIZE]: the passing tick's signal values
+    sig: np.ndarray  # float64 [Signal.SIZE]: the last tick's signal values
+    inst_sig: np.ndarray  # float64 [M, 2, Signal.SIZE]: what placed (0) / drained (1) it
     rng_scrape: np.ndarray  # Go rand source "autoscaler"
     rng_loading: np.ndarray  # Go rand source "instance-loading"
     # analyzer scratch, one row per variant (GPU label, TP)
@@ -130,6 +133,20 @@ class AutoscaleState(NamedTuple):
     v_cost: np.ndarray
 
 
+class SignalT(NamedTuple):
+    """Columns of the signal records (the analyzer's figures of a tick, in tokens)."""
+
+    TICK: int = 0  # time of the tick whose decision passed (µs)
+    SINCE: int = 1  # first tick of the signal (the window's start)
+    SUPPLY: int = 2
+    DEMAND: int = 3
+    PENDING: int = 4  # supply of instances still loading
+    AMOUNT: int = 5  # tokens required (scale-up) or spare (scale-down)
+    DELTA: int = 6
+    SIZE: int = 7
+
+
+Signal = SignalT()
 ACT_DELTA, ACT_LABEL, ACT_TP = 0, 1, 2
 NO_TIME = np.int64(INT64_MIN)
 _ID_BASE = np.int64(11)
@@ -416,6 +433,10 @@ def _decide(asc, rt, kv):
     kvth = asc.par[AsParam.KV_THRESHOLD]
     pending = np.float64(pending_cap) * kvth if pending_cap > 0 else 0.0
     required = demand / asc.par[AsParam.UP_THRESHOLD] - (supply + pending)
+    asc.sig[Signal.SUPPLY] = supply
+    asc.sig[Signal.DEMAND] = demand
+    asc.sig[Signal.PENDING] = pending
+    asc.sig[Signal.AMOUNT] = required
     if required > 0:
         v = asc.v_order[0]
         prc = 0.0
@@ -429,6 +450,7 @@ def _decide(asc, rt, kv):
         return np.int64(0), np.int64(-1), np.int64(0)
     low = demand / asc.par[AsParam.DOWN_BOUNDARY]
     spare = supply - low
+    asc.sig[Signal.AMOUNT] = spare
     if not spare > 0:
         return np.int64(0), np.int64(-1), np.int64(0)
     top = 0.0
@@ -503,6 +525,7 @@ def _gate(asc, t, delta):
     if t - first < go_f2i(window):
         return False
     asc.var[slot] = NO_TIME
+    asc.sig[Signal.SINCE] = first
     return True
 
 
@@ -522,6 +545,10 @@ def on_scaling_tick(asc, ins, rt, kv, heap, t):
         asc.act[row, ACT_DELTA] = delta
         asc.act[row, ACT_LABEL] = label
         asc.act[row, ACT_TP] = tp
+        asc.sig[Signal.TICK] = t
+        asc.sig[Signal.DELTA] = delta
+        for k in range(Signal.SIZE):
+            asc.act_sig[row, k] = asc.sig[k]
         delay = sample_delay_us(asc.par[AsParam.SCRAPE_MEAN], asc.par[AsParam.SCRAPE_STD],
                                 asc.rng_scrape)
         push_cluster_event(heap, t + delay, EventPriority.SCALE_ACTUATION,
@@ -569,6 +596,8 @@ def on_scale_actuation(asc, kv, inst_cfg, inst_rank, rt, heap, t, row):
             i = build_instance(asc, kv, inst_cfg, inst_rank, InstanceKind.AUTOSCALED, seq, node,
                                label, tp, t)
             asc.var[AsVar.SCALE_UPS] += 1
+            for j in range(Signal.SIZE):
+                asc.inst_sig[i, 0, j] = asc.act_sig[row, j]
             start_instance(asc, rt, heap, i, t, False)
         return
     for _ in range(-delta):
@@ -585,6 +614,8 @@ def on_scale_actuation(asc, kv, inst_cfg, inst_rank, rt, heap, t, row):
         asc.inst[best, AsInst.STATE] = Lifecycle.DRAINING
         asc.inst[best, AsInst.DRAINED] = t
         asc.var[AsVar.SCALE_DOWNS] += 1
+        for j in range(Signal.SIZE):
+            asc.inst_sig[best, 1, j] = asc.act_sig[row, j]
         rebuild_routable(asc, rt)
         if rt.st[RouterVar.N_ROUTABLE] == 0 and asc.var[AsVar.LAST_SERVING_DRAINED_AT] < 0:
             asc.var[AsVar.LAST_SERVING_DRAINED_AT] = t
@@ -606,7 +637,7 @@ def room_needed(asc, heap):
     return rows, n
 
 
-__all__ = ["ACT_DELTA", "AsInst", "AsParam", "AsVar", "AutoscaleState", "INT64_MAX",
+__all__ = ["ACT_DELTA", "AsInst", "AsParam", "AsVar", "AutoscaleState", "INT64_MAX", "Signal",
            "after_instance_event", "build_instance", "id_key", "on_instance_loaded",
            "on_scale_actuation", "on_scaling_tick", "place", "rebuild_routable",
            "room_needed", "sample_delay_us", "start_instance"]
