@@ -188,6 +188,28 @@ def test_scaling_timeline_and_cost_agree(tmp_path):
     assert res.stdout.splitlines()[-3] == "  h100: " + f"{lifetime / 1e6:.1f}"
 
 
+def test_plot_scaling_draws_the_timeline(tmp_path):
+    """``blis plot DIR --scaling``: replicas as in scaling.parquet, every request counted once
+    in the rate series, a p99 TTFT per window with arrivals."""
+    pytest.importorskip("matplotlib")
+    import polars as pl
+
+    from blis_fast.sweep.plot import plot_scaling
+
+    out = tmp_path / "out"
+    blis_fast.run(**BASE | LOAD | dict(log="error", num_instances=2, output_dir=str(out),
+                                       policy_config=_bundle(tmp_path, _pools(3))))
+    result = plot_scaling(out, window_s=2.0)
+    rows = pl.read_parquet(out / "scaling.parquet")
+    xs, ys = result.series["replicas"]
+    assert ys.max() == rows["routable_after"].max() and ys[-1] == rows["routable_after"][-1]
+    mids, rate = result.series["request_rate"]
+    assert round(float(rate.sum()) * 2.0) == LOAD["num_requests"]
+    assert np.isfinite(result.series["ttft_p99_ms"][1][rate > 0]).all()
+    result.save(tmp_path / "fig.png")
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+
+
 # ------------------------------------------------------------------ invariants
 
 
