@@ -53,7 +53,8 @@ def _build_report(case: Path) -> tuple[ClusterReport, list[dict], str]:
     """Inputs of the report taken from the case: counters from stdout, samples from records."""
     stdout = (case / "stdout.txt").read_text()
     blocks, rest = stdout_blocks(stdout)
-    cols = request_columns(load_results(case).get("requests", []))
+    names = [b["instance_id"] for b in blocks[:-1]] if len(blocks) > 1 else None
+    cols = request_columns(load_results(case).get("requests", []), names)
     if len(blocks) == 1:
         instances = [instance_from_block(blocks[0], cols, None)]
     else:

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import admission as adm
 from blis_fast.kernels import kvcache as kvc
@@ -34,6 +33,7 @@ from blis_fast.kernels import routing as rtk
 from blis_fast.kernels.batch import wq_push_back
 from blis_fast.kernels.enums import Decider, Event, EventPriority, Registration, RequestState
 from blis_fast.kernels.events import CLUSTER, INSTANCE, push_event, schedule_step
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.router_state import RouterCfg, RouterVar
 from blis_fast.kernels.state import ConfigSlot, HotField, InstanceCounter, Rejection
 

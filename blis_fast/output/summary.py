@@ -242,6 +242,12 @@ class RequestColumns:
     """bool: force-completed at the MaxModelLen boundary."""
     gateway_queue_delay_ms: np.ndarray | None = None
     """float64 DELTA-10 gateway delay in ms (flow control only; None or 0 = omitted)."""
+    instance_names: Sequence[str] | None = None
+    """The id of each instance index (None: ``instance_<i>``; autoscaled runs name theirs)."""
+
+    def instance_name(self, i: int) -> str:
+        """The id ``handled_by`` index ``i`` stands for."""
+        return self.instance_names[i] if self.instance_names is not None else f"instance_{i}"
 
     def __len__(self) -> int:
         """Number of rows."""
@@ -333,7 +339,7 @@ def _request_rows(req: RequestColumns) -> str:
     slo = _quoted_optional(_str_array(req.slo_class)[order].tolist(), "slo_class", n)
     ten = _quoted_optional(_str_array(req.tenant_id)[order].tolist(), "tenant_id", n)
     hb = np.asarray(req.handled_by, dtype=np.int64)[order].tolist()
-    hand = _quoted_optional([f"instance_{h}" if h >= 0 else "" for h in hb], "handled_by", n)
+    hand = _quoted_optional([req.instance_name(h) if h >= 0 else "" for h in hb], "handled_by", n)
     mod = _quoted_optional(_str_array(req.model)[order].tolist(), "model", n)
     capped = np.asarray(req.length_capped, dtype=bool)[order].tolist()
     cap = [',\n      "length_capped": true' if c else "" for c in capped]
