@@ -3,10 +3,9 @@ shared by the cluster loop (``event_loop.py``) and the P/D handlers (``pd.py``).
 
 from __future__ import annotations
 
-from numba import njit
-
 from blis_fast.kernels.enums import Event, EventPriority
 from blis_fast.kernels.heap import heap_push, make_tie
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.state import InstanceCounter, LoopSlot
 
 CLUSTER = False
