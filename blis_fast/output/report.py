@@ -20,13 +20,10 @@ import numpy as np
 
 from blis_fast.errors import BlisConfigError
 from blis_fast.output.anomalies import (
-    count_inversion_pairs,
     detect_hol_blocking,
     detect_priority_inversions,
 )
 from blis_fast.output.fitness import (
-    FITNESS_KEYS,
-    FitnessResult,
     RawMetrics,
     compute_fitness,
     parse_fitness_weights,
@@ -43,17 +40,9 @@ from blis_fast.output.summary import (
 __all__ = [
     "TraceSummary",
     "ClusterReport",
-    "RawMetrics",
-    "FitnessResult",
     "ModelMetrics",
     "TenantMetrics",
-    "FITNESS_KEYS",
-    "parse_fitness_weights",
-    "compute_fitness",
     "collect_raw_metrics",
-    "detect_priority_inversions",
-    "detect_hol_blocking",
-    "count_inversion_pairs",
     "per_slo_distributions",
     "per_model_metrics",
     "per_tenant_metrics",
