@@ -22,6 +22,7 @@ from blis_fast.config.latency import LatencyConfig, resolve_latency
 from blis_fast.config.pd import (
     check_construction,
     check_encode,
+    config_warnings,
     resolve_pools,
     validate_pd,
     with_transfer_sizing,
@@ -129,6 +130,11 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
     for msg in run_warnings(res):
         log.warning(msg)
     outputs = build_outputs(res, opts, replay)
+    if res.pd is not None:
+        from blis_fast.output.pd import pd_warnings
+
+        for msg in pd_warnings(res, opts):
+            log.warning(msg)
     write_outputs(plan, opts, replay, prepared.table, res, outputs)
     return RunResult(stdout=outputs.stdout, summary=outputs.summary,
                      per_instance=outputs.per_instance, requests=outputs.requests,
@@ -178,6 +184,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
             _fail("closed-loop sessions are not supported yet with P/D disaggregation")
         pd = with_transfer_sizing(pd, opts, latency)
         pools = resolve_pools(pd, opts, latency)
+        pd = replace(pd, warnings=pd.warnings + tuple(config_warnings(opts, pd)))
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(

@@ -177,7 +177,12 @@ def validate_pd(opts: Any, replay: bool = False, allow_custom: bool = False,
         warnings.append(f"--pd-prefix-threshold={threshold} is ignored when "
                         f"--pd-decider={go_quote(decider)} (only applies to the "
                         "prefix-threshold decider)")
-    if decider not in ("", "never") and p == 0:
+    if decider not in ("", "never") and p == 0 and s > 0 and not replay:
+        warnings.append(  # D9: the reference's own text says the decider has no effect
+            f"with --prefill-instances=0 and --prefill-decode-instances={s} the decider acts "
+            "on the shared pods; per-pool flags are ignored and --pd-transfer-bandwidth/"
+            "--pd-transfer-base-latency are not checked (reference behaviour)")
+    elif decider not in ("", "never") and p == 0:
         if replay:
             _fail(f"--pd-decider={go_quote(decider)} has no effect because --prefill-instances=0 "
                   "(disaggregation is disabled); set --prefill-instances > 0 and "
@@ -203,6 +208,30 @@ def validate_pd(opts: Any, replay: bool = False, allow_custom: bool = False,
         prefill_scorers=_pool_scorers(opts, "prefill", allow_custom),
         decode_scorers=_pool_scorers(opts, "decode", allow_custom),
         warnings=tuple(warnings))
+
+
+def config_warnings(opts: Any, pd: PDConfig) -> list[str]:
+    """Warnings about reference behaviour a P/D configuration runs into (README, "known
+    reference behaviour"): the shared round-robin counter (D1), per-pool GPUs that change only
+    the KV capacity (D8)."""
+    out: list[str] = []
+    if not pd.on:
+        return out
+    roles = pd.roles(opts.num_instances)
+    pools = (int(np.count_nonzero(roles & ROLE_PREFILL)),
+             int(np.count_nonzero(roles & ROLE_DECODE)))
+    if (opts.routing_policy in ("", "round-robin") and pd.decider != "never"
+            and any(size % 2 == 0 for size in pools)):
+        out.append("P/D with --routing-policy round-robin: the decode and prefill picks share "
+                   "one round-robin counter (reference behaviour), which can leave instances "
+                   "of a pool without work; set another --routing-policy")
+    for pool in ("prefill", "decode"):
+        if pd.prefill > 0 and opts.given(f"{pool}_hardware"):
+            gpu = getattr(opts, f"{pool}_hardware")
+            out.append(f"--{pool}-hardware {gpu} changes the {pool} pool's KV capacity and "
+                       "GPU label only; its step times use the --hardware calibration "
+                       "(reference behaviour)")
+    return out
 
 
 def check_construction(opts: Any, pd: PDConfig) -> None:

@@ -170,11 +170,18 @@ def kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: Capacity):
 def with_prefill_rows(table):
     """The kernel's rows in P/D mode: the workload's requests, then one prefill sub-request
     per request (row ``r + n``: the same prompt, arrival, deadline, output budget and client,
-    no outputs, its own copy of the block digests; id ``<id>_prefill``)."""
+    no outputs, its own copy of its prompt's block digests; id ``<id>_prefill``)."""
     from dataclasses import replace
 
     n = table.n
-    total = int(table.chunk_offsets[-1])
+    # a prefill row reads the digests of its prompt's blocks only (the partial last one too)
+    off = table.chunk_offsets
+    bs = table.block_size
+    keep = np.minimum(np.diff(off), (table.input_len + bs - 1) // bs)
+    starts = off[:-1]
+    idx = (np.repeat(starts - np.concatenate([[0], np.cumsum(keep)[:-1]]), keep)
+           + np.arange(int(keep.sum())))
+    total = int(off[-1])
     per_row = {name: np.concatenate([getattr(table, name), getattr(table, name)])
                for name in ("arrival_us", "input_len", "max_output_len", "deadline_us",
                             "prefix_length", "client_idx", "round_index", "text_tokens",
@@ -184,8 +191,8 @@ def with_prefill_rows(table):
         table, **per_row,
         output_len=np.concatenate([table.output_len, np.zeros(n, np.int64)]),
         session_idx=np.concatenate([table.session_idx, np.full(n, -1, np.int32)]),
-        chunk_offsets=np.concatenate([table.chunk_offsets, total + table.chunk_offsets[1:]]),
-        chunk_digests=np.concatenate([table.chunk_digests, table.chunk_digests]),
+        chunk_offsets=np.concatenate([off, total + np.cumsum(keep)]).astype(np.int64),
+        chunk_digests=np.concatenate([table.chunk_digests, table.chunk_digests[idx]]),
         extra_ids=[f"{rid}_prefill" for rid in table.id_strings()])
 
 

@@ -141,11 +141,12 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     kv = kv_state(table, cfg, inp, room)
     rs = new_request_arrays(n, pad(table.max_output_len, n, np.int64))
     ins = new_instance_arrays(n_inst, max_batch)
-    lg = new_step_log(max(1024, 4 * n), max(1024, 2 * n))
+    n_req = parents.n + room.rows  # requests (P/D: sub-request rows excluded); logs grow
+    lg = new_step_log(max(1024, 4 * n_req), max(1024, 2 * n_req))
     meta = request_metadata(table, given, model)  # tenant capacity: --num-instances (AS-7.3)
     rt = router_state(cfg, n, meta, kv, room)
     pd = pd_state(cfg, parents, max_batch, inp, ranked) if cfg.pd_on else pd_off()
-    heap = push_cluster_arrivals(new_event_heap(3 * n + 4 * n_inst + 16), inp.arrival,
+    heap = push_cluster_arrivals(new_event_heap(3 * n_req + 4 * n_inst + 16), inp.arrival,
                                  np.arange(parents.n, dtype=np.int64),
                                  np.full(parents.n, -1, np.int64))
     work = new_work(n, max_batch, room.max_chunks)
@@ -166,7 +167,7 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     asc = None
     if cfg.autoscale is not None:
         fleet.check_rows(fleet_rows)
-        heap = new_event_heap(3 * n + 4 * n_inst + 16)
+        heap = new_event_heap(3 * n_req + 4 * n_inst + 16)
         asc = fleet.new_autoscale_state(cfg.autoscale, cfg, fleet_rows, n0)
         fleet.start_fleet(given, asc, kv, sim_cfg.inst, sim_cfg.instance_rank, rt, heap)
         heap = push_cluster_arrivals(heap, inp.arrival, np.arange(parents.n, dtype=np.int64),

@@ -202,3 +202,49 @@ def pd_section(res: SimulationResult, instances: list[InstanceMetrics]) -> str:
         lines.append(f"Peak Concurrent Transfers: {int(pd.counters[PDCounter.PEAK])}\n")
         lines.append(f"Mean Transfer Queue Depth: {go_fixed(depth, 4)}\n")
     return "".join(lines)
+
+
+def pd_warnings(res: SimulationResult, opts) -> list[str]:
+    """One line per reference behaviour this run actually ran into (README, "known reference
+    behaviour"), each at most once."""
+    pd = res.pd
+    cnt = pd.counters
+    par = pd.par
+    n = res.table.n
+    split = par[:, _F.FLAG] == 1
+    out: list[str] = []
+    ended_badly = int(cnt[PDCounter.DROPPED_AT_DECODE_KV] + cnt[PDCounter.DECODE_TIMED_OUT])
+    if ended_badly:
+        out.append(f"{ended_badly} disaggregated requests that were dropped at their decode "
+                   "instance or timed out are included in the TTFT/E2E/scheduling-delay "
+                   "statistics and the results file as if completed (reference behaviour, "
+                   "upstream #1511)")
+    dropped = int(cnt[PDCounter.DROPPED_AT_DECODE_KV])
+    if dropped:
+        out.append(f'"Dropped at Decode KV" in the P/D block is always 0 (reference behaviour); '
+                   f"the {dropped} requests dropped for lack of KV on their decode instance "
+                   "are in dropped_unservable")
+    projected = split & (par[:, _F.T_DONE] > 0)
+    if projected.any():
+        out.append("for disaggregated requests the cluster scheduling_delay_p99_ms covers only "
+                   "the wait before prefill, not the wait on the decode instance (reference "
+                   "behaviour)")
+    if opts.trace_output and split.any():
+        out.append(f"--trace-output writes the {int(split.sum())} disaggregated requests with "
+                   "status incomplete and no chunk times (reference behaviour); their outcomes "
+                   "are in --metrics-path")
+    late = int(cnt[PDCounter.PAST_DEADLINE])
+    if late:
+        out.append(f"{late} decode sub-requests reached their decode instance after their "
+                   "deadline; they are timed out at the deadline, before the transfer that "
+                   "delivered them ended (reference behaviour)")
+    proj = project(res)
+    parent_rows = proj.rows[len(proj.rows) - len(proj.parent_ttft_us):]
+    prefill_ttft = res.ttft_us[parent_rows + n].astype(np.float64)
+    early = int(np.count_nonzero((prefill_ttft >= 0)
+                                 & (proj.parent_ttft_us < prefill_ttft)))
+    if early:
+        out.append("KV transfers start at the beginning of the last prefill step (reference "
+                   f"behaviour), so decoding can begin before prefill ends: {early} "
+                   "disaggregated requests report a TTFT shorter than their own prefill")
+    return out
