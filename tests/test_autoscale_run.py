@@ -5,6 +5,7 @@ random autoscaler configurations (hypothesis)."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -240,7 +241,7 @@ def autoscaled_runs(draw):
     return bundle, kw, lo, hi
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=int(os.environ.get("AS_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(autoscaled_runs())
 def test_invariants_over_random_autoscaler_configs(tmp_path, case):

@@ -572,7 +572,8 @@ def on_scaling_tick(asc, ins, rt, kv, heap, t):
 def on_scale_actuation(asc, kv, inst_cfg, inst_rank, rt, heap, t, row):
     """ScaleActuationEvent: place ``delta`` new instances (Loading, then Active after the
     loading delay) or drain ``-delta`` Active instances of the variant, smallest id first."""
-    delta = asc.act[row, ACT_DELTA]
+    # our replica bounds again, against the fleet now (other actuations may have landed)
+    delta = _bounded(asc, asc.act[row, ACT_DELTA])
     label = asc.act[row, ACT_LABEL]
     tp = asc.act[row, ACT_TP]
     if delta > 0:

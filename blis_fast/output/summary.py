@@ -339,7 +339,9 @@ def _request_rows(req: RequestColumns) -> str:
     slo = _quoted_optional(_str_array(req.slo_class)[order].tolist(), "slo_class", n)
     ten = _quoted_optional(_str_array(req.tenant_id)[order].tolist(), "tenant_id", n)
     hb = np.asarray(req.handled_by, dtype=np.int64)[order].tolist()
-    hand = _quoted_optional([req.instance_name(h) if h >= 0 else "" for h in hb], "handled_by", n)
+    names = req.instance_names
+    hand = _quoted_optional([f"instance_{h}" if h >= 0 else "" for h in hb] if names is None
+                            else [names[h] if h >= 0 else "" for h in hb], "handled_by", n)
     mod = _quoted_optional(_str_array(req.model)[order].tolist(), "model", n)
     capped = np.asarray(req.length_capped, dtype=bool)[order].tolist()
     cap = [',\n      "length_capped": true' if c else "" for c in capped]
