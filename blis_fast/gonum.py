@@ -29,6 +29,8 @@ ERR_RANGE = "value out of range"
 _U64_MAX = (1 << 64) - 1
 INT64_MAX = (1 << 63) - 1
 """Go's ``math.MaxInt64``: the default horizon, the bound of the int64 values the reference keeps."""
+INT64_MIN = -(1 << 63)
+"""Go's ``math.MinInt64``."""
 
 
 class NumError(ValueError):

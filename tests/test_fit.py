@@ -99,6 +99,9 @@ def test_fit_is_deterministic_for_a_seed(traces):
     (["--time-limit", "abc"], "--time-limit"),
     (["--holdout", "only-one-part"], "--holdout"),
     (["--latency-model", "roofline"], "--latency-model"),
+    (["--starts", "0"], "--starts"),
+    (["--workers", "x"], "--workers"),
+    (["--backend", "slurm"], "--backend"),
     (["--trace-header", "missing.yaml", "--trace-data", "missing.csv"], "--trace-header"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(traces, tmp_path, extra, needle):
@@ -112,3 +115,66 @@ def test_bad_input_is_one_line_exit_2_nothing_written(traces, tmp_path, extra, n
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# trained-physics: the published coefficients moved by known factors are the truth; the fit
+# starts from the published ones (physics_start) and must find the scale and the split.
+PHYSICS_FACTORS = {0: 2.0, 1: 1.5, 3: 3.0, 5: 2.0, 8: 2.0, 9: 4.0, 12: 2.5}
+
+
+@pytest.fixture(scope="module")
+def physics_traces(tmp_path_factory):
+    from blis_fast.fit.optimize import physics_start
+
+    truth = list(physics_start({}))
+    for k, factor in PHYSICS_FACTORS.items():
+        truth[k] *= factor
+    tmp = tmp_path_factory.mktemp("fit-physics")
+    made = [make_observed_trace(tmp / name, alpha=tuple(truth[:3]), beta=tuple(truth[3:]),
+                                rate=rate, seed=seed, noise_seed=noise_seed,
+                                latency_model="trained-physics", **WORKLOAD)
+            for name, rate, seed, noise_seed in (("busy", 12, 5, 2), ("light", 4, 3, 1))]
+    return truth, made
+
+
+def test_trained_physics_fit_finds_the_scale_and_predicts_another_load(physics_traces, tmp_path):
+    truth, ((bh, bd), (lh, ld)) = physics_traces
+    res = invoke(["fit", "--trace-header", bh, "--trace-data", bd, "--holdout", f"{lh}:{ld}",
+                  "--model", MODEL, "--latency-model", "trained-physics",
+                  "--report", str(tmp_path / "r.json"), "--out-coeffs", str(tmp_path / "c.json")])
+    assert res.code == 0, res.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    coeffs = json.loads((tmp_path / "c.json").read_text())
+    assert coeffs["latency_model"] == report["latency_model"] == "trained-physics"
+    assert len(coeffs["alpha_coeffs"]) == 3 and len(coeffs["beta_coeffs"]) == 10
+    fitted = coeffs["alpha_coeffs"] + coeffs["beta_coeffs"]
+    free = [c["name"] for c in report["coefficients"] if c["fitted"]]
+    assert free == ["alpha0", "alpha1", "beta0", "beta2", "beta5", "beta6", "beta9"]
+    for k, c in enumerate(report["coefficients"]):  # fixed ones keep the published value
+        if not c["fitted"]:
+            assert fitted[k] == c["initial"]
+    # the queueing delay and the weight-loading factor (what a decode step of an 8B model on
+    # one GPU mostly is) are seen directly: within 10 %
+    assert fitted[0] == pytest.approx(truth[0], rel=0.10)
+    assert fitted[5] == pytest.approx(truth[5], rel=0.10)
+    holdout = report["holdout"][0]["calibration"]["metrics"]
+    print(f"\ntrained-physics fit: holdout E2E MAPE {holdout['e2e']['request_level']['mape']:.4f}"
+          f", {len(report['losses'])} evaluations")
+    assert holdout["e2e"]["request_level"]["mape"] <= 0.03
+    assert res.stdout.startswith("--latency-model trained-physics --alpha-coeffs ")
+
+
+def test_parallel_searches_do_not_depend_on_the_worker_count(traces):
+    from blis_fast.fit.optimize import fit
+    from blis_fast.fit.problem import load_fit_trace
+
+    (bh, bd), _ = traces
+    ft = load_fit_trace(bh, bd)
+    weights = {"ttft": 1.0, "itl": 1.0, "e2e": 1.0}
+    here, pooled = (fit([ft], {"model": MODEL}, weights, max_evaluations=60, time_limit_s=600,
+                        seed=3, starts=2, workers=workers) for workers in (1, 2))
+    assert here.coefficients == pooled.coefficients and here.losses == pooled.losses
+    assert len(here.search_losses) == 2 and len(here.losses) == 60
+    assert here.loss == min(here.search_losses) == min(here.losses)
+    # the second search starts elsewhere: its evaluations differ from the first's
+    assert here.losses[:30] != here.losses[30:]

@@ -1,16 +1,20 @@
 """Fit against a real vLLM server (CPU build, tiny model): observe two loads, fit on one,
 predict the other.
 
-Marker ``realserver_fit`` (``python -m pytest -m realserver_fit``), not in CI's real-server
-command: the held-out bound below is not steady yet. Skipped with the reason when vLLM cannot
-be installed or started. One server serves both loads.
+Marker ``realserver`` (CI's real-server command). Skipped with the reason when vLLM cannot be
+installed or started. One server serves every observation.
 
-Measured on the shared 2-core machine (held-out mean-E2E error / E2E MAPE, default's MAPE):
-3.9 % / 13.3 % (21.7 %), 9.0 % / 14.5 % (20.4 %); a third observation with the same command
-line gave 17.5 % / 19.5 % (31.4 %). Four later runs on a quiet machine: two passed (2.4 % /
-8.6 % vs 16.3 %; 3.0 % / 4.7 % vs 6.3 %), one missed the 10 % bound, one had a fitted E2E MAPE
-not below the default's (the default roofline model of an H100 happens to be close for this
-tiny CPU model). The bounds are kept as the issue states them.
+The design keeps the machine's own drift out of the comparison: the two loads are observed in
+alternating segments (8, 2, 8, 2 requests/s, after a discarded warm-up segment), the fit uses
+both 8 requests/s segments and the held-out figures pool both 2 requests/s segments, so a
+background job that slows the server for a while weighs on both loads alike.
+
+A segment whose chunks reached the client in bursts (more than 30 % of the inter-chunk gaps
+under 0.2 ms: the API process or the client was starved of CPU and vLLM merged its outputs;
+5-20 % under a load average of 5 on this 2-core machine, 96-99 % when the engine had only one
+OpenMP thread, whatever the load) is
+a measurement of the machine's load, not of the server: it is observed again, up to three
+times, and the test is skipped, saying so, when the machine never lets a clean one through.
 """
 
 from __future__ import annotations
@@ -21,17 +25,23 @@ import pytest
 
 from blis_fast.testing.vllm_server import MODEL_NAME, VllmServer, VllmUnavailable
 
-pytestmark = pytest.mark.realserver_fit
+BURST_GAP_US = 200
+BURST_SHARE = 0.30
+ATTEMPTS = 3
+
+pytestmark = pytest.mark.realserver
 
 REPLAY_MODEL = "meta-llama/llama-3.1-8b-instruct"
-WORKLOAD = dict(num_requests=60, prompt_tokens=64, prompt_tokens_stdev=24, prompt_tokens_min=16,
+WORKLOAD = dict(prompt_tokens=64, prompt_tokens_stdev=24, prompt_tokens_min=16,
                 prompt_tokens_max=128, output_tokens=24, output_tokens_stdev=8,
                 output_tokens_min=8, output_tokens_max=48)
+SEGMENTS = (("warmup", 8.0, 12), ("rate8a", 8.0, 40), ("rate2a", 2.0, 40), ("rate8b", 8.0, 40),
+            ("rate2b", 2.0, 40))
 
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory):
-    """Traces (header, data, itl) at 2 and 8 requests/s from one vLLM server."""
+    """Traces (header, data, itl) of each segment, observed one after another on one server."""
     from blis_fast.observe.command import ObserveOptions, run_observe
 
     server = VllmServer()
@@ -42,54 +52,102 @@ def observed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fit-real")
     out = {}
     try:
-        for rate in (2.0, 8.0):
-            name = f"rate{int(rate)}"
+        for seed, (name, rate, count) in enumerate(SEGMENTS, start=11):
             paths = (str(tmp / f"{name}.yaml"), str(tmp / f"{name}.csv"),
                      str(tmp / f"{name}.itl.csv"))
             opts = ObserveOptions(
-                server_url=server.url, model=MODEL_NAME, rate=rate, seed=11, record_itl=True,
+                server_url=server.url, model=MODEL_NAME, rate=rate, seed=seed, record_itl=True,
                 timeout=120, trace_header=paths[0], trace_data=paths[1], itl_output=paths[2],
+                num_requests=count,
                 given=frozenset({"rate", "seed", "record_itl", "timeout", "itl_output",
-                                 *WORKLOAD}), **WORKLOAD,
-            )  # fmt: skip
-            t0 = time.perf_counter()
-            run_observe(opts)
-            print(f"\nobserved {name} in {time.perf_counter() - t0:.1f} s")
+                                 "num_requests", *WORKLOAD}), **WORKLOAD,
+            )
+            for attempt in range(1, ATTEMPTS + 1):
+                t0 = time.perf_counter()
+                run_observe(opts)
+                share = _burst_share(paths[2])
+                print(f"\nobserved {name} ({count} requests at {rate:g}/s) in "
+                      f"{time.perf_counter() - t0:.1f} s, {share * 100:.0f}% of gaps < "
+                      f"{BURST_GAP_US} us (attempt {attempt})")
+                if share <= BURST_SHARE or name == "warmup":
+                    break
+            else:
+                pytest.skip(f"segment {name}: {share * 100:.0f}% of the inter-chunk gaps under "
+                            f"{BURST_GAP_US} us in {ATTEMPTS} attempts; the machine is too busy "
+                            f"for the client to time a server")
             out[name] = paths
     finally:
         server.stop()
     return out
 
 
-def _figures(metrics: dict) -> str:
-    return ", ".join(f"{m} MAPE {v['request_level']['mape'] * 100:.1f}% (mean err "
-                     f"{v['workload_level']['mean_percent_error'] * 100:.1f}%)"
-                     for m, v in sorted(metrics.items()))
+def _burst_share(itl_path: str) -> float:
+    """Share of consecutive-chunk gaps under ``BURST_GAP_US`` in an ITL file."""
+    import csv
+
+    stamps: dict[str, list[tuple[int, int]]] = {}
+    with open(itl_path, newline="") as f:
+        for row in csv.DictReader(f):
+            stamps.setdefault(row["request_id"], []).append(
+                (int(row["chunk_index"]), int(row["timestamp_us"])))
+    gaps = []
+    for rows in stamps.values():
+        times = [ts for _, ts in sorted(rows)]
+        gaps += [b - a for a, b in zip(times[:-1], times[1:], strict=True)]
+    return sum(g < BURST_GAP_US for g in gaps) / len(gaps) if gaps else 1.0
+
+
+def _pooled(pairs_list) -> dict[str, tuple[float, float]]:
+    """Per metric over all the pairs: (request-level MAPE, mean percent error), fractions."""
+    from blis_fast.calibrate.stats import mape_and_bias
+
+    out = {}
+    for metric in ("ttft", "itl", "e2e"):
+        real = [v for p in pairs_list for v in getattr(p, metric).real]
+        sim = [v for p in pairs_list for v in getattr(p, metric).sim]
+        if real:
+            mean_real = sum(real) / len(real)
+            out[metric] = (mape_and_bias(real, sim)[0],
+                           abs(sum(sim) / len(sim) - mean_real) / mean_real)
+    return out
+
+
+def _figures(pooled: dict[str, tuple[float, float]]) -> str:
+    return ", ".join(f"{m} MAPE {mape * 100:.1f}% (mean err {err * 100:.1f}%)"
+                     for m, (mape, err) in sorted(pooled.items()))
 
 
 def test_fit_on_one_load_predicts_the_other(observed):
-    from blis_fast.calibrate.report import build_report
     from blis_fast.fit.optimize import fit
-    from blis_fast.fit.problem import load_fit_trace, pair_trace, sim_results
-    from blis_fast.fit.report import build_fit_report
+    from blis_fast.fit.problem import load_fit_trace, pair_trace, sim_results, simulate
     from blis_fast.options import build_options
     from blis_fast.runner import execute_replay
 
-    train = load_fit_trace(*observed["rate8"], warmup_requests=0)
-    held = load_fit_trace(*observed["rate2"], warmup_requests=0)
+    def load(name):
+        return load_fit_trace(*observed[name], warmup_requests=0)
+
+    train = [load("rate8a"), load("rate8b")]
+    held = [load("rate2a"), load("rate2b")]
     base = {"model": REPLAY_MODEL}
     weights = {"ttft": 1.0, "itl": 1.0, "e2e": 1.0}
-    result = fit([train], base, weights, max_evaluations=2000, time_limit_s=120, seed=0)
-    report, _ = build_fit_report(result, [train], [held], base, weights)
-    fitted = report["holdout"][0]["calibration"]["metrics"]
-    default_sims = sim_results(execute_replay(build_options(
-        dict(base, trace_header=held.header_path, trace_data=held.data_path, log="error"),
-        keywords=True)).requests)
-    default = build_report(pair_trace(held, default_sims))["metrics"]
+    result = fit(train, base, weights, max_evaluations=2000, time_limit_s=120, seed=0)
+
+    def fitted_pairs(traces):
+        return [pair_trace(t, simulate(t, base, "blackbox", result.alpha, result.beta))
+                for t in traces]
+
+    def default_pairs(traces):  # the replay a user gets without fitting: no latency flags
+        return [pair_trace(t, sim_results(execute_replay(build_options(
+            dict(base, trace_header=t.header_path, trace_data=t.data_path, log="error"),
+            keywords=True)).requests)) for t in traces]
+
+    fitted_train = _pooled(fitted_pairs(train))
+    fitted = _pooled(fitted_pairs(held))
+    default = _pooled(default_pairs(held))
     print(f"\nfit: {len(result.losses)} evaluations, {result.seconds:.1f} s, loss "
           f"{result.loss:.4f}, alpha {result.alpha}, beta {result.beta}")
-    print(f"fit trace (8 req/s): {_figures(report['traces'][0]['calibration']['metrics'])}")
+    print(f"fit traces (8 req/s): {_figures(fitted_train)}")
     print(f"held out (2 req/s), fitted: {_figures(fitted)}")
     print(f"held out (2 req/s), default roofline: {_figures(default)}")
-    assert fitted["e2e"]["workload_level"]["mean_percent_error"] <= 0.10
-    assert fitted["e2e"]["request_level"]["mape"] < default["e2e"]["request_level"]["mape"]
+    assert fitted["e2e"][1] <= 0.10
+    assert fitted["e2e"][0] < default["e2e"][0]

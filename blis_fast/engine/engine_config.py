@@ -42,6 +42,10 @@ class EngineConfig:
     policies: Policies
     hash_decode_blocks: bool = False  # register decode-filled blocks (accumulating sessions)
     hooks: Hooks | None = None  # user policies (custom scorer / admission / scheduler key)
+    # per-instance overrides (P/D pools, instances of another GPU or TP): one value per
+    # instance; None = the resolved global value (options.total_kv_blocks / max_model_len)
+    instance_kv_blocks: tuple[int, ...] | None = None
+    instance_max_model_len: tuple[int, ...] | None = None
 
     @property
     def scorers(self) -> tuple[tuple[str, float], ...]:
@@ -52,6 +56,22 @@ class EngineConfig:
     def trace_decisions(self) -> bool:
         """True when the decision trace is recorded (``--trace-level decisions``)."""
         return self.options.trace_level == "decisions"
+
+    def kv_blocks_per_instance(self) -> np.ndarray:
+        """Each instance's GPU KV blocks (int64 [num_instances])."""
+        return self._per_instance(self.instance_kv_blocks, self.options.total_kv_blocks)
+
+    def max_model_len_per_instance(self) -> np.ndarray:
+        """Each instance's max model length, 0 = unlimited (int64 [num_instances])."""
+        return self._per_instance(self.instance_max_model_len, self.options.max_model_len)
+
+    def _per_instance(self, values: tuple[int, ...] | None, default: int) -> np.ndarray:
+        n = self.options.num_instances
+        if values is None:
+            return np.full(n, default, np.int64)
+        if len(values) != n:
+            raise ValueError(f"expected {n} per-instance values, got {len(values)}")
+        return np.array(values, np.int64)
 
     def slot_values(self) -> list[tuple[str, int | float]]:
         """Every kernel config slot (``"<array>.<constant>"``) with its value: the options rows

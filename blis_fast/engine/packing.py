@@ -13,7 +13,7 @@ from blis_fast.engine.engine_config import EngineConfig
 from blis_fast.kernels.gorand import new_source, subsystem_seed
 from blis_fast.kernels.kv_layout import new_kv_state
 from blis_fast.kernels.router_state import RouterParam, new_router_state
-from blis_fast.kernels.state import ConfigSlot, RequestInputs
+from blis_fast.kernels.state import ConfigSlot, InstanceSlot, RequestInputs
 from blis_fast.policies.priority import DEFAULT_SLO_PRIORITY, SLO_PRIORITIES
 from blis_fast.policies.routing import ROUTING
 from blis_fast.policies.scorers import SCORERS
@@ -106,6 +106,13 @@ def config_ints(cfg: EngineConfig, rt) -> np.ndarray:
     return ints
 
 
+def instance_config(cfg: EngineConfig) -> np.ndarray:
+    """``SimConfig.inst``: one row of InstanceSlot values per instance."""
+    inst = np.zeros((cfg.options.num_instances, InstanceSlot.SIZE), np.int64)
+    inst[:, InstanceSlot.MAX_MODEL_LEN] = cfg.max_model_len_per_instance()
+    return inst
+
+
 def router_state(cfg: EngineConfig, n: int, meta: RequestMeta, kv, room: Capacity):
     """The router's state for ``n`` request rows (scorers, per-request inputs); the policy
     codes and parameters are packed into its slots by ``config_ints``."""
@@ -144,7 +151,7 @@ def kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: Capacity):
     if opts.kv_cpu_blocks > 0:
         reload_ticks = opts.kv_transfer_base_latency + int(
             math.ceil(float(block_size) / opts.kv_transfer_bandwidth))
-    return new_kv_state(opts.num_instances, opts.total_kv_blocks, block_size, chunk_off,
+    return new_kv_state(opts.num_instances, cfg.kv_blocks_per_instance(), block_size, chunk_off,
                         chunk_dig, inp.input_len, inp.output_len, opts.kv_cpu_blocks,
                         reload_ticks, cfg.hash_decode_blocks,
                         log_changes=_delayed_cache_signal(cfg), pool_extra=room.pool,

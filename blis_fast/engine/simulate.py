@@ -21,6 +21,7 @@ from blis_fast.engine.follow_ups import (
 )
 from blis_fast.engine.packing import (
     config_ints,
+    instance_config,
     instance_rank_of,
     kv_state,
     pad,
@@ -145,7 +146,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     sim_cfg = SimConfig(config_ints(cfg, rt),
                         np.ascontiguousarray(cfg.latency.params, np.float64),
                         np.ascontiguousarray(cfg.latency.alpha, np.float64),
-                        instance_rank_of(n_inst))
+                        instance_rank_of(n_inst), instance_config(cfg))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)

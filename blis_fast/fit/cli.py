@@ -1,7 +1,8 @@
-"""The ``blis fit`` command: fit blackbox α/β to observed traces, report, plot, predict holdouts.
+"""The ``blis fit`` command: fit a latency backend's α/β (blackbox or trained-physics) to
+observed traces, report, plot, predict holdouts.
 
-The documented way to use the result: the printed ``--latency-model blackbox --alpha-coeffs
-... --beta-coeffs ...`` flags, pasted into ``blis run``/``replay``. Every input is checked before
+The documented way to use the result: the printed ``--latency-model NAME --alpha-coeffs ...
+--beta-coeffs ...`` flags, pasted into ``blis run``/``replay``. Every input is checked before
 the fit starts; output files are written atomically after it, all or none.
 """
 
@@ -58,7 +59,8 @@ def _progress(stream):
 @click.option("--max-num-scheduled-tokens", default=None, help="Token budget per step")
 @click.option("--num-instances", default=None, help="Instances serving the trace")
 @click.option("--latency-model", default="blackbox", show_default=True,
-              help="Backend to fit (blackbox only so far)")
+              help="Backend to fit: blackbox or trained-physics (needs the model's config and "
+              "the hardware, like blis run)")
 @click.option("--weight-ttft", default="1", show_default=True, help="Loss weight of TTFT MAPE")
 @click.option("--weight-itl", default="1", show_default=True,
               help="Loss weight of ITL MAPE (used with --itl-data)")
@@ -71,6 +73,12 @@ def _progress(stream):
               help="Most replays of the trace set")
 @click.option("--time-limit", default="60", show_default=True, help="Seconds of fitting at most")
 @click.option("--seed", default="0", show_default=True, help="Seed of the optimizer's start")
+@click.option("--starts", default="1", show_default=True,
+              help="Independent searches from seeded starts; they share --max-evaluations")
+@click.option("--workers", default="1", show_default=True,
+              help="Worker processes running the searches at once (the sweep's pool)")
+@click.option("--backend", default="local", show_default=True,
+              help="Where the workers run: local processes or ray")
 @click.option("--out-coeffs", default="", metavar="FILE", help="Write the fitted coefficients "
               "(JSON: latency_model, alpha_coeffs, beta_coeffs)")
 @click.option("--report", default="", metavar="FILE", help="Write the fit report JSON")
@@ -78,7 +86,8 @@ def _progress(stream):
               help="Draw the loss curve and observed vs predicted per metric (.png, .svg, .pdf)")
 def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_model, weight_ttft,
                 weight_itl, weight_e2e, warmup_requests, network_rtt_us, max_evaluations,
-                time_limit, seed, out_coeffs, report, plot_path, **replay) -> None:
+                time_limit, seed, starts, workers, backend, out_coeffs, report, plot_path,
+                **replay) -> None:
     """Fit the latency model's coefficients so replays reproduce observed traces."""
     from blis_fast.files import OutputPlan
     from blis_fast.fit.problem import load_fit_trace
@@ -93,8 +102,11 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
               f"give one per trace or none")
     if not model:
         _fail("--model is required")
-    if latency_model != "blackbox":
-        _fail(f"--latency-model: only blackbox can be fitted so far, got {latency_model!r}")
+    from blis_fast.fit.optimize import FIT_MODELS
+
+    if latency_model not in FIT_MODELS:
+        _fail(f"--latency-model: {latency_model!r} cannot be fitted; choose one of "
+              f"{', '.join(FIT_MODELS)}")
     weights = {m: _number(f"weight-{m}", v) for m, v in
                (("ttft", weight_ttft), ("itl", weight_itl), ("e2e", weight_e2e))}
     for m, w in weights.items():
@@ -111,6 +123,14 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
     if not math.isfinite(limit) or limit <= 0:
         _fail(f"--time-limit must be a number of seconds > 0, got {time_limit}")
     seed_value = int(_number("seed", seed, integer=True))
+    n_starts = int(_number("starts", starts, integer=True))
+    if n_starts < 1:
+        _fail(f"--starts must be >= 1, got {n_starts}")
+    n_workers = int(_number("workers", workers, integer=True))
+    if n_workers < 1:
+        _fail(f"--workers must be >= 1, got {n_workers}")
+    if backend not in ("local", "ray"):
+        _fail(f"--backend: unknown value {backend!r}. Valid: local, ray")
     if plot_path:
         from blis_fast.calibrate.plot import check_plot_path
 
@@ -137,23 +157,24 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
               for i, (h, d) in enumerate(zip(trace_header, trace_data, strict=True))]
     held = [load_fit_trace(p[0], p[1], p[2] if len(p) == 3 else None, warmup_requests=warm_up,
                            network_rtt_us=rtt) for p in holdouts]
-    from blis_fast.fit.optimize import initial_guess
+    from blis_fast.fit.optimize import starting_point
     from blis_fast.fit.problem import simulate
 
-    guess = initial_guess(traces)
+    guess = starting_point(FIT_MODELS[latency_model], traces, base)
     for ft in traces + held:  # refuses bad replay flags and traces before the fit starts
-        simulate(ft, base, "blackbox", guess[:3], guess[3:])
+        simulate(ft, base, latency_model, guess[:3], guess[3:])
     from blis_fast.fit.optimize import fit
     from blis_fast.fit.report import build_fit_report
 
-    result = fit(traces, base, weights, max_evaluations=max_evals, time_limit_s=limit,
-                 seed=seed_value, on_evaluation=_progress(sys.stderr))
+    result = fit(traces, base, weights, latency_model=latency_model, max_evaluations=max_evals,
+                 time_limit_s=limit, seed=seed_value, starts=n_starts, workers=n_workers,
+                 backend=backend, on_evaluation=_progress(sys.stderr))
     if _progress(sys.stderr) is not None:
         sys.stderr.write("\n")
     fit_report, figures = build_fit_report(result, traces, held, base, weights)
     outputs: list[tuple[str, str, bytes]] = []
     if out_coeffs:
-        coeffs = {"latency_model": "blackbox", "alpha_coeffs": list(result.alpha),
+        coeffs = {"latency_model": latency_model, "alpha_coeffs": list(result.alpha),
                   "beta_coeffs": list(result.beta)}
         outputs.append(("out-coeffs", out_coeffs, (json.dumps(coeffs, indent=2) + "\n").encode()))
     if report:
@@ -169,12 +190,13 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
         plan.commit()
     for line in summary_lines(fit_report):
         sys.stderr.write(line + "\n")
-    sys.stdout.write(paste_flags(result.alpha, result.beta) + "\n")
+    sys.stdout.write(paste_flags(latency_model, result.alpha, result.beta) + "\n")
 
 
-def paste_flags(alpha, beta) -> str:
-    """The ``blis run``/``replay`` flags of fitted blackbox coefficients (full precision)."""
-    return (f"--latency-model blackbox --alpha-coeffs {','.join(repr(float(a)) for a in alpha)} "
+def paste_flags(latency_model: str, alpha, beta) -> str:
+    """The ``blis run``/``replay`` flags of fitted coefficients (full precision)."""
+    return (f"--latency-model {latency_model} --alpha-coeffs "
+            f"{','.join(repr(float(a)) for a in alpha)} "
             f"--beta-coeffs {','.join(repr(float(b)) for b in beta)}")
 
 

@@ -1,4 +1,7 @@
-"""Simulation-based fit of blackbox α/β: a regression start, then Powell on log-coefficients.
+"""Simulation-based fit of a latency backend's α/β (blackbox, or trained-physics): a start
+(a regression for blackbox, the published coefficients rescaled by a one-factor search for
+trained-physics), then Powell on the logarithms of the free coefficients; several searches
+from seeded starts can run at once on the sweep's worker processes.
 
 Why Powell on logarithms: the loss is a replay's MAPE, piecewise constant at the scale of
 integer-µs step times and jumping with discrete scheduling decisions (TTFT depends on where an
@@ -6,8 +9,11 @@ arrival falls in the step cycle), so gradients and the finite differences ``leas
 takes are noise. Powell's bounded line searches are derivative-free and, on recovery traces,
 reached lower losses than Nelder-Mead and differential evolution for the same budget.
 Optimizing ``log(c)`` inside bounds keeps every coefficient positive and puts coefficients of
-very different magnitudes (µs per step vs µs per token) on one scale. Deterministic for a seed:
-the seed only shapes Powell's initial directions, and the replays are deterministic.
+very different magnitudes (µs per step vs µs per token) on one scale. Deterministic for a seed
+and a number of starts (not of workers): the seed only shapes the starts and Powell's initial
+directions, and the replays are deterministic. Parallel searches rather than parallel
+evaluations inside one search: Powell's line searches are sequential, and independent starts
+also guard against the local minima the TTFT term makes.
 """
 
 from __future__ import annotations
@@ -22,15 +28,52 @@ import numpy as np
 
 from blis_fast.fit.problem import FitTrace, metric_mapes, pair_trace, simulate, trace_loss
 
-__all__ = ["BLACKBOX_NAMES", "BLACKBOX_BOUNDS", "FitResult", "fit", "initial_guess"]
+__all__ = ["BLACKBOX_BOUNDS", "BLACKBOX_NAMES", "FIT_MODELS", "FitModel", "FitResult", "fit",
+           "initial_guess"]
 
 BLACKBOX_NAMES = ("alpha0", "alpha1", "alpha2", "beta0", "beta1", "beta2")
 # (lower, upper) of each coefficient: µs, µs/input token, µs/output token, µs/step,
 # µs/prefill token, µs/decode token
 BLACKBOX_BOUNDS = ((1.0, 1e7), (1e-4, 1e4), (0.0, 0.0), (1.0, 1e7), (1e-4, 1e4), (1e-2, 1e6))
+
+
+@dataclass(frozen=True)
+class FitModel:
+    """A latency backend the fit can tune: its coefficient names (3 alphas, then the betas),
+    the bounds of each and which ones move (the others keep their starting value)."""
+
+    latency_model: str
+    names: tuple[str, ...]
+    bounds: tuple[tuple[float, float], ...]
+    free: tuple[int, ...]
+    prescale: bool  # start with a search for one factor on every coefficient (unknown scale)
+
+    def clip(self, values: list[float] | tuple[float, ...]) -> tuple[float, ...]:
+        """``values`` inside the bounds of the free coefficients (fixed ones pass as they are)."""
+        return tuple(min(max(v, lo), hi) if k in self.free else v
+                     for k, (v, (lo, hi)) in enumerate(zip(values, self.bounds, strict=True)))
+
+
 # α2 (a per-output-token delay that does not slow the batch) shifts every ITL sample exactly as
 # β0 does at a steady batch size, so observed latencies cannot tell them apart: it stays 0.
-FREE = (0, 1, 3, 4, 5)
+BLACKBOX = FitModel("blackbox", BLACKBOX_NAMES, BLACKBOX_BOUNDS, (0, 1, 3, 4, 5), prescale=False)
+
+# trained-physics (kernels/latency.py): α0 queueing µs, α1 post-decode µs, α2 µs per output
+# token; β0 prefill compute, β1 decode compute, β2 weight loading, β3 TP all-reduce, β4 µs per
+# layer, β5 µs per request, β6 µs per step, β7 MoE per layer, β8 prefill KV, β9 decode KV.
+# Free: the terms a single-GPU dense deployment's latencies can tell apart. α2 and β4 are
+# constants per output token / per step like β6 (kept at the default), β3 and β7 need TP > 1
+# or MoE, β1 and β8 are 0 in the published coefficients (their phases are charged to the
+# memory terms) and stay so.
+PHYSICS_NAMES = ("alpha0", "alpha1", "alpha2", *(f"beta{k}" for k in range(10)))
+PHYSICS_BOUNDS = ((1.0, 1e8), (1.0, 1e8), (0.0, 1e6), (1e-6, 1e6), (0.0, 1e6), (1e-6, 1e6),
+                  (0.0, 1e6), (0.0, 1e6), (1e-4, 1e7), (1e-2, 1e8), (0.0, 1e6), (0.0, 1e6),
+                  (1e-6, 1e6))
+TRAINED_PHYSICS = FitModel("trained-physics", PHYSICS_NAMES, PHYSICS_BOUNDS,
+                           (0, 1, 3, 5, 8, 9, 12), prescale=True)
+
+FIT_MODELS = {m.latency_model: m for m in (BLACKBOX, TRAINED_PHYSICS)}
+"""The backends ``blis fit --latency-model`` accepts."""
 
 
 class _Stop(Exception):
@@ -44,9 +87,11 @@ class FitResult:
     coefficients: tuple[float, ...]
     initial: tuple[float, ...]
     loss: float
-    losses: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # every evaluation, search after search
     stopped: str = ""
     seconds: float = 0.0
+    latency_model: str = "blackbox"
+    search_losses: list[float] = field(default_factory=list)  # the best loss of each search
 
     @property
     def alpha(self) -> tuple[float, float, float]:
@@ -54,13 +99,14 @@ class FitResult:
         return tuple(self.coefficients[:3])  # type: ignore[return-value]
 
     @property
-    def beta(self) -> tuple[float, float, float]:
-        """β0, β1, β2."""
-        return tuple(self.coefficients[3:])  # type: ignore[return-value]
+    def beta(self) -> tuple[float, ...]:
+        """The betas (3 for blackbox, 10 for trained-physics)."""
+        return tuple(self.coefficients[3:])
 
-
-def _clip(values: list[float]) -> tuple[float, ...]:
-    return tuple(min(max(v, lo), hi) for v, (lo, hi) in zip(values, BLACKBOX_BOUNDS, strict=True))
+    @property
+    def model(self) -> FitModel:
+        """The fitted backend's description (names, bounds, free coefficients)."""
+        return FIT_MODELS[self.latency_model]
 
 
 def _linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -103,74 +149,196 @@ def initial_guess(traces: list[FitTrace]) -> tuple[float, ...]:
     per_token = s_ttft if s_ttft > 0 else 0.01 * step / 100.0
     beta0 = step
     alpha0 = max(c_ttft - beta0, 0.05 * step)
-    return _clip([alpha0, 0.1 * per_token, 0.0, beta0, 0.9 * per_token, beta2])
+    return BLACKBOX.clip([alpha0, 0.1 * per_token, 0.0, beta0, 0.9 * per_token, beta2])
 
 
-def fit(traces: list[FitTrace], base_options: dict[str, Any], weights: dict[str, float], *,
-        max_evaluations: int = 2000, time_limit_s: float = 60.0, seed: int = 0,
-        on_evaluation: Callable[[int, float, float], None] | None = None) -> FitResult:
-    """Minimize the mean over ``traces`` of the weighted MAPE by replaying them in-process.
+def physics_start(base_options: dict[str, Any]) -> tuple[float, ...]:
+    """trained-physics starting coefficients: the published ones (``defaults.yaml``, section
+    ``trained_physics_coefficients``), padded to 10 betas; the fit's first stage rescales them."""
+    from blis_fast.config.defaults import load_defaults
+    from blis_fast.data import data_path
 
-    ``on_evaluation(count, loss, best)`` is called after every evaluation (the progress bar).
-    """
-    from scipy.optimize import minimize
+    path = base_options.get("defaults_filepath") or str(data_path("defaults.yaml"))
+    coeffs = load_defaults(path).coefficients.get("trained_physics_coefficients")
+    alpha = list(coeffs.alpha_coeffs or ()) if coeffs is not None else []
+    beta = list(coeffs.beta_coeffs or ()) if coeffs is not None else []
+    alpha = (alpha + [0.0] * 3)[:3]
+    beta = (beta + [0.0] * 10)[:10]
+    full = TRAINED_PHYSICS.clip(alpha + beta)
+    return tuple(max(v, TRAINED_PHYSICS.bounds[k][0]) if k in TRAINED_PHYSICS.free else v
+                 for k, v in enumerate(full))
 
-    start = time.monotonic()
-    x0_coeffs = initial_guess(traces)
-    free = list(FREE)
-    lo = np.log([BLACKBOX_BOUNDS[k][0] for k in free])
-    hi = np.log([BLACKBOX_BOUNDS[k][1] for k in free])
-    losses: list[float] = []
-    best: list[Any] = [math.inf, x0_coeffs]
 
-    def loss_of(theta: np.ndarray, stage_weights: dict[str, float]) -> float:
-        if len(losses) >= max_evaluations:
+def starting_point(model: FitModel, traces: list[FitTrace],
+                   base_options: dict[str, Any]) -> tuple[float, ...]:
+    """Where every search starts: the regression guess (blackbox) or the published values."""
+    return initial_guess(traces) if model is BLACKBOX else physics_start(base_options)
+
+
+@dataclass
+class _Search:
+    """One search's inputs (picklable: it runs on a sweep worker process)."""
+
+    index: int
+    model_name: str
+    traces: list[FitTrace]
+    base_options: dict[str, Any]
+    weights: dict[str, float]
+    start: tuple[float, ...]
+    max_evaluations: int
+    time_limit_s: float
+    seed: int
+
+
+@dataclass
+class _SearchResult:
+    index: int
+    losses: list[float]
+    loss: float
+    coefficients: tuple[float, ...]
+    stopped: str
+
+
+class _Objective:
+    """The loss of a coefficient vector (mean weighted MAPE over the traces), with the budget
+    check and the bookkeeping of every evaluation."""
+
+    def __init__(self, search: _Search, on_evaluation) -> None:
+        self.search = search
+        self.model = FIT_MODELS[search.model_name]
+        self.losses: list[float] = []
+        self.best: tuple[float, tuple[float, ...]] = (math.inf, search.start)
+        self.started = time.monotonic()
+        self.on_evaluation = on_evaluation
+
+    def __call__(self, coeffs: tuple[float, ...], stage_weights: dict[str, float]) -> float:
+        s = self.search
+        if len(self.losses) >= s.max_evaluations:
             raise _Stop("max-evaluations")
-        if losses and time.monotonic() - start > time_limit_s:
+        if self.losses and time.monotonic() - self.started > s.time_limit_s:
             raise _Stop("time-limit")
-        full = list(x0_coeffs)
-        for k, v in zip(free, np.exp(np.clip(theta, lo, hi)).tolist(), strict=True):
-            full[k] = float(v)
-        coeffs = tuple(full)
         total = stage_total = 0.0
-        for ft in traces:
-            pairs = pair_trace(ft, simulate(ft, base_options, "blackbox", coeffs[:3], coeffs[3:]))
-            mapes = metric_mapes(pairs)
-            value = trace_loss(mapes, weights)
+        for ft in s.traces:
+            sims = simulate(ft, s.base_options, self.model.latency_model, coeffs[:3], coeffs[3:])
+            mapes = metric_mapes(pair_trace(ft, sims))
+            value = trace_loss(mapes, s.weights)
             total += value if math.isfinite(value) else 1e9
             value = trace_loss(mapes, stage_weights)
             stage_total += value if math.isfinite(value) else 1e9
-        value = total / len(traces)
-        losses.append(value)
-        if value < best[0]:
-            best[0], best[1] = value, coeffs
-        if on_evaluation is not None:
-            on_evaluation(len(losses), value, best[0])
-        return stage_total / len(traces)
+        value = total / len(s.traces)
+        self.losses.append(value)
+        if value < self.best[0]:
+            self.best = (value, coeffs)
+        if self.on_evaluation is not None:
+            self.on_evaluation(len(self.losses), value, self.best[0])
+        return stage_total / len(s.traces)
 
-    rng = np.random.default_rng(seed)
-    theta0 = np.log([x0_coeffs[k] for k in free])
+
+def _run_search(search: _Search, on_evaluation=None) -> _SearchResult:
+    """One search: an optional one-factor rescaling, then two Powell stages on the logarithms
+    of the free coefficients (module docstring)."""
+    from scipy.optimize import minimize, minimize_scalar
+
+    model = FIT_MODELS[search.model_name]
+    objective = _Objective(search, on_evaluation)
+    free = list(model.free)
+    lo = np.log([model.bounds[k][0] for k in free])
+    hi = np.log([model.bounds[k][1] for k in free])
+    start = list(search.start)
+
+    def coeffs_of(theta: np.ndarray) -> tuple[float, ...]:
+        full = list(start)
+        for k, v in zip(free, np.exp(np.clip(theta, lo, hi)).tolist(), strict=True):
+            full[k] = float(v)
+        return tuple(full)
+
+    weights = search.weights
+    decode_weights = dict(weights, ttft=0.0)
+    if decode_weights["e2e"] == 0 and decode_weights["itl"] == 0:
+        decode_weights = weights
+    rng = np.random.default_rng(search.seed)
+    centre = np.log([start[k] for k in free])
     stopped = "converged"
-    bounds = list(zip(lo, hi, strict=True))
     try:
+        if model.prescale:  # every time in the model scales with the coefficients together
+            res = minimize_scalar(lambda f: objective(coeffs_of(centre + f), decode_weights),
+                                  bounds=(-9.0, 9.0), method="bounded",
+                                  options={"xatol": 0.02, "maxiter": 40})
+            centre = np.clip(centre + res.x, lo, hi)
         # Stage 1 fits the step costs on E2E/ITL alone (TTFT varies with where an arrival falls
         # in the step cycle, which buries the per-decode-token slope in local minima); stage 2
         # starts there with the user's weights and shorter steps. The result is the best
         # evaluation under the user's weights.
-        decode_weights = dict(weights, ttft=0.0)
-        if decode_weights["e2e"] == 0 and decode_weights["itl"] == 0:
-            decode_weights = weights
-        centre = theta0
         for stage_weights, scale, share in ((decode_weights, 0.7, 2), (weights, 0.2, 1)):
             steps = scale * rng.choice([-1.0, 1.0], size=centre.size) \
                 * rng.uniform(0.7, 1.3, size=centre.size)
-            res = minimize(loss_of, centre, args=(stage_weights,), method="Powell", bounds=bounds,
+            budget = max((search.max_evaluations - len(objective.losses)) // share, 1)
+            res = minimize(lambda th, w=stage_weights: objective(coeffs_of(th), w), centre,
+                           method="Powell", bounds=list(zip(lo, hi, strict=True)),
                            options={"direc": np.diag(steps), "xtol": 1e-3, "ftol": 1e-5,
-                                    "maxfev": max((max_evaluations - len(losses)) // share, 1)})
+                                    "maxfev": budget})
             centre = np.clip(res.x, lo, hi)
     except _Stop as why:
         stopped = str(why)
-    if stopped == "converged" and len(losses) >= max_evaluations - 1:
+    if stopped == "converged" and len(objective.losses) >= search.max_evaluations - 1:
         stopped = "max-evaluations"  # a stage's share of the budget ran out
-    return FitResult(coefficients=best[1], initial=x0_coeffs, loss=best[0], losses=losses,
-                     stopped=stopped, seconds=time.monotonic() - start)
+    return _SearchResult(search.index, objective.losses, objective.best[0], objective.best[1],
+                         stopped)
+
+
+def _spread_start(model: FitModel, start: tuple[float, ...], seed: int, index: int
+                  ) -> tuple[float, ...]:
+    """Start ``index`` > 0 of a multi-start fit: the common start moved by a seeded random
+    factor (log-normal, σ = 0.5) on each free coefficient."""
+    if index == 0:
+        return start
+    rng = np.random.default_rng([seed, index])
+    moved = list(start)
+    for k in model.free:
+        moved[k] = start[k] * float(np.exp(0.5 * rng.standard_normal()))
+    return model.clip(moved)
+
+
+def fit(traces: list[FitTrace], base_options: dict[str, Any], weights: dict[str, float], *,
+        latency_model: str = "blackbox", max_evaluations: int = 2000,
+        time_limit_s: float = 60.0, seed: int = 0, starts: int = 1, workers: int = 1,
+        backend: str = "local",
+        on_evaluation: Callable[[int, float, float], None] | None = None) -> FitResult:
+    """Minimize the mean over ``traces`` of the weighted MAPE by replaying them.
+
+    ``starts`` independent searches (the first from the starting point, the others from seeded
+    moves of it) share ``max_evaluations``; with ``workers`` > 1 they run at once on the sweep's
+    worker processes (``backend`` local or ray), and the result does not depend on how many
+    workers ran them. The best evaluation of all wins (ties: the lower start). ``time_limit_s``
+    bounds each search's wall time. ``on_evaluation(count, loss, best)`` is called after every
+    evaluation of an in-process search, or after each search run by workers (the progress bar).
+    """
+    started = time.monotonic()
+    model = FIT_MODELS[latency_model]
+    start = starting_point(model, traces, base_options)
+    per_search = max(max_evaluations // starts, 1)
+    searches = [_Search(k, latency_model, traces, base_options, weights,
+                        _spread_start(model, start, seed, k), per_search, time_limit_s,
+                        seed + k) for k in range(starts)]
+    if workers > 1 and starts > 1:
+        from blis_fast.sweep.execute import TaskRunner
+
+        results = []
+        with TaskRunner(backend, min(workers, starts)) as runner:
+            for res in runner.map(_run_search, searches):  # progress: once per finished search
+                results.append(res)
+                if on_evaluation is not None:
+                    on_evaluation(sum(len(r.losses) for r in results), res.loss,
+                                  min(r.loss for r in results))
+    else:
+        results = []
+        for search in searches:
+            results.append(_run_search(search, on_evaluation))
+    results.sort(key=lambda r: r.index)
+    best = min(results, key=lambda r: (r.loss, r.index))
+    losses = [v for r in results for v in r.losses]
+    stopped = best.stopped
+    return FitResult(coefficients=best.coefficients, initial=start, loss=best.loss,
+                     losses=losses, stopped=stopped, seconds=time.monotonic() - started,
+                     latency_model=latency_model,
+                     search_losses=[r.loss for r in results])

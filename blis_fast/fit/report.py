@@ -6,7 +6,7 @@ from typing import Any
 
 from blis_fast.calibrate.pairing import CalibrationPairs
 from blis_fast.calibrate.report import build_report
-from blis_fast.fit.optimize import BLACKBOX_BOUNDS, BLACKBOX_NAMES, FREE, FitResult
+from blis_fast.fit.optimize import FitResult
 from blis_fast.fit.problem import FitTrace, pair_trace, simulate
 
 __all__ = ["build_fit_report"]
@@ -19,20 +19,21 @@ def build_fit_report(result: FitResult, traces: list[FitTrace], holdout: list[Fi
     entries, figures = [], []
     for role, group in (("fit", traces), ("holdout", holdout)):
         for ft in group:
-            pairs = pair_trace(ft, simulate(ft, base_options, "blackbox", result.alpha,
-                                            result.beta))
+            pairs = pair_trace(ft, simulate(ft, base_options, result.latency_model,
+                                            result.alpha, result.beta))
             figures.append((role, pairs))
             entries.append({"role": role, "trace_header": ft.header_path,
                             "trace_data": ft.data_path, "itl_data": ft.itl_path,
                             "calibration": build_report(pairs)})
+    model = result.model
     coefficients = [
         {"name": name, "value": value, "initial": start, "lower": lo, "upper": hi,
-         "fitted": k in FREE}
+         "fitted": k in model.free}
         for k, (name, value, start, (lo, hi)) in enumerate(zip(
-            BLACKBOX_NAMES, result.coefficients, result.initial, BLACKBOX_BOUNDS, strict=True))
+            model.names, result.coefficients, result.initial, model.bounds, strict=True))
     ]
     report = {
-        "latency_model": "blackbox",
+        "latency_model": result.latency_model,
         "alpha_coeffs": list(result.alpha),
         "beta_coeffs": list(result.beta),
         "coefficients": coefficients,
@@ -41,6 +42,7 @@ def build_fit_report(result: FitResult, traces: list[FitTrace], holdout: list[Fi
         "stopped": result.stopped,
         "seconds": result.seconds,
         "losses": result.losses,
+        "search_losses": result.search_losses,
         "traces": [e for e in entries if e["role"] == "fit"],
         "holdout": [e for e in entries if e["role"] == "holdout"],
     }

@@ -34,12 +34,12 @@ def _token_bucket(rt, input_len, clock):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _tier_shed(rt, r, n):
-    """Shed requests below the minimum priority while the busiest instance's load is over the
+def _tier_shed(rt, r, cand, n):
+    """Shed requests below the minimum priority while the busiest candidate's load is over the
     threshold. Returns True when admitted."""
     max_load = 0
-    for i in range(n):
-        load = instance_load(rt, i)
+    for k in range(n):
+        load = instance_load(rt, cand[k])
         if load > max_load:
             max_load = load
     if max_load > rt.rcfg[RouterCfg.TIER_THRESHOLD]:
@@ -48,13 +48,14 @@ def _tier_shed(rt, r, n):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _gaie_saturated(rt, r, n):
-    """gaie-legacy: a sheddable request is refused when the mean over instances of
+def _gaie_saturated(rt, r, cand, n):
+    """gaie-legacy: a sheddable request is refused when the mean over the candidates of
     max(queue / QD threshold, KV utilisation / KV threshold) is at least 1."""
     if rt.req_sheddable[r] != 1:
         return False
     total = 0.0
-    for i in range(n):
+    for k in range(n):
+        i = cand[k]
         q_ratio = np.float64(rt.snap_i[i, SnapField.QUEUE]) / rt.rfl[RouterParam.GAIE_QD]
         kv_ratio = rt.snap_f[i, SnapRate.KV_UTIL] / rt.rfl[RouterParam.GAIE_KV]
         total += max(q_ratio, kv_ratio)
@@ -73,7 +74,7 @@ def _over_tenant_budget(rt, r):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def _policy_decision(rt, r, input_len, n, clock, arrival, admit_fn, kv):
+def _policy_decision(rt, r, input_len, cand, n, clock, arrival, admit_fn, kv):
     """The admission policy's verdict: (admitted, reason)."""
     code = rt.rcfg[RouterCfg.ADMISSION]
     if code == Admission.REJECT_ALL:
@@ -82,25 +83,25 @@ def _policy_decision(rt, r, input_len, n, clock, arrival, admit_fn, kv):
         if not _token_bucket(rt, input_len, clock):
             return False, AdmissionReason.NO_TOKENS
     elif code == Admission.TIER_SHED:
-        if not _tier_shed(rt, r, n):
+        if not _tier_shed(rt, r, cand, n):
             return False, AdmissionReason.TIER_SHED
     elif code == Admission.CUSTOM:
-        fill_hook_view(rt, kv, r, input_len, np.int64(0), n, clock, np.int64(0) > 0)
+        fill_hook_view(rt, kv, r, input_len, np.int64(0), cand, n, clock, np.int64(0) > 0)
         rt.hook_req[hk.REQ_ARRIVAL] = arrival
         if not admit_fn(rt.hook_snap[:n], rt.hook_req):
             return False, AdmissionReason.CUSTOM
     elif code == Admission.GAIE_LEGACY:
-        if _gaie_saturated(rt, r, n):
+        if _gaie_saturated(rt, r, cand, n):
             return False, AdmissionReason.GAIE
     return True, AdmissionReason.NONE
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def admit(rt, r, input_len, n, clock, arrival, admit_fn, kv):
-    """Admission decision for request ``r`` over ``n`` candidate snapshots (CLU-2,
-    DELTA-38..40); ``admit_fn`` is the user rule of the ``custom`` policy.
+def admit(rt, r, input_len, cand, n, clock, arrival, admit_fn, kv):
+    """Admission decision for request ``r`` over the snapshots of the ``n`` candidates
+    ``cand[:n]`` (CLU-2, DELTA-38..40); ``admit_fn`` is the user rule of the ``custom`` policy.
     Returns (admitted, reason)."""
-    ok, reason = _policy_decision(rt, r, input_len, n, clock, arrival, admit_fn, kv)
+    ok, reason = _policy_decision(rt, r, input_len, cand, n, clock, arrival, admit_fn, kv)
     if ok and rt.rcfg[RouterCfg.HAS_TENANT_BUDGETS] == 1 and _over_tenant_budget(rt, r):
         ok = False
         reason = AdmissionReason.TENANT_BUDGET
@@ -133,4 +134,4 @@ def on_done(rt, r):
 @njit(cache=True, _nrt=False, error_model="numpy")
 def is_known_policy(code):
     """True for an admission code :func:`admit` implements."""
-    return Admission.ALWAYS <= code <= Admission.CUSTOM
+    return 0 <= code < len(Admission)

@@ -270,11 +270,10 @@ def _prefetch_rows(rs, inp, kv, r):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _schedule_running(ints, ins, rs, kv, inp, i, work, budget):
+def _schedule_running(ints, max_len, ins, rs, kv, inp, i, work, budget):
     """Grant tokens to the running requests in batch order (ENG-4.2..4.4): a prefill chunk or
     a decode token each, preempting when the cache is full. Returns (budget, preempted_any)."""
     threshold = ints[ConfigSlot.LONG_PREFILL]
-    max_len = ints[ConfigSlot.MAX_MODEL_LEN]
     input_len = inp.input_len
     preemption = False
     q = 0
@@ -316,12 +315,11 @@ def _schedule_running(ints, ins, rs, kv, inp, i, work, budget):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _admit_waiting(ints, ins, rs, kv, inp, i, work, budget):
+def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget):
     """Move requests from the queue head into the running batch while the batch, the token
     budget and the cache allow (ENG-4.5). Returns how many; their rows are in
     ``work.queue_a``."""
     threshold = ints[ConfigSlot.LONG_PREFILL]
-    max_len = ints[ConfigSlot.MAX_MODEL_LEN]
     bs = kv.cfg[kvc.KVConfig.BLOCK_SIZE]
     n_admitted = 0
     while (ins.batch_len[i] < ints[ConfigSlot.MAX_RUNNING] and ins.wq[i, _LEN] > 0
@@ -352,12 +350,13 @@ def _admit_waiting(ints, ins, rs, kv, inp, i, work, budget):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def form_batch(ints, ins, rs, kv, inp, i, work):
-    """vLLM batch formation (ENG-4.2..4.5). Returns the number of newly admitted requests
-    (listed in ``work.queue_a``). Every running request's NumNewTokens is 0 here: the previous
-    step's progress pass reset it. A step that preempted admits nobody."""
-    budget, preempted = _schedule_running(ints, ins, rs, kv, inp, i, work,
+def form_batch(ints, max_len, ins, rs, kv, inp, i, work):
+    """vLLM batch formation (ENG-4.2..4.5) on instance ``i`` (max model length ``max_len``, 0 =
+    unlimited). Returns the number of newly admitted requests (listed in ``work.queue_a``).
+    Every running request's NumNewTokens is 0 here: the previous step's progress pass reset it.
+    A step that preempted admits nobody."""
+    budget, preempted = _schedule_running(ints, max_len, ins, rs, kv, inp, i, work,
                                           ints[ConfigSlot.MAX_TOKENS])
     if preempted:
         return 0
-    return _admit_waiting(ints, ins, rs, kv, inp, i, work, budget)
+    return _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget)

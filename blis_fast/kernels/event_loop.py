@@ -55,13 +55,14 @@ from blis_fast.kernels.heap import (
 )
 from blis_fast.kernels.jit import njit
 from blis_fast.kernels.latency import is_known_backend, queueing_time
-from blis_fast.kernels.router_state import RouterCfg
+from blis_fast.kernels.router_state import RouterCfg, RouterVar
 from blis_fast.kernels.scorers import is_known_scorer
 from blis_fast.kernels.state import (
     ConfigSlot,
     EventHeap,
     HotField,
     InstanceCounter,
+    InstanceSlot,
     LogCursor,
     LoopSlot,
     OutcomeField,
@@ -144,12 +145,13 @@ def _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
     snapshots of the instances serving the request's model), the policy's decision, then the
     routing event after the routing latency, or a rejection."""
     rtk.refresh_cache_signal(rt, kv, t)
-    n_cand = cfg.ints[ConfigSlot.N_INSTANCES]
+    n_cand = rt.st[RouterVar.N_ROUTABLE]
     if rt.req_model_bad[r] == 1:
         n_cand = 0
     else:
-        rtk.take_snapshots(rt, ins, kv, t)
-    ok, _reason = adm.admit(rt, r, inp.input_len[r], n_cand, t, inp.arrival[r], hooks.admit, kv)
+        rtk.take_snapshots(rt, ins, kv, t, rt.routable, n_cand)
+    ok, _reason = adm.admit(rt, r, inp.input_len[r], rt.routable, n_cand, t, inp.arrival[r],
+                            hooks.admit, kv)
     if not ok:
         ins.rejected[Rejection.ADMISSION] += 1
         rs.registered[r] = Registration.REJECTED_ADMISSION
@@ -160,16 +162,18 @@ def _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
-    """RoutingDecisionEvent (CLU-3): the policy picks the instance; the request arrives there
-    at once (or is rejected when no instance serves its model)."""
+    """RoutingDecisionEvent (CLU-3): the policy picks one of the routable instances; the
+    request arrives there at once (or is rejected when no routable instance serves its
+    model)."""
     rtk.refresh_cache_signal(rt, kv, t)
-    if rt.req_model_bad[r] == 1:
+    n_cand = rt.st[RouterVar.N_ROUTABLE]
+    if rt.req_model_bad[r] == 1 or n_cand == 0:
         ins.rejected[Rejection.ROUTING] += 1
         rs.registered[r] = Registration.REJECTED_ROUTING
         return
-    rtk.take_snapshots(rt, ins, kv, t)
+    rtk.take_snapshots(rt, ins, kv, t, rt.routable, n_cand)
     target = rtk.route(rt, kv, r, inp.input_len[r], t, cfg.instance_rank, inp.arrival[r],
-                       hooks.scorer_table)
+                       hooks.scorer_table, rt.routable, n_cand)
     ins.cnt[target, InstanceCounter.IN_FLIGHT] += 1
     adm.on_routed(rt, r)
     rs.inst[r] = target
@@ -188,10 +192,11 @@ def _on_cluster_arrival(cfg, heap, t, r):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _unservable(ints, rs, inp, kv, r):
-    """EnqueueRequest's guards (ENG-3.4): the output budget defaults to what max-model-len
-    leaves, then a request that cannot fit the model length or the cache is refused."""
-    max_len = ints[ConfigSlot.MAX_MODEL_LEN]
+def _unservable(cfg, rs, inp, kv, i, r):
+    """EnqueueRequest's guards (ENG-3.4) on instance ``i``: the output budget defaults to what
+    max-model-len leaves, then a request that cannot fit the model length or the cache is
+    refused."""
+    max_len = cfg.inst[i, InstanceSlot.MAX_MODEL_LEN]
     n_in = inp.input_len[r]
     if rs.max_out[r] == 0 and max_len > 0 and n_in < max_len:
         rs.max_out[r] = max_len - n_in
@@ -200,14 +205,14 @@ def _unservable(ints, rs, inp, kv, r):
     if max_len > 0 and (n_in >= max_len or (rs.max_out[r] > 0 and n_in + rs.max_out[r] > max_len)):
         return True
     bs = kv.cfg[kvc.KVConfig.BLOCK_SIZE]
-    return (n_in + bs - 1) // bs > kv.cfg[kvc.KVConfig.BLOCKS]
+    return (n_in + bs - 1) // bs > kv.meta[i, kvc.KVMeta.TOTAL]
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _on_queued(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, r):
     """QueuedEvent: the enqueue guards, the deadline check, then the wait queue with a timeout
     event at the deadline; a step is scheduled when the instance has none pending."""
-    if _unservable(cfg.ints, rs, inp, kv, r):
+    if _unservable(cfg, rs, inp, kv, i, r):
         rs.registered[r] = Registration.NONE
         _cancel(inp, rs, ins, rt, heap, sess, i, r, t, RequestState.DROPPED,
                 np.int64(InstanceCounter.DROPPED))
@@ -253,7 +258,7 @@ def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, i, t):
         keep = 0
         for q in range(ins.batch_len[i]):
             r = ins.batch[i, q]
-            if finishes(cfg.ints, rs, kv, ins, inp, i, r, work):
+            if finishes(cfg, rs, kv, ins, inp, i, r, work):
                 _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, t + d)
             else:
                 ins.batch[i, keep] = r
@@ -404,8 +409,8 @@ def _config_status(cfg, rt, hooks):
         return Status.UNKNOWN_BACKEND
     if ints[ConfigSlot.N_INSTANCES] > MAX_INSTANCES:
         return Status.TOO_MANY_INSTANCES
-    if not (Priority.CONSTANT <= ints[ConfigSlot.PRIORITY] <= Priority.INVERTED_SLO
-            and Scheduler.FCFS <= ints[ConfigSlot.SCHEDULER] <= Scheduler.CUSTOM
+    if not (0 <= ints[ConfigSlot.PRIORITY] < len(Priority)
+            and 0 <= ints[ConfigSlot.SCHEDULER] < len(Scheduler)
             and adm.is_known_policy(rt.rcfg[RouterCfg.ADMISSION])
             and rtk.is_known_policy(rt.rcfg[RouterCfg.ROUTING])):
         return Status.UNKNOWN_POLICY

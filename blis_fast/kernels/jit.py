@@ -62,7 +62,7 @@ PYTHON_CALLABLE: dict[str, frozenset[str]] = {
                           "_rf_add_decodes", "_rf_dynamic_bytes", "_rf_flops"}),
     "heap": frozenset({"heap_push", "heap_pop", "make_tie", "tie_instance", "tie_is_instance"}),
     "kvcache": frozenset({"allocate", "append_decode_token_fast", "cached_blocks", "release",
-                          "free_blocks", "used_blocks", "hit_rate"}),
+                          "free_blocks", "used_blocks", "hit_rate", "reset_instance_blocks"}),
     "kv_blocks": frozenset({"free_append", "free_remove", "pop_free"}),
 }
 """The kernels with a Python wrapper, by module: those that Python code calls (tests

@@ -21,7 +21,7 @@ class KVState(NamedTuple):
     # per block, int32 [n_instances, n_blocks, 8]: one 32-byte record per block (a block is
     # touched as a whole, so its fields share a cache line), columns BlockField
     blk: np.ndarray
-    # per instance, int64 [n_instances, 8]: KVMeta
+    # per instance, int64 [n_instances, len(KVMeta)]: KVMeta
     meta: np.ndarray
     # changes to each instance's prefix hash table since the router last froze a copy of it
     # ([n_instances, log_size, 2]: key, block or LOG_DELETE); only with a cache-signal delay
@@ -78,6 +78,7 @@ class KVMetaT(NamedTuple):
     LOG_LEN: int = 5  # change-log length and overflow flag
     LOG_OVERFLOW: int = 6
     LIST_OVERFLOW: int = 7  # a request's block list outgrew its slice
+    TOTAL: int = 8  # the instance's GPU blocks (its capacity; <= KVConfig.BLOCKS)
 
 
 KVMeta = KVMetaT()
@@ -120,7 +121,7 @@ class KVConfigT(NamedTuple):
     """Slots of ``cfg``."""
 
     BLOCK_SIZE: int = 0
-    BLOCKS: int = 1  # total GPU blocks per instance
+    BLOCKS: int = 1  # GPU block records per instance: the largest instance's KVMeta.TOTAL
     TIERED: int = 2
     CPU_CAPACITY: int = 3
     RELOAD_TICKS: int = 4  # ticks per reloaded block (base latency + transfer)
@@ -135,6 +136,19 @@ LOOK_RECORD, LOOK_HASH = 16, 8  # blocks ahead whose record / hash slot a loop p
 LOG_DELETE = np.uint64(0xFFFFFFFFFFFFFFFF)  # value recorded for a deleted key
 
 
+def _empty_instance(blk, free_ring, meta, i: int, blocks: int) -> None:
+    """Instance ``i``'s cache empty with ``blocks`` blocks, all on the free list in id order."""
+    ids = np.arange(blocks, dtype=np.int32)
+    blk[i, :, :] = 0
+    blk[i, :blocks, BlockField.POS] = ids
+    blk[i, :blocks, BlockField.FREE] = 1
+    free_ring[i, :blocks] = ids
+    meta[i, :] = 0
+    meta[i, KVMeta.TAIL] = blocks
+    meta[i, KVMeta.FREE] = blocks
+    meta[i, KVMeta.TOTAL] = blocks
+
+
 def pool_slots(input_len, output_len, block_size: int, tiered: bool):
     """Block-list slots each request gets in ``KVState.pool`` (its blocks, plus slack)."""
     per_req = (input_len + output_len + block_size - 1) // block_size + 1
@@ -147,7 +161,7 @@ def pool_slots(input_len, output_len, block_size: int, tiered: bool):
 
 def new_kv_state(
     n_instances: int,
-    total_blocks: int,
+    total_blocks: int | np.ndarray,
     block_size: int,
     chunk_offsets: np.ndarray,
     chunk_digests: np.ndarray,
@@ -162,6 +176,10 @@ def new_kv_state(
 ) -> KVState:
     """Allocate an empty cache for every instance, sized from the workload.
 
+    ``total_blocks`` is every instance's GPU block count, or one count per instance (pools of
+    different GPUs or TP, or an instance added later: ``kvcache.reset_instance_blocks``); the block
+    records are sized for the largest.
+
     Blocks completed by output tokens join the hash chain in the reference, for every
     request (ENG-5.4). Their hashes can only ever be looked up when a later request's input
     contains an earlier request's output (accumulating multi-turn sessions, open or closed
@@ -173,7 +191,9 @@ def new_kv_state(
     are reserved beyond the listed requests' slices and the hash tables are sized for
     ``chunk_capacity`` chunk digests in all (default: those of ``chunk_offsets``).
     """
+    per_instance = np.broadcast_to(np.asarray(total_blocks, dtype=np.int64), (n_instances,))
     n_req = len(input_len)
+    total_blocks = int(per_instance.max(initial=0))
     total_chunks = int(chunk_offsets[-1]) if len(chunk_offsets) else 0
     if chunk_capacity is not None:
         total_chunks = max(total_chunks, int(chunk_capacity))
@@ -187,19 +207,14 @@ def new_kv_state(
         req[1:, BlockList.OFFSET] = np.cumsum(per_req)[:-1]
     pool = np.zeros(int(per_req.sum()) + int(pool_extra) + 1, dtype=np.int64)
     blk = np.zeros((n_instances, total_blocks, 8), dtype=np.int32)
-    ids = np.arange(total_blocks, dtype=np.int32)
-    blk[:, :, BlockField.POS] = ids
-    blk[:, :, BlockField.FREE] = 1
     ring_size = 16
     while ring_size < 2 * total_blocks:
         ring_size *= 2
     free_ring = np.zeros((n_instances, ring_size), dtype=np.int32)
-    free_ring[:, :total_blocks] = ids
     free_slot = np.full((n_instances, ring_size), -1, dtype=np.int32)
     meta = np.zeros((n_instances, len(KVMeta)), dtype=np.int64)
-    meta[:, KVMeta.HEAD] = 0
-    meta[:, KVMeta.TAIL] = total_blocks
-    meta[:, KVMeta.FREE] = total_blocks
+    for i in range(n_instances):
+        _empty_instance(blk, free_ring, meta, i, int(per_instance[i]))
     tiered = cpu_blocks > 0
     cpu_cap = cpu_blocks if tiered else 1
     cpu_entries = max(1, min(cpu_cap, total_chunks + 1))

@@ -48,7 +48,7 @@ __all__ = [
     "POS_MASK", "BlockField", "BlockList", "CpuMeta", "KVConfig", "KVMeta", "KVState", "allocate",
     "append_decode_token_fast", "cached_blocks", "consume_pending_transfer", "free_blocks",
     "hit_rate", "list_overflowed", "mirror_to_cpu", "new_kv_state", "pool_slots", "release",
-    "sync_frozen_copy", "thrashing_rate", "used_blocks",
+    "reset_instance_blocks", "sync_frozen_copy", "thrashing_rate", "used_blocks",
 ]
 
 
@@ -253,8 +253,27 @@ def free_blocks(kv, i):
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def used_blocks(kv, i):
-    """Blocks in use on instance ``i`` (total minus free)."""
-    return kv.cfg[KVConfig.BLOCKS] - kv.meta[i, KVMeta.FREE]
+    """Blocks in use on instance ``i`` (its total minus free)."""
+    return kv.meta[i, KVMeta.TOTAL] - kv.meta[i, KVMeta.FREE]
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def reset_instance_blocks(kv, i, blocks):
+    """Instance ``i``'s GPU cache empty with ``blocks`` blocks (at most ``KVConfig.BLOCKS``), all
+    free in id order, its prefix table empty: for an instance that joins the cluster during
+    the run (the construction-time equivalent is ``kv_layout.new_kv_state``). The CPU tier is
+    left as it is."""
+    kv.blk[i, :, :] = 0
+    for b in range(blocks):
+        kv.blk[i, b, BlockField.POS] = b
+        kv.blk[i, b, BlockField.FREE] = 1
+        kv.free_ring[i, b] = b
+    kv.free_slot[i, :] = -1
+    kv.ht[i, :, :] = 0
+    kv.meta[i, :] = 0
+    kv.meta[i, KVMeta.TAIL] = blocks
+    kv.meta[i, KVMeta.FREE] = blocks
+    kv.meta[i, KVMeta.TOTAL] = blocks
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")

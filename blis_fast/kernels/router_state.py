@@ -17,6 +17,7 @@ import numpy as np
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels.enums import Routing, StatefulScorer
+from blis_fast.policies.admission import RouterParam  # the admission policies' float slots
 
 PREFIX_LRU_CAPACITY = 10000  # sim/routing_prefix_scorer.go defaultLRUCapacity
 
@@ -42,19 +43,6 @@ class RouterCfgT(NamedTuple):
 RouterCfg = RouterCfgT()
 
 
-class RouterParamT(NamedTuple):
-    """Slots of ``RouterState.rfl`` (float64 policy parameters)."""
-
-    TB_CAPACITY: int = 0
-    TB_REFILL: int = 1
-    GAIE_QD: int = 2
-    GAIE_KV: int = 3
-    SIZE: int = 4
-
-
-RouterParam = RouterParamT()
-
-
 class RouterVarT(NamedTuple):
     """Slots of ``RouterState.st`` (int64 scalars that change as the run goes)."""
 
@@ -66,7 +54,8 @@ class RouterVarT(NamedTuple):
     NH_LAST_WARM: int = 5  # 1 when some instance had its prefix cached then
     N_ADMISSION_RECORDS: int = 6
     N_ROUTING_RECORDS: int = 7
-    SIZE: int = 8
+    N_ROUTABLE: int = 8  # instances in ``routable``
+    SIZE: int = 9
 
 
 RouterVar = RouterVarT()
@@ -145,14 +134,21 @@ class RouterState(NamedTuple):
     scorer_codes: np.ndarray  # StatefulScorer codes or TABLE_BASE + table index
     scorer_weights: np.ndarray  # normalised weights
     rng: np.ndarray  # Go rand state (kernels/gorand.py)
+    # the instances eligible for a decision (CLU-3.7: routable, in index order); a fixed fleet
+    # lists every instance; ``cand`` holds a filtered list (a pool) and ``pos`` maps an
+    # instance to its place in the candidate list of the decision at hand (-1 = not in it)
+    routable: np.ndarray  # int64 [n]; the first st[RouterVar.N_ROUTABLE] are valid
+    cand: np.ndarray  # int64 [n]
+    pos: np.ndarray  # int64 [n]
     snap_i: np.ndarray  # [n, SnapField]
     snap_f: np.ndarray  # [n, SnapRate]
     snap_last: np.ndarray  # [n, SnapGroup] tick of each group's last refresh
     inflight_view: np.ndarray  # [n] in-flight counts (always current)
-    scores: np.ndarray  # [n] composite scores of the decision at hand
+    # per candidate of the decision at hand (position k: instance cand[k])
+    scores: np.ndarray  # [n] composite scores
     dim: np.ndarray  # [n] one scorer's values
-    tied: np.ndarray  # [n] instances tied for the best
-    order: np.ndarray  # [n] counterfactual ranking
+    tied: np.ndarray  # [n] positions tied for the best
+    order: np.ndarray  # [n] counterfactual ranking (positions)
     hashes: np.ndarray  # uint64 block hashes of the request's input (prefix affinity)
     found: np.ndarray  # int64 values of a prefix walk (unused beyond the count)
     # prefix-affinity router index, per instance: LRU nodes and a hash -> node table
@@ -186,7 +182,7 @@ class RouterState(NamedTuple):
     cf_score: np.ndarray
     cf_int: np.ndarray  # [records, k, CandidateCount]
     cf_kv: np.ndarray
-    # what user hooks observe (kernels/hooks.py): per-instance rows and the request
+    # what user hooks observe (kernels/hooks.py): one row per candidate, and the request
     hook_snap: np.ndarray
     hook_req: np.ndarray
 
@@ -230,6 +226,7 @@ def new_router_state(
     rfl = np.zeros(RouterParam.SIZE, np.float64)
     st = np.zeros(RouterVar.SIZE, np.int64)
     st[RouterVar.NH_LAST_REQ] = -1
+    st[RouterVar.N_ROUTABLE] = n
     pa_cap = PREFIX_LRU_CAPACITY if uses_pa else 1
     pa_tbl = 16
     while uses_pa and pa_tbl < 2 * pa_cap:
@@ -248,6 +245,8 @@ def new_router_state(
         scorer_codes=np.ascontiguousarray(scorer_codes, np.int64),
         scorer_weights=np.ascontiguousarray(scorer_weights, np.float64),
         rng=rng_state,
+        routable=np.arange(n, dtype=np.int64), cand=np.arange(n, dtype=np.int64),
+        pos=np.full(n, -1, np.int64),
         snap_i=np.zeros((n, SnapField.SIZE), np.int64),
         snap_f=np.zeros((n, SnapRate.SIZE), np.float64),
         snap_last=np.zeros((n, SnapGroup.SIZE), np.int64), inflight_view=np.zeros(n, np.int64),

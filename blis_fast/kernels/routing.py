@@ -5,9 +5,13 @@ the choice of a target instance for an admitted request.
   provider does (CLU-3.7/3.8, DELTA-37); in-flight counts are always current;
   :func:`refresh_cache_signal` re-freezes the copies of the instance caches the router reads
   under a cache-signal delay (DELTA-33).
-* :func:`route` runs the routing policy (``enums.Routing``): round-robin, least-loaded,
-  always-busiest, or weighted scoring over the configured scorers (``kernels/scorers.py``),
-  ties broken by the router's Go-rand stream; and records the decision trace (CLU-6).
+* :func:`route` runs the routing policy (``enums.Routing``) over a candidate list (the
+  instances eligible for the decision, in index order: every routable instance, or a pool of
+  them): round-robin, least-loaded, always-busiest, or weighted scoring over the configured
+  scorers (``kernels/scorers.py``), ties broken by the router's Go-rand stream; and records the
+  decision trace (CLU-6). Per-decision scratch (``scores``, ``dim``, ``tied``, ``order``, the
+  hook view's rows) is indexed by candidate position, router state that outlives a decision
+  (snapshots, prefix-affinity index, no-hit LRU) by instance.
 
 All state is in ``RouterState`` (``kernels/router_state.py``); every function is compiled
 without reference counting.
@@ -23,7 +27,7 @@ from blis_fast.kernels.enums import Routing
 from blis_fast.kernels.gorand import intn
 from blis_fast.kernels.hashtable import leading_matches
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.kv_layout import CpuMeta, KVConfig, KVMeta
+from blis_fast.kernels.kv_layout import CpuMeta, KVMeta
 from blis_fast.kernels.router_state import (
     CandidateCount,
     RouterCfg,
@@ -57,7 +61,7 @@ def refresh_cache_signal(rt, kv, clock):
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _refresh_kv_group(rt, kv, i):
     """The KV group of instance ``i``'s snapshot: utilisation, free blocks, hit rate."""
-    total_blocks = kv.cfg[KVConfig.BLOCKS]
+    total_blocks = kv.meta[i, KVMeta.TOTAL]
     free = kv.meta[i, KVMeta.FREE]
     used = total_blocks - free
     rt.snap_f[i, SnapRate.KV_UTIL] = np.float64(used) / np.float64(total_blocks)
@@ -68,11 +72,13 @@ def _refresh_kv_group(rt, kv, i):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def take_snapshots(rt, ins, kv, clock):
-    """Refresh each instance's cached snapshot groups as the provider would (CLU-3.7/3.8,
-    DELTA-37); in-flight counts are always current."""
+def take_snapshots(rt, ins, kv, clock, insts, n):
+    """Refresh the cached snapshot groups of the instances ``insts[:n]`` as the provider would
+    (CLU-3.7/3.8, DELTA-37); in-flight counts are always current. Instances not listed (not
+    routable) keep their snapshots and refresh times."""
     period = rt.rcfg[RouterCfg.REFRESH]
-    for i in range(rt.snap_i.shape[0]):
+    for k in range(n):
+        i = insts[k]
         last = rt.snap_last
         if period <= 0 or clock - last[i, SnapGroup.PREEMPT] >= period:
             rt.snap_i[i, SnapField.PREEMPTIONS] = ins.cnt[i, InstanceCounter.PREEMPTIONS]
@@ -104,17 +110,19 @@ def cached_prefix_blocks(rt, kv, r, i, n_blocks):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def fill_hook_view(rt, kv, r, input_len, n_blocks, n, clock, with_cache):
-    """Fill rt.hook_snap / rt.hook_req with what a user hook observes (``kernels/hooks.py``)."""
-    for i in range(n):
-        rt.hook_snap[i, hk.SNAP_QUEUE] = rt.snap_i[i, SnapField.QUEUE]
-        rt.hook_snap[i, hk.SNAP_BATCH] = rt.snap_i[i, SnapField.BATCH]
-        rt.hook_snap[i, hk.SNAP_IN_FLIGHT] = rt.inflight_view[i]
-        rt.hook_snap[i, hk.SNAP_KV_UTIL] = rt.snap_f[i, SnapRate.KV_UTIL]
-        rt.hook_snap[i, hk.SNAP_FREE_BLOCKS] = rt.snap_i[i, SnapField.FREE]
-        rt.hook_snap[i, hk.SNAP_CACHED_BLOCKS] = (
+def fill_hook_view(rt, kv, r, input_len, n_blocks, cand, n, clock, with_cache):
+    """Fill rt.hook_snap (row k: candidate ``cand[k]``) and rt.hook_req with what a user hook
+    observes (``kernels/hooks.py``)."""
+    for k in range(n):
+        i = cand[k]
+        rt.hook_snap[k, hk.SNAP_QUEUE] = rt.snap_i[i, SnapField.QUEUE]
+        rt.hook_snap[k, hk.SNAP_BATCH] = rt.snap_i[i, SnapField.BATCH]
+        rt.hook_snap[k, hk.SNAP_IN_FLIGHT] = rt.inflight_view[i]
+        rt.hook_snap[k, hk.SNAP_KV_UTIL] = rt.snap_f[i, SnapRate.KV_UTIL]
+        rt.hook_snap[k, hk.SNAP_FREE_BLOCKS] = rt.snap_i[i, SnapField.FREE]
+        rt.hook_snap[k, hk.SNAP_CACHED_BLOCKS] = (
             cached_prefix_blocks(rt, kv, r, i, n_blocks) if with_cache else 0.0)
-        rt.hook_snap[i, hk.SNAP_PREEMPTIONS] = rt.snap_i[i, SnapField.PREEMPTIONS]
+        rt.hook_snap[k, hk.SNAP_PREEMPTIONS] = rt.snap_i[i, SnapField.PREEMPTIONS]
     rt.hook_req[hk.REQ_INPUT_LEN] = input_len
     rt.hook_req[hk.REQ_CLOCK] = clock
     rt.hook_req[hk.REQ_ARRIVAL] = 0.0
@@ -128,87 +136,89 @@ def fill_hook_view(rt, kv, r, input_len, n_blocks, n, clock, with_cache):
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _pick_tied(rt, n_tied):
-    """One of the ``n_tied`` instances in ``rt.tied``: the router's Go-rand draw breaks ties."""
+    """One of the ``n_tied`` candidate positions in ``rt.tied``: the router's Go-rand draw
+    breaks ties."""
     if n_tied > 1:
         return rt.tied[intn(rt.rng, n_tied)]
     return rt.tied[0]
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _route_by_load(rt, code):
-    """least-loaded (ties broken at random) or always-busiest (lowest index). Returns (target,
-    the extreme load)."""
-    n = rt.snap_i.shape[0]
-    extreme = instance_load(rt, 0)
-    for i in range(1, n):
-        load = instance_load(rt, i)
+def _route_by_load(rt, code, cand, n):
+    """least-loaded (ties broken at random) or always-busiest (first candidate). Returns (the
+    chosen candidate's position, the extreme load)."""
+    extreme = instance_load(rt, cand[0])
+    for k in range(1, n):
+        load = instance_load(rt, cand[k])
         if (code == Routing.LEAST_LOADED and load < extreme) or (
                 code == Routing.ALWAYS_BUSIEST and load > extreme):
             extreme = load
     if code == Routing.ALWAYS_BUSIEST:
-        for i in range(n):
-            if instance_load(rt, i) == extreme:
-                return i, np.float64(extreme)
+        for k in range(n):
+            if instance_load(rt, cand[k]) == extreme:
+                return k, np.float64(extreme)
     n_tied = 0
-    for i in range(n):
-        if instance_load(rt, i) == extreme:
-            rt.tied[n_tied] = i
+    for k in range(n):
+        if instance_load(rt, cand[k]) == extreme:
+            rt.tied[n_tied] = k
             n_tied += 1
     return _pick_tied(rt, n_tied), np.float64(extreme)
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def _route_weighted(rt, kv, r, input_len, clock, arrival, scorer_table):
-    """Weighted scoring (CLU-3.16, DELTA-31..36): each scorer's values clamped to [0, 1] and
-    weighted into a composite; the best wins, ties broken at random. Returns (target, best)."""
-    n = rt.snap_i.shape[0]
+def _route_weighted(rt, kv, r, input_len, clock, arrival, scorer_table, cand, n):
+    """Weighted scoring (CLU-3.16, DELTA-31..36) over the candidates: each scorer's values
+    clamped to [0, 1] and weighted into a composite; the best wins, ties broken at random.
+    Returns (the chosen candidate's position, best)."""
     n_blocks = np.int64(0)
     if rt.rcfg[RouterCfg.USES_CACHE_QUERY] == 1 or rt.pa_hash.shape[1] > 1:
         n_blocks = input_len // rt.rcfg[RouterCfg.BLOCK_SIZE]
-    fill_hook_view(rt, kv, r, input_len, n_blocks, n, clock,
+    fill_hook_view(rt, kv, r, input_len, n_blocks, cand, n, clock,
                    rt.rcfg[RouterCfg.USES_CACHE_QUERY] == 1)
     rt.hook_req[hk.REQ_ARRIVAL] = arrival
-    for i in range(n):
-        rt.scores[i] = 0.0
+    for k in range(n):
+        rt.scores[k] = 0.0
     for s in range(rt.rcfg[RouterCfg.N_SCORERS]):
-        score_dimension(rt, kv, rt.scorer_codes[s], r, n, n_blocks, scorer_table)
+        score_dimension(rt, kv, rt.scorer_codes[s], r, cand, n, n_blocks, scorer_table)
         w = rt.scorer_weights[s]
-        for i in range(n):
-            v = rt.dim[i]
+        for k in range(n):
+            v = rt.dim[k]
             if v < 0:
                 v = 0.0
             if v > 1:
                 v = 1.0
-            rt.scores[i] += v * w
+            rt.scores[k] += v * w
     best = -1.0
-    for i in range(n):
-        if rt.scores[i] > best:
-            best = rt.scores[i]
+    for k in range(n):
+        if rt.scores[k] > best:
+            best = rt.scores[k]
     n_tied = 0
-    for i in range(n):
-        if rt.scores[i] == best:
-            rt.tied[n_tied] = i
+    for k in range(n):
+        if rt.scores[k] == best:
+            rt.tied[n_tied] = k
             n_tied += 1
-    target = _pick_tied(rt, n_tied)
-    observe_routing(rt, kv, r, target, n_blocks)
-    return target, best
+    chosen = _pick_tied(rt, n_tied)
+    observe_routing(rt, kv, r, cand[chosen], n_blocks)
+    return chosen, best
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def route(rt, kv, r, input_len, clock, inst_rank, arrival, scorer_table):
-    """Choose the target instance for request ``r`` (CLU-3.11..3.16); records the trace."""
+def route(rt, kv, r, input_len, clock, inst_rank, arrival, scorer_table, cand, n):
+    """Choose the target instance for request ``r`` among the ``n`` candidates ``cand[:n]``
+    (instance ids in index order, n >= 1; CLU-3.11..3.16); records the trace."""
     code = rt.rcfg[RouterCfg.ROUTING]
     if code == Routing.ROUND_ROBIN:
-        target = rt.st[RouterVar.RR] % rt.snap_i.shape[0]
+        chosen = rt.st[RouterVar.RR] % n
         best = np.float64(rt.st[RouterVar.RR])
         rt.st[RouterVar.RR] += 1
     elif code == Routing.WEIGHTED:
-        target, best = _route_weighted(rt, kv, r, input_len, clock, arrival, scorer_table)
+        chosen, best = _route_weighted(rt, kv, r, input_len, clock, arrival, scorer_table,
+                                       cand, n)
     else:
-        target, best = _route_by_load(rt, code)
+        chosen, best = _route_by_load(rt, code, cand, n)
     if rt.rcfg[RouterCfg.TRACE] == 1:
-        _record_routing(rt, code, r, clock, target, best, inst_rank)
-    return target
+        _record_routing(rt, code, r, clock, chosen, best, inst_rank, cand, n)
+    return cand[chosen]
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -221,20 +231,20 @@ def is_known_policy(code):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _rank_candidates(rt, weighted, inst_rank):
-    """Order the instances for the counterfactual list: score descending (the composite for
-    weighted routing, else minus the effective load), then instance id (string order)."""
-    n = rt.snap_i.shape[0]
-    for i in range(n):
-        rt.dim[i] = rt.scores[i] if weighted else -np.float64(instance_load(rt, i))
-        rt.order[i] = i
+def _rank_candidates(rt, weighted, inst_rank, cand, n):
+    """Order the candidates for the counterfactual list: score descending (the composite for
+    weighted routing, else minus the effective load), then instance id (string order).
+    Leaves positions in ``rt.order`` and their values in ``rt.dim``."""
+    for k in range(n):
+        rt.dim[k] = rt.scores[k] if weighted else -np.float64(instance_load(rt, cand[k]))
+        rt.order[k] = k
     for a in range(1, n):  # insertion sort
         x = rt.order[a]
         b = a - 1
         while b >= 0:
             y = rt.order[b]
             if rt.dim[y] > rt.dim[x] or (rt.dim[y] == rt.dim[x]
-                                         and inst_rank[y] < inst_rank[x]):
+                                         and inst_rank[cand[y]] < inst_rank[cand[x]]):
                 break
             rt.order[b + 1] = y
             b -= 1
@@ -242,32 +252,35 @@ def _rank_candidates(rt, weighted, inst_rank):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def _record_routing(rt, code, r, clock, target, best, inst_rank):
-    """Append the routing decision to the trace, with the top-k counterfactual candidates and
-    the regret of the choice (CLU-6)."""
+def _record_routing(rt, code, r, clock, chosen, best, inst_rank, cand, n):
+    """Append the routing decision (candidate ``chosen`` of ``cand[:n]``) to the trace, with
+    the top-k counterfactual candidates and the regret of the choice (CLU-6). Scores are kept
+    per instance; an instance that was not a candidate has NaN."""
     k = rt.st[RouterVar.N_ROUTING_RECORDS]
     rt.st[RouterVar.N_ROUTING_RECORDS] = k + 1
     rt.rt_req[k] = r
     rt.rt_clock[k] = clock
-    rt.rt_target[k] = target
+    rt.rt_target[k] = cand[chosen]
     rt.rt_best[k] = best
-    n = rt.snap_i.shape[0]
     weighted = code == Routing.WEIGHTED
     if weighted:
-        for i in range(n):
-            rt.rt_scores[k, i] = rt.scores[i]
+        if n < rt.rt_scores.shape[1]:
+            for i in range(rt.rt_scores.shape[1]):
+                rt.rt_scores[k, i] = np.nan
+        for j in range(n):
+            rt.rt_scores[k, cand[j]] = rt.scores[j]
     kk = rt.rcfg[RouterCfg.COUNTERFACTUAL_K]
     if kk <= 0:
         return
-    _rank_candidates(rt, weighted, inst_rank)
+    _rank_candidates(rt, weighted, inst_rank, cand, n)
     for j in range(min(kk, n)):
-        i = rt.order[j]
+        i = cand[rt.order[j]]
         rt.cf_inst[k, j] = i
-        rt.cf_score[k, j] = rt.dim[i]
+        rt.cf_score[k, j] = rt.dim[rt.order[j]]
         rt.cf_int[k, j, CandidateCount.QUEUE] = rt.snap_i[i, SnapField.QUEUE]
         rt.cf_int[k, j, CandidateCount.BATCH] = rt.snap_i[i, SnapField.BATCH]
         rt.cf_int[k, j, CandidateCount.IN_FLIGHT] = rt.inflight_view[i]
         rt.cf_int[k, j, CandidateCount.FREE] = rt.snap_i[i, SnapField.FREE]
         rt.cf_kv[k, j] = rt.snap_f[i, SnapRate.KV_UTIL]
-    regret = rt.dim[rt.order[0]] - rt.dim[target]
+    regret = rt.dim[rt.order[0]] - rt.dim[chosen]
     rt.rt_regret[k] = regret if regret > 0 else 0.0

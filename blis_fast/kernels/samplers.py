@@ -196,7 +196,7 @@ def sample_lengths(seed: int, code: int, params: np.ndarray, count: int) -> np.n
 
 @njit(cache=True)
 def sample_iats(seed: int, code: int, iat_const: int, rate: float, p1: float, p2: float,
-                count: int) -> np.ndarray:  # fmt: skip
+                count: int) -> np.ndarray:
     """``count`` successive inter-arrival times of one arrival process from ``NewSource(seed)``."""
     s = new_source(seed)
     out = np.empty(count, dtype=np.int64)

@@ -1,6 +1,7 @@
 """The routing scorers (CLU-3.19..3.22, DELTA-30..36): the stateless ones as ``cfunc``s, the
 stateful ones (prefix affinity, precise prefix cache, no-hit LRU) as kernels on the router
-state, and :func:`score_dimension`, which gives one scorer's values for every instance.
+state, and :func:`score_dimension`, which gives one scorer's values for every candidate of a
+routing decision (``rt.dim[k]`` for candidate ``cand[k]``).
 
 The stateless scorers have exactly the signature of a user scorer
 (``blis_fast.kernels.hooks.SCORER_SIG``): they read the per-instance snapshot rows and write one
@@ -125,63 +126,86 @@ def score_vllm_dp(snapshots, request, out):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _score_prefix_affinity(rt, kv, r, n, n_blocks):
+def _score_prefix_affinity(rt, kv, r, cand, n, n_blocks):
     """prefix-affinity: the share of the request's input blocks the router's index has seen on
-    each instance as a leading run (DELTA-32)."""
-    for i in range(n):
+    each candidate as a leading run (DELTA-32)."""
+    for k in range(n):
+        i = cand[k]
         if n_blocks == 0:
-            rt.dim[i] = 0.0
+            rt.dim[k] = 0.0
         elif rt.pa_meta[i, LruMeta.LEN] == 0:
-            rt.dim[i] = 0.0
+            rt.dim[k] = 0.0
         else:
             hits = leading_matches(rt.pa_table, i, kv.chunk_dig, kv.chunk_off[r], n_blocks,
                                    rt.found)
-            rt.dim[i] = np.float64(hits) / np.float64(n_blocks)
+            rt.dim[k] = np.float64(hits) / np.float64(n_blocks)
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _score_no_hit_lru(rt, r, n):
-    """no-hit-lru (DELTA-34): 0.5 everywhere when some instance has the prefix cached, else
-    instances never chosen for a cold request first, then least recently chosen first."""
+def _prune_no_hit(rt, cand, n):
+    """Drop the instances that are not candidates from the no-hit LRU (the reference prunes
+    its list to the snapshot set on every cold request; a no-op while every instance is a
+    candidate). Leaves ``rt.pos`` mapping each candidate to its position."""
+    for k in range(n):
+        rt.pos[cand[k]] = k
+    kept = 0
+    for k in range(rt.st[RouterVar.NH_LEN]):
+        i = rt.nh_order[k]
+        if rt.pos[i] >= 0:
+            rt.nh_order[kept] = i
+            kept += 1
+        else:
+            rt.nh_set[i] = 0
+    rt.st[RouterVar.NH_LEN] = kept
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _score_no_hit_lru(rt, r, cand, n):
+    """no-hit-lru (DELTA-34): 0.5 everywhere when some candidate has the prefix cached, else
+    candidates never chosen for a cold request first, then least recently chosen first."""
     warm = False
-    for i in range(n):
-        if rt.hook_snap[i, SNAP_CACHED_BLOCKS] > 0:
+    for k in range(n):
+        if rt.hook_snap[k, SNAP_CACHED_BLOCKS] > 0:
             warm = True
             break
     rt.st[RouterVar.NH_LAST_REQ] = r
     rt.st[RouterVar.NH_LAST_WARM] = 1 if warm else 0
     if warm:
-        for i in range(n):
-            rt.dim[i] = 0.5
+        for k in range(n):
+            rt.dim[k] = 0.5
     elif n <= 1:
-        for i in range(n):
-            rt.dim[i] = 1.0
+        for k in range(n):
+            rt.dim[k] = 1.0
     else:
+        _prune_no_hit(rt, cand, n)
         rank = 0
-        for i in range(n):
-            if rt.nh_set[i] == 0:
-                rt.dim[i] = 1.0 - np.float64(rank) / np.float64(n - 1)
+        for k in range(n):
+            if rt.nh_set[cand[k]] == 0:
+                rt.dim[k] = 1.0 - np.float64(rank) / np.float64(n - 1)
                 rank += 1
         for k in range(rt.st[RouterVar.NH_LEN] - 1, -1, -1):
             i = rt.nh_order[k]
-            rt.dim[i] = 1.0 - np.float64(rank) / np.float64(n - 1)
+            rt.dim[rt.pos[i]] = 1.0 - np.float64(rank) / np.float64(n - 1)
             rank += 1
+        for k in range(n):
+            rt.pos[cand[k]] = -1
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def score_dimension(rt, kv, code, r, n, n_blocks, scorer_table):
-    """One scorer's values for every candidate into rt.dim (CLU-3.22, DELTA-32/34; the
-    stateless scorers are table cfuncs reading rt.hook_snap)."""
+def score_dimension(rt, kv, code, r, cand, n, n_blocks, scorer_table):
+    """One scorer's values for the candidates ``cand[:n]`` into rt.dim[:n] (CLU-3.22,
+    DELTA-32/34; the stateless scorers are table cfuncs reading rt.hook_snap's candidate
+    rows)."""
     if code >= StatefulScorer.TABLE_BASE:
         scorer_table[code - StatefulScorer.TABLE_BASE](rt.hook_snap[:n], rt.hook_req, rt.dim[:n])
     elif code == StatefulScorer.PREFIX_AFFINITY:
-        _score_prefix_affinity(rt, kv, r, n, n_blocks)
+        _score_prefix_affinity(rt, kv, r, cand, n, n_blocks)
     elif code == StatefulScorer.PRECISE_PREFIX_CACHE:
-        for i in range(n):
-            rt.dim[i] = rt.hook_snap[i, SNAP_CACHED_BLOCKS]
+        for k in range(n):
+            rt.dim[k] = rt.hook_snap[k, SNAP_CACHED_BLOCKS]
         normalize_min_max(rt.dim, n, True)
     else:
-        _score_no_hit_lru(rt, r, n)
+        _score_no_hit_lru(rt, r, cand, n)
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")

@@ -4,7 +4,8 @@ the constructors that allocate them (plain NumPy, called from ``blis_fast/engine
 Groups (each a ``NamedTuple`` of arrays, so a kernel signature names a handful of them):
 
 * :class:`SimConfig` – the run's configuration: integer slots (:data:`ConfigSlot`), the latency
-  backend's packed parameters and alpha, the instances' rank in id order;
+  backend's packed parameters and alpha, the instances' rank in id order, per-instance
+  configuration (:data:`InstanceSlot`);
 * :class:`RequestInputs` – per-request inputs (arrival, lengths, deadline, id rank, session);
 * :class:`RequestArrays` – per-request mutable state; the fields every step touches share one
   64-byte row ``hot[r, HotField.*]``;
@@ -19,6 +20,7 @@ Groups (each a ``NamedTuple`` of arrays, so a kernel signature names a handful o
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import NamedTuple
 
 import numpy as np
@@ -28,15 +30,32 @@ from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.jit import njit
 
 
+def _with_option_slots(fixed: type, family: str) -> type:
+    """``fixed``'s slots, then one slot per ``blis run`` option whose row names a slot of
+    ``family`` that ``fixed`` lacks (in table order), then ``SIZE``: a flag the kernel reads as is
+    declares its slot in its options row alone (docs/extending.md)."""
+    from blis_fast.options import RUN_OPTIONS
+
+    names = [name for name in fixed._fields if name != "SIZE"]
+    assert [getattr(fixed(), name) for name in names] == list(range(len(names)))
+    for spec in RUN_OPTIONS:
+        owner, _, name = spec.slot.partition(".")
+        if owner == family and name not in names:
+            names.append(name)
+    names.append("SIZE")
+    return namedtuple(fixed.__name__, names, defaults=range(len(names)))
+
+
 class ConfigSlotT(NamedTuple):
-    """Slots of ``SimConfig.ints``."""
+    """Slots of ``SimConfig.ints`` the engine fills itself or from a policy registry; options rows
+    may add their own (:func:`_with_option_slots`)."""
 
     N_INSTANCES: int = 0
     HORIZON: int = 1
     MAX_RUNNING: int = 2  # --max-num-running-reqs
     MAX_TOKENS: int = 3  # --max-num-scheduled-tokens
     LONG_PREFILL: int = 4  # --long-prefill-token-threshold
-    MAX_MODEL_LEN: int = 5
+    MAX_MODEL_LEN: int = 5  # the global value; instances read InstanceSlot.MAX_MODEL_LEN
     ADMISSION_LATENCY: int = 6
     ROUTING_LATENCY: int = 7
     PRIORITY: int = 8  # Priority code
@@ -47,7 +66,18 @@ class ConfigSlotT(NamedTuple):
     SIZE: int = 13
 
 
-ConfigSlot = ConfigSlotT()
+ConfigSlot = _with_option_slots(ConfigSlotT, "ConfigSlot")()
+
+
+class InstanceSlotT(NamedTuple):
+    """Columns of ``SimConfig.inst`` (one row per instance): configuration that can differ
+    between instances (pools of different GPUs or TP, instances added later)."""
+
+    MAX_MODEL_LEN: int = 0  # 0 = unlimited
+    SIZE: int = 1
+
+
+InstanceSlot = InstanceSlotT()
 
 
 class InstanceCounterT(NamedTuple):
@@ -173,6 +203,7 @@ class SimConfig(NamedTuple):
     latency_params: np.ndarray  # float64: the backend's layout (kernels/latency.py)
     alpha: np.ndarray  # float64 [3]
     instance_rank: np.ndarray  # int64 [n_instances]: rank of ``instance_<i>`` in string order
+    inst: np.ndarray  # int64 [n_instances, InstanceSlot.SIZE]: per-instance configuration
 
 
 class RequestInputs(NamedTuple):

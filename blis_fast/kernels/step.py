@@ -27,6 +27,7 @@ from blis_fast.kernels.state import (
     ConfigSlot,
     HotField,
     InstanceCounter,
+    InstanceSlot,
     LogCursor,
     QueueField,
     QueueStat,
@@ -134,11 +135,11 @@ def _extend_itl_run(rs, lg, r, s, prev_step):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _advance_progress(ints, ins, rs, lg, inp, i, now, d, s, prev_step):
+def _advance_progress(cfg, ins, rs, lg, inp, i, now, d, s, prev_step):
     """executeBatchStep's progress pass: prefill progress, decode tokens with their ITL, TTFT.
     Returns how many requests processCompletions will finish."""
-    otp = ints[ConfigSlot.OUTPUT_TOKEN_TIME]
-    max_len = ints[ConfigSlot.MAX_MODEL_LEN]
+    otp = cfg.ints[ConfigSlot.OUTPUT_TOKEN_TIME]
+    max_len = cfg.inst[i, InstanceSlot.MAX_MODEL_LEN]
     n_done = 0
     for q in range(ins.batch_len[i]):
         r = ins.batch[i, q]
@@ -172,7 +173,8 @@ def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority):
         return np.int64(-1)
     ins.cnt[i, InstanceCounter.STEPS] += 1
     order_wait_queue(cfg.ints, ins, rs, inp, i, now, work, key_fn, slo_priority)
-    n_adm = form_batch(cfg.ints, ins, rs, kv, inp, i, work)
+    n_adm = form_batch(cfg.ints, cfg.inst[i, InstanceSlot.MAX_MODEL_LEN], ins, rs, kv, inp, i,
+                       work)
     for k in range(n_adm):
         r = work.queue_a[k]
         rs.sched_delay[r] = now - inp.arrival[r]
@@ -181,7 +183,7 @@ def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority):
     d = _step_duration(cfg, ins, rs, kv, inp, i, work)
     lg.dur[s] = d
     ins.cnt[i, InstanceCounter.DONE_IN_STEP] = _advance_progress(
-        cfg.ints, ins, rs, lg, inp, i, now, d, s, prev_step)
+        cfg, ins, rs, lg, inp, i, now, d, s, prev_step)
     used = kvc.used_blocks(kv, i)
     lg.kv_used[s] = used
     if used > ins.cnt[i, InstanceCounter.PEAK_KV]:
@@ -192,7 +194,7 @@ def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def finishes(ints, rs, kv, ins, inp, i, r, work):
+def finishes(cfg, rs, kv, ins, inp, i, r, work):
     """processCompletions' test for running request ``r`` after a step: True (and the request
     completed, its last decode token allocated) when it is done or hit max-model-len."""
     pi = rs.hot[r, _PI]
@@ -204,7 +206,7 @@ def finishes(ints, rs, kv, ins, inp, i, r, work):
                     np.int64(0), work.scratch):
                 ins.cnt[i, InstanceCounter.KV_FAILURES] += 1
         return True
-    max_len = ints[ConfigSlot.MAX_MODEL_LEN]
+    max_len = cfg.inst[i, InstanceSlot.MAX_MODEL_LEN]
     if max_len > 0 and pi >= max_len - 1:
         ins.cnt[i, InstanceCounter.LENGTH_CAPPED] += 1
         rs.capped[r] = 1

@@ -19,9 +19,9 @@ __all__ = ["make_observed_trace"]
 
 
 def make_observed_trace(prefix: str | Path, *, alpha: tuple[float, float, float],
-                        beta: tuple[float, float, float], noise: float = 0.03, noise_seed: int = 1,
+                        beta: tuple[float, ...], noise: float = 0.03, noise_seed: int = 1,
                         model: str = "meta-llama/llama-3.1-8b-instruct",
-                        **workload: Any) -> tuple[str, str]:
+                        latency_model: str = "blackbox", **workload: Any) -> tuple[str, str]:
     """Write ``<prefix>.yaml`` and ``<prefix>.csv`` and return their paths.
 
     ``workload`` holds ``blis_fast.run`` keywords (``num_requests``, ``rate``, ...); ``noise``
@@ -32,7 +32,7 @@ def make_observed_trace(prefix: str | Path, *, alpha: tuple[float, float, float]
 
     with tempfile.TemporaryDirectory() as tmp:
         exported = Path(tmp) / "sim"
-        blis_fast.run(model=model, latency_model="blackbox", alpha_coeffs=alpha,
+        blis_fast.run(model=model, latency_model=latency_model, alpha_coeffs=alpha,
                       beta_coeffs=beta, trace_output=str(exported), log="error", **workload)
         rows = list(csv.reader(io.StringIO((exported.with_suffix(".csv")).read_text())))
     head, body = rows[0], rows[1:]
