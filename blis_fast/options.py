@@ -88,6 +88,12 @@ def required(message: str) -> Check:
     return Check(bool, message)
 
 
+def _go_g(v: float) -> str:
+    from blis_fast.workload.gofmt import go_g
+
+    return go_g(v)
+
+
 def _session_mode_text(flag: str, value: str) -> str:
     from blis_fast.workload.gofmt import go_quote
 
@@ -232,6 +238,20 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("decode-max-model-len", "int", 0, "P/D: max model length of the decode pool"),
     OptionSpec("encode-decider", "str", "never", "P/D: which requests go through the encode pool",
                choices="encode_deciders"),
+    OptionSpec("model-autoscaler-interval-us", "float", 0.0,
+               "autoscaler tick interval (µs); 0 = off unless the policy bundle sets one",
+               (Check(lambda v: v >= 0 and not math.isinf(v),
+                      lambda flag, v: f"--{flag} must be a finite number >= 0 (0 = disabled), "
+                                      f"got {_go_g(v)}"),
+                Check(lambda v: v == 0 or v >= 1,
+                      lambda flag, v: f"--{flag} must be 0 (off) or at least 1 µs, got "
+                                      f"{_go_g(v)}: a shorter interval truncates to 0 and the "
+                                      "reference ticks forever at one instant"),
+                in_time_range())),
+    OptionSpec("gpu-hour-cost", "float", 0.0,
+               "price of one GPU-hour: prints the run's cost (node_pools[].gpu_hour_cost wins)",
+               (Check(lambda v: v >= 0 and not math.isinf(v),
+                      lambda flag, v: f"--{flag} must be a finite number >= 0, got {_go_g(v)}"),)),
     # workload
     OptionSpec("workload", "str", "distribution", "distribution or a preset name"),
     OptionSpec("workload-spec", "str", "", "workload spec YAML", file="input"),
@@ -291,6 +311,7 @@ CHECK_ORDER: dict[str, tuple[str, ...]] = {
     "delays": ("kv-transfer-base-latency", "snapshot-refresh-interval", "cache-signal-delay",
                "admission-latency", "routing-latency"),
     "pd": ("prefill-instances", "decode-instances", "prefill-decode-instances"),
+    "autoscale": ("model-autoscaler-interval-us", "gpu-hour-cost"),
 }
 """Which flags' own checks run at each point of a run's validation (DELTA-26), in order.
 
@@ -300,7 +321,8 @@ it cannot report a confusing error); ``latency`` (after the backend name and the
 ``latency-end``; ``workload`` (before the workload source checks); ``timeout`` (after them);
 ``replay-inputs``/``replay`` (``blis replay``); ``engine`` (after generation); ``tracing``,
 ``kv-tier`` and ``delays`` (after the policy names; warnings and cross-flag checks sit
-between them); ``pd`` (the first P/D checks, ``config/pd.py: validate_pd``)."""
+between them); ``pd`` (the first P/D checks, ``config/pd.py: validate_pd``); ``autoscale``
+(where the reference merges the flag over the bundle's interval)."""
 
 WORKLOAD_FLAGS = frozenset({
     "workload", "workload-spec", "rate", "num-requests", "concurrency", "think-time-ms",

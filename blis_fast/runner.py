@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from blis_fast.config.autoscale import resolve_autoscale
 from blis_fast.config.defaults import load_defaults
 from blis_fast.config.latency import LatencyConfig, resolve_latency
 from blis_fast.config.pd import (
@@ -30,6 +31,7 @@ from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_p
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.engine_config import EngineConfig, Hooks
+from blis_fast.engine.fleet import run_warnings
 from blis_fast.engine.follow_ups import SessionPlan
 from blis_fast.engine.results import SimulationResult
 from blis_fast.engine.simulate import run_engine
@@ -125,6 +127,8 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
     res = run_engine(prepared.table, prepared.engine, model=prepared.latency.model,
                      sessions=prepared.sessions)
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
+    for msg in run_warnings(res):
+        log.warning(msg)
     outputs = build_outputs(res, opts, replay)
     if res.pd is not None:
         from blis_fast.output.pd import pd_warnings
@@ -159,6 +163,11 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     pol = _resolve_policies(opts, hooks)
     pd = validate_pd(opts, replay, allow_custom=hooks.scorer is not None,
                      encode_warnings=encode_warnings)
+    autoscale = resolve_autoscale(opts, pol.bundle, latency, replay)
+    if pd.on and autoscale.active:  # an instance the autoscaler adds would belong to no pool
+        raise BlisConfigError("--prefill-instances/--decode-instances/--prefill-decode-instances "
+                              "cannot be combined with the autoscaler (instances it adds would "
+                              "belong to no pool)")
     total_blocks = latency.total_kv_blocks
     _check_memory(opts, total_blocks, table.n)
     bs = opts.block_size_in_tokens
@@ -181,6 +190,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     engine = EngineConfig(
         options=resolved, latency=latency, policies=pol, hooks=hooks, pd=pd if pd.on else None,
         **(pools.engine_fields() if pd.on else {}),
+        autoscale=autoscale if autoscale.active else None,
         # the reference hashes every block output tokens fill; a later request can match one
         # only if its input repeats that output: rounds of an accumulating multi-turn client,
         # open loop (pre-generated) or closed loop (follow-ups built at completion)
@@ -192,6 +202,8 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         log.warning(msg)
     for msg in latency.infos:
         log.info(msg)
+    for msg in autoscale.warnings:
+        log.warning(msg)
     log.info("Policy config: admission=%s, routing=%s, priority=%s, scheduler=%s",
              pol.admission, pol.routing, pol.priority, pol.scheduler)
     if pol.routing == "weighted":

@@ -39,11 +39,15 @@ REQ_BOOL = {"length_capped"}
 
 
 def case_dirs() -> list[Path]:
-    """The folders of the parity cases of implemented families, P/D cases left out: their
-    cluster block and results are projected from sub-requests (output/pd.py), which a rebuild
-    from the case files' per-instance blocks cannot reproduce; the parity suite checks them
-    end to end and tests/test_pd_invariants.py the projection's inputs."""
-    return [CASES / name for name in adopted_case_ids() if "pd" not in _needs(name)]
+    """The folders of the parity cases of implemented families, less P/D cases (their cluster
+    block and results are projected from sub-requests (output/pd.py), which a rebuild from the
+    case files' per-instance blocks cannot reproduce; the parity suite checks them end to end,
+    and tests/test_pd_invariants.py the projection's inputs) and the August reference's other cases
+    (``head_extras``: their files carry keys and lines the April outputs rebuilt here do not
+    have; the parity test compares them without those)."""
+    return [CASES / name for name in adopted_case_ids()
+            if "pd" not in _needs(name)
+            and not json.loads((CASES / name / "case.json").read_text()).get("head_extras")]
 
 
 def _needs(name: str) -> list[str]:
@@ -109,8 +113,10 @@ def float_ticks(ms: float) -> float:
     raise AssertionError(ms)
 
 
-def request_columns(records: list[dict]) -> RequestColumns:
-    """Rebuild engine-style columns from results-file records (0 latency = absent)."""
+def request_columns(records: list[dict], names: list[str] | None = None) -> RequestColumns:
+    """Rebuild engine-style columns from results-file records (0 latency = absent);
+    ``names`` gives the instance ids in index order (default ``instance_<i>``; autoscaled runs
+    have others)."""
     n = len(records)
     ttft = np.full(n, np.nan)
     e2e = np.full(n, np.nan)
@@ -125,6 +131,8 @@ def request_columns(records: list[dict]) -> RequestColumns:
         if r["ttft_ms"] > 0 or r["scheduling_delay_ms"] > 0:
             sd[i] = ticks(r["scheduling_delay_ms"], 1e3)
     hb = [r.get("handled_by", "") for r in records]
+    index = ({n: i for i, n in enumerate(names)} if names is not None
+             else {h: int(h.split("_")[1]) for h in set(hb) if h})
     return RequestColumns(
         request_id=np.array([r["requestID"] for r in records], dtype=object),
         arrival_us=np.array([ticks(r["arrived_at"], 1e6) for r in records], dtype=np.int64),
@@ -134,11 +142,12 @@ def request_columns(records: list[dict]) -> RequestColumns:
         itl_us=itl,
         e2e_us=e2e,
         scheduling_delay_us=sd,
-        handled_by=np.array([int(h.split("_")[1]) if h else -1 for h in hb], dtype=np.int32),
+        handled_by=np.array([index[h] if h else -1 for h in hb], dtype=np.int32),
         slo_class=np.array([r.get("slo_class", "") for r in records], dtype=object),
         tenant_id=np.array([r.get("tenant_id", "") for r in records], dtype=object),
         model=np.array([r.get("model", "") for r in records], dtype=object),
         length_capped=np.array([r.get("length_capped", False) for r in records], dtype=bool),
+        instance_names=names,
     )
 
 

@@ -28,14 +28,15 @@ REL_TOL = 1e-9
 
 # Cases that wait for a later issue. The parity test marks them as strict expected failures,
 # so a family whose cases start passing must leave this table.
-PENDING_FAMILIES: dict[str, str] = {
-    "as-": "issue 15 (autoscaler)",
-}
+PENDING_FAMILIES: dict[str, str] = {}
 """Case-id prefixes of families waiting for a feature (every case of the family except those
-of ``ADOPTED_EARLY``)."""
+of ``ADOPTED_EARLY`` and ``PASSING_IN_PENDING``)."""
 ADOPTED_EARLY: dict[str, tuple[str, ...]] = {}
 """Case-id prefixes, per pending family, of the cases that must already pass while the rest
 of the family waits (a feature built in steps)."""
+PASSING_IN_PENDING: frozenset[str] = frozenset()
+"""Cases of a pending family that already pass: the parity test checks them like any other
+case (the family's other tests, which rebuild inputs from whole families, still skip it)."""
 
 HEAD_EXTRA_KEYS = frozenset({"cache_hit_rate", "round_index", "session_id", "adapter",
                              "kv_allocation_failures"})
@@ -97,8 +98,9 @@ def run_case_params(spec_driven: bool, invalid_reason: str) -> list:
         if ("--workload-spec" in flags or "--concurrency" in flags) != spec_driven:
             continue
         marks = [pytest.mark.skip(reason=invalid_reason)] if case["exit_code"] != 0 else []
-        if not marks and not (CASES_DIR / name / "trace.csv").is_file():
-            marks = [pytest.mark.skip(reason="the case exports no trace (no --trace-output)")]
+        if case.get("head_extras"):  # the August reference's trace/results carry its additions
+            marks = [pytest.mark.skip(reason="August-reference case (head_extras): its files "
+                                             "carry additions; test_parity compares it")]
         params.append(pytest.param(name, case, flags, id=name, marks=marks))
     return params
 
@@ -133,11 +135,16 @@ def all_case_ids() -> list[str]:
 def adopted_case_ids() -> list[str]:
     """Every case of a family blis_fast implements today (the pending families left out): the
     cases the output, workload and spec tests rebuild their inputs from."""
-    return [c for c in all_case_ids() if pending_reason(c) is None]
+    return [c for c in all_case_ids() if family_pending_reason(c) is None]
 
 
 def pending_reason(case_id: str) -> str | None:
     """The issue a case waits for, or None when it must pass today."""
+    return None if case_id in PASSING_IN_PENDING else family_pending_reason(case_id)
+
+
+def family_pending_reason(case_id: str) -> str | None:
+    """The issue the case's family waits for, or None when the whole family is implemented."""
     for prefix, issue in PENDING_FAMILIES.items():
         if case_id.startswith(prefix) and not case_id.startswith(ADOPTED_EARLY.get(prefix, ())):
             return issue
@@ -252,13 +259,6 @@ def drop_head_extras(items: list[tuple[str, object]]) -> list[tuple[str, object]
             continue
         kept.append((kind, value))
     return kept
-
-
-def trace_header_bytes(path: Path, case: dict) -> bytes:
-    """A trace.yaml's bytes, less the ``trace_version:`` line the August reference adds when
-    the case says so (``head_extras``)."""
-    text = path.read_text(encoding="utf-8")
-    return (_without_extra_lines(text) if case.get("head_extras") else text).encode()
 
 
 def _without_extra_lines(text: str) -> str:

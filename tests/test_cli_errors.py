@@ -299,7 +299,8 @@ def test_huge_max_num_running_reqs_runs_like_a_large_one() -> None:
 # IntVar/Int64Var with strconv.ParseInt(s, 0, 64).
 GO_FLOAT64_FLAGS = ("gpu-memory-utilization", "kv-offload-threshold", "kv-transfer-bandwidth",
                     "token-bucket-capacity", "token-bucket-refill-rate", "rate",
-                    "pd-transfer-bandwidth", "pd-transfer-base-latency")  # P/D: f90a1e3a
+                    "pd-transfer-bandwidth", "pd-transfer-base-latency",  # P/D: f90a1e3a
+                    "model-autoscaler-interval-us", "gpu-hour-cost")
 GO_FLOAT64_SLICE_FLAGS = ("alpha-coeffs", "beta-coeffs")
 GO_INT_FLAGS = (
     "tp", "max-model-len", "total-kv-blocks", "block-size-in-tokens", "max-num-running-reqs",

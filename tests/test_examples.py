@@ -32,6 +32,7 @@ SINGLE_TURN_SPECS = ("inference-perf-shared-prefix.yaml", "prefix-affinity-demo.
 MULTI_TURN_SPECS = ("multiturn-chat-demo.yaml", "regression_workload_multiturn.yaml")
 SCRIPTS = ("custom_scorer.py", "evolve_scorer.py", "pd_split.py", "routing_comparison.py")
 SWEEPS = ("sweep.yaml",)
+AUTOSCALE = ("autoscale-spike.yaml", "autoscale-fast.yaml", "autoscale-slow.yaml")
 # run on a real sweep by tests/test_sweep_run.py (test_example_questions_script_answers_from_the_sweep)
 SWEEP_SCRIPTS = ("sweep_questions.py",)
 
@@ -69,7 +70,7 @@ def _routed(result: RunResult, rows: np.ndarray | None = None) -> np.ndarray:
 def test_every_example_is_covered():
     present = {p.name for p in EXAMPLES.iterdir() if p.is_file()}
     covered = set(BUNDLES + SINGLE_TURN_SPECS + MULTI_TURN_SPECS + SCRIPTS + SWEEPS
-                  + SWEEP_SCRIPTS)
+                  + SWEEP_SCRIPTS + AUTOSCALE)
     assert present - covered == set(), "examples without a test in tests/test_examples.py"
     assert covered - present == set(), "tests for examples that no longer exist"
 
@@ -299,3 +300,25 @@ def test_pd_split_finds_a_split_by_goodput(tmp_path, capsys):
     best = table.sort("goodput_per_gpu", descending=True)["split"][0]
     assert f"best: {best} (" in capsys.readouterr().out
     assert plot.stat().st_size > 1000
+
+
+# ------------------------------------------------------------------ autoscaling
+
+
+def test_autoscale_spike_fast_policy_meets_the_slo_and_costs_less(tmp_path):
+    """The headers' figures: the fast policy keeps p99 TTFT under 1 s, the slow one does not
+    and, overshooting to every node, costs more."""
+    import json
+
+    out = {}
+    for name in ("fast", "slow"):
+        result = _run(num_instances=2, total_kv_blocks=2000,
+                      workload_spec=_example("autoscale-spike.yaml"),
+                      policy_config=_example(f"autoscale-{name}.yaml"),
+                      metrics_path=str(tmp_path / f"{name}.json"))
+        doc = json.loads((tmp_path / f"{name}.json").read_text())
+        out[name] = (doc["ttft_p99_ms"], doc["cost"]["cost_usd"], doc["cost"]["gpu_seconds"])
+        assert "=== Cost ===" in result.stdout
+    assert out["fast"][0] < 1000 < out["slow"][0]
+    assert out["fast"][1] < out["slow"][1]
+    assert round(out["fast"][2]) == 378 and round(out["slow"][2]) == 406

@@ -24,15 +24,17 @@ from hypothesis import strategies as st
 from naive import inversion_pairs
 
 from blis_fast.errors import BlisConfigError
+from blis_fast.output.anomalies import (
+    count_inversion_pairs,
+    detect_hol_blocking,
+    detect_priority_inversions,
+)
+from blis_fast.output.fitness import parse_fitness_weights
 from blis_fast.output.gojson import marshal_indent
 from blis_fast.output.report import (
     ClusterReport,
     TraceSummary,
-    count_inversion_pairs,
-    detect_hol_blocking,
-    detect_priority_inversions,
     jain_fairness_index,
-    parse_fitness_weights,
     render_report,
     summarize_trace,
 )
@@ -53,7 +55,8 @@ def _build_report(case: Path) -> tuple[ClusterReport, list[dict], str]:
     """Inputs of the report taken from the case: counters from stdout, samples from records."""
     stdout = (case / "stdout.txt").read_text()
     blocks, rest = stdout_blocks(stdout)
-    cols = request_columns(load_results(case).get("requests", []))
+    names = [b["instance_id"] for b in blocks[:-1]] if len(blocks) > 1 else None
+    cols = request_columns(load_results(case).get("requests", []), names)
     if len(blocks) == 1:
         instances = [instance_from_block(blocks[0], cols, None)]
     else:

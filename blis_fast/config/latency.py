@@ -43,7 +43,11 @@ from blis_fast.config.defaults import (
     load_defaults,
 )
 from blis_fast.config.hardware import HardwareCalib, get_hw_config
-from blis_fast.config.kv_capacity import calculate_kv_blocks, extract_kv_capacity_params
+from blis_fast.config.kv_capacity import (
+    KVCapacityParams,
+    calculate_kv_blocks,
+    extract_kv_capacity_params,
+)
 from blis_fast.config.model_config import (
     ModelConfig,
     apply_weight_precision_fallback,
@@ -88,6 +92,7 @@ class LatencyConfig:
     model_config_folder: str = ""
     hardware_config_path: str = ""
     kv_blocks_source: str = "default"
+    kv_params: KVCapacityParams | None = None  # set when extracted (per-pool KV, AS-2.4)
     warnings: list[str] = field(default_factory=list)
     infos: list[str] = field(default_factory=list)
 
@@ -348,6 +353,7 @@ def resolve_latency(opts: Any) -> LatencyConfig:
 
     model_config: ModelConfig | None = None
     hardware: HardwareCalib | None = None
+    kv_params: KVCapacityParams | None = None
     if entry.analytical:
         hf_path = os.path.join(folder, "config.json")
         hf = parse_hf_config(hf_path)
@@ -443,6 +449,7 @@ def resolve_latency(opts: Any) -> LatencyConfig:
         model_config_folder=folder if entry.analytical else "",
         hardware_config_path=hw_path if entry.analytical else "",
         kv_blocks_source=kv_source,
+        kv_params=kv_params,
         warnings=warnings,
         infos=infos,
     )

@@ -3,8 +3,8 @@
 
 A bundle sets admission, routing, priority and scheduler policies and their parameters; a
 value from the bundle applies only when the corresponding flag was not given explicitly.
-``node_pools`` and ``autoscaler`` belong to reference features the project does not adopt
-(DELTA-44) and are rejected with a message naming them.
+``autoscaler``, ``node_pools`` and ``instance_lifecycle`` (AS-1) are decoded and validated by
+``config/autoscale_bundle.py`` and resolved by ``config/autoscale.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,15 @@ from typing import Any
 
 import yaml
 
+from blis_fast.config.autoscale_bundle import (
+    AutoscalerBundle,
+    LifecycleBundle,
+    NodePoolBundle,
+    autoscale_bundle_error,
+    decode_autoscaler,
+    decode_lifecycle,
+    decode_node_pools,
+)
 from blis_fast.config.strict_yaml import (
     YamlContext,
     as_float,
@@ -46,6 +55,9 @@ class PolicyBundle:
     priority_policy: str = ""
     scheduler: str = ""
     tenant_budgets: dict[str, float] | None = None
+    autoscaler: AutoscalerBundle | None = None  # None: no ``autoscaler:`` section
+    node_pools: list[NodePoolBundle] = field(default_factory=list)
+    instance_lifecycle: LifecycleBundle = field(default_factory=LifecycleBundle)
 
 
 def _opt_float(ctx: YamlContext, node: yaml.Node, what: str) -> float | None:
@@ -80,11 +92,6 @@ def _scorers(ctx: YamlContext, node: yaml.Node, what: str) -> list[tuple[str, fl
     return out
 
 
-def _unsupported(ctx: YamlContext, node: yaml.Node, what: str) -> None:
-    raise ctx.fail(node, f"{what} is a feature of the reference that blis_fast does not support "
-                         "(node pools and the autoscaler were not adopted)")
-
-
 def _admission_fields() -> dict:
     """``admission:`` keys: the policy, every registered policy's parameters, SLO priorities."""
     decoders = {int: _opt_int, float: _opt_float}
@@ -99,8 +106,9 @@ _TOP_FIELDS = {
     "priority": lambda ctx, n, w: decode_struct(ctx, n, w, {"policy": as_str}),
     "scheduler": as_str,
     "tenant_budgets": _float_map,
-    "node_pools": _unsupported,
-    "autoscaler": _unsupported,
+    "node_pools": decode_node_pools,
+    "autoscaler": decode_autoscaler,
+    "instance_lifecycle": decode_lifecycle,
 }
 
 
@@ -124,6 +132,9 @@ def load_policy_bundle(path: str) -> PolicyBundle:
         priority_policy=top.get("priority", {}).get("policy", ""),
         scheduler=top.get("scheduler", ""),
         tenant_budgets=top.get("tenant_budgets"),
+        autoscaler=top.get("autoscaler"),
+        node_pools=top.get("node_pools", []),
+        instance_lifecycle=top.get("instance_lifecycle", LifecycleBundle()),
     )
     validate_bundle(bundle, path)
     return bundle
@@ -166,6 +177,9 @@ def validate_bundle(b: PolicyBundle, path: str) -> None:
         if not _finite(weight) or weight <= 0:
             bad(f"routing scorer[{k}] {name!r}: weight must be a finite positive number, "
                 f"got {weight}")
+    message = autoscale_bundle_error(b.autoscaler, b.node_pools, b.instance_lifecycle)
+    if message is not None:
+        bad(message)
 
 
 @dataclass
@@ -180,6 +194,7 @@ class Policies:
     params: dict[str, float | int]  # every admission parameter's effective value, by key
     slo_priorities: dict[str, int] = field(default_factory=dict)  # overrides (DELTA-38)
     tenant_budgets: dict[str, float] = field(default_factory=dict)  # (DELTA-40)
+    bundle: PolicyBundle = field(default_factory=PolicyBundle)  # the loaded bundle (AS-1)
 
 
 def select_policies(opts: Any, hooks: Any) -> Policies:
@@ -212,7 +227,7 @@ def select_policies(opts: Any, hooks: Any) -> Policies:
                    scheduler=chosen(SCHEDULER, b.scheduler),
                    scorers=tuple(b.scorers), params=params,
                    slo_priorities=dict(b.slo_priorities or {}),
-                   tenant_budgets=dict(b.tenant_budgets or {}))
+                   tenant_budgets=dict(b.tenant_budgets or {}), bundle=b)
     selected = ADMISSION.entries.get(pol.admission)
     for p in selected.params if selected is not None else ():
         message = p.check.error(p.flag or p.key, params[p.key]) if p.check else None

@@ -95,6 +95,23 @@ def as_float(ctx: YamlContext, node: yaml.Node, what: str) -> float:
     return float(_v3_number(ctx, node, what, "float"))
 
 
+def as_bool(ctx: YamlContext, node: yaml.Node, what: str) -> bool:
+    """A Go ``bool`` field as yaml.v3 decodes it: ``true``/``false`` (three spellings each) and
+    the YAML 1.1 words (``yes``/``no``/``on``/``off``/``y``/``n``) it still accepts there."""
+    from blis_fast.workload.spec_yaml import BOOL, OLD_BOOLS, resolve_plain
+
+    if is_null(node):
+        return False
+    if isinstance(node, yaml.ScalarNode):
+        if not node.style:
+            tag, val = resolve_plain(node.value)
+            if tag == BOOL:
+                return bool(val)
+        if node.value in OLD_BOOLS and (not node.style or node.tag == "tag:yaml.org,2002:bool"):
+            return OLD_BOOLS[node.value]
+    raise ctx.fail(node, f"{what}: expected true or false, got {_value_text(node)}")
+
+
 def as_float_list(ctx: YamlContext, node: yaml.Node, what: str) -> tuple[float, ...] | None:
     if is_null(node):
         return None

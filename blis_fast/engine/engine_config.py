@@ -20,6 +20,7 @@ from blis_fast.policies.scheduler import SCHEDULER
 from blis_fast.policies.scorers import DEFAULT_PROFILE
 
 if TYPE_CHECKING:
+    from blis_fast.config.autoscale import AutoscaleSetup
     from blis_fast.config.latency import LatencyConfig
     from blis_fast.config.policy_bundle import Policies
 
@@ -51,6 +52,7 @@ class EngineConfig:
     # instance's class; None = one class, latency.params
     latency_class_params: np.ndarray | None = None
     instance_latency_class: tuple[int, ...] | None = None
+    autoscale: AutoscaleSetup | None = None  # autoscaler / node pools; None: a fixed fleet
 
     @property
     def pd_on(self) -> bool:

@@ -100,6 +100,14 @@ class SimulationResult:
     step_itl_count: np.ndarray
     # P/D (rows [n, 2n) of the per-request arrays are the prefill sub-requests)
     pd: PDRunData | None = None
+    # the fleet of an autoscaled run or a run on node pools (``engine/fleet.py``); None for
+    # a fixed fleet (instances ``instance_0`` .. ``instance_<N-1>``)
+    instance_names: list[str] | None = None
+    fleet: object | None = None  # kernels.autoscale.AutoscaleState at the end of the run
+
+    def instance_name(self, i: int) -> str:
+        """The id of instance ``i`` as the reference prints it."""
+        return self.instance_names[i] if self.instance_names is not None else f"instance_{i}"
 
     @property
     def sim_ended_us(self) -> np.ndarray:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 from numba.core.errors import NumbaExperimentalFeatureWarning
 
+from blis_fast.engine import fleet
 from blis_fast.engine.engine_config import EngineConfig, Hooks
 from blis_fast.engine.follow_ups import (
     Capacity,
@@ -34,6 +35,7 @@ from blis_fast.engine.packing import (
 )
 from blis_fast.engine.results import SimulationResult, raise_failure, read_result
 from blis_fast.engine.sessions import SessionDriver
+from blis_fast.kernels.autoscale import AsVar
 from blis_fast.kernels.enums import Status
 from blis_fast.kernels.event_loop import push_cluster_arrivals, simulate
 from blis_fast.kernels.gomath import INT64_MAX
@@ -103,11 +105,14 @@ def run_engine(table, cfg: EngineConfig, model: str = "",
 
     wait_for_engine_compile()
     room = initial_capacity(table, sessions)
+    fleet_rows = fleet.initial_rows(cfg)
     while True:
         try:
-            return _run_once(table, cfg, model, sessions, room)
+            return _run_once(table, cfg, model, sessions, room, fleet_rows)
         except OutOfRoom:
             room = room.grown()
+        except fleet.FleetTooSmall:
+            fleet_rows *= 2
 
 
 def _compiled_overload(dispatcher, args):
@@ -117,13 +122,16 @@ def _compiled_overload(dispatcher, args):
     return dispatcher if overload is None else overload.entry_point
 
 
-def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None,
-              room: Capacity) -> SimulationResult:
+def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | None,
+              room: Capacity, fleet_rows: int) -> SimulationResult:
+    """One simulation with ``room`` for follow-ups and ``fleet_rows`` instance rows (the flag's
+    count for a fixed fleet; an autoscaled run that outgrows them raises FleetTooSmall)."""
     parents = table
-    if cfg.pd_on:  # prefill sub-requests get rows of their own (kernels/pd.py)
+    if given.pd_on:  # prefill sub-requests get rows of their own (kernels/pd.py)
         table = with_prefill_rows(table)
     n0 = table.n
     n = n0 + room.rows
+    cfg = given if given.autoscale is None else fleet.row_config(given, fleet_rows)
     opts = cfg.options
     n_inst = opts.num_instances
     max_batch = max(1, min(opts.max_num_running_reqs, max(n, 1)))
@@ -135,7 +143,7 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
     ins = new_instance_arrays(n_inst, max_batch)
     n_req = parents.n + room.rows  # requests (P/D: sub-request rows excluded); logs grow
     lg = new_step_log(max(1024, 4 * n_req), max(1024, 2 * n_req))
-    meta = request_metadata(table, cfg, model)
+    meta = request_metadata(table, given, model)  # tenant capacity: --num-instances (AS-7.3)
     rt = router_state(cfg, n, meta, kv, room)
     pd = pd_state(cfg, parents, max_batch, inp, ranked) if cfg.pd_on else pd_off()
     heap = push_cluster_arrivals(new_event_heap(3 * n_req + 4 * n_inst + 16), inp.arrival,
@@ -156,14 +164,24 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
                         cfg.latency_params_by_class(),
                         np.ascontiguousarray(cfg.latency.alpha, np.float64),
                         instance_rank_of(n_inst), instance_config(cfg))
+    asc = None
+    if cfg.autoscale is not None:
+        fleet.check_rows(fleet_rows)
+        heap = new_event_heap(3 * n_req + 4 * n_inst + 16)
+        asc = fleet.new_autoscale_state(cfg.autoscale, cfg, fleet_rows, n0)
+        fleet.start_fleet(given, asc, kv, sim_cfg.inst, sim_cfg.instance_rank, rt, heap)
+        heap = push_cluster_arrivals(heap, inp.arrival, np.arange(parents.n, dtype=np.int64),
+                                     np.full(parents.n, -1, np.int64))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
         hooks = _kernel_hooks(cfg.hooks)
         run = simulate
         while True:
-            args = (sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd)
+            args = (sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
             status, lg, heap = run(*args)
+            if status == Status.GROW_FLEET:
+                raise fleet.FleetTooSmall
             if status != Status.SESSIONS:
                 break
             if run is simulate:
@@ -179,9 +197,12 @@ def _run_once(table, cfg: EngineConfig, model: str, sessions: SessionPlan | None
                 inp.id_rank[: appended.n] = rank_of_ids(
                     ids + [f.request_id for f in appended.follow_ups])
             heap = push_cluster_arrivals(heap, inp.arrival, rows, seqs)
+            if asc is not None:
+                asc.var[AsVar.PENDING_ARRIVALS] += rows.shape[0]
     raise_failure(status, failures)
     n_used = appended.n
     final = appended.table(table, sessions) if n_used > n0 else table
     if cfg.pd_on:  # every row read back; the table stays the workload's
         return read_result(cfg, parents, n_used, rs, ins, kv, lg, rt, pd)
-    return read_result(cfg, final, n_used, rs, ins, kv, lg, rt)
+    res = read_result(given, final, n_used, rs, ins, kv, lg, rt)
+    return res if asc is None else fleet.fleet_result(res, asc, given.latency.model)

@@ -86,6 +86,7 @@ class StatusT(NamedTuple):
     TOO_MANY_INSTANCES: int = 7  # error: more instances than the event key can address
     SEQ_OVERFLOW: int = 8  # error: more events than the event key can number
     UNKNOWN_POLICY: int = 9  # error: an admission, routing, priority or scheduler code unknown
+    GROW_FLEET: int = 10  # the autoscaler needs more instance rows: the run restarts bigger
 
 
 Status = StatusT()
@@ -136,6 +137,9 @@ class EventT(NamedTuple):
     PREFILL_ROUTING: int = 3  # P/D (PD-3): the prefill sub-request picks its instance
     KV_TRANSFER_START: int = 4  # P/D: a prefill finished; the decode side reserves KV
     KV_TRANSFER_DONE: int = 5  # P/D: the KV arrived; the decode sub-request is queued
+    INSTANCE_LOADED: int = 7  # the autoscaler's cluster events (AS-3, AS-4)
+    SCALING_TICK: int = 8
+    SCALE_ACTUATION: int = 9
     ARRIVAL: int = 10
     QUEUED: int = 11
     STEP: int = 12
@@ -155,12 +159,42 @@ class EventPriorityT(NamedTuple):
     STEP: int = 2
     REQUEST_LEFT: int = 4
     TIMEOUT: int = 5
+    INSTANCE_LIFECYCLE: int = 1  # InstanceLoaded (Go -1)
     CLUSTER_ARRIVAL: int = 2
     ADMISSION: int = 3
     ROUTING: int = 4
     PREFILL_ROUTING: int = 6  # the reference's cluster priorities 4, 5, 6 (PD-3.13)
     KV_TRANSFER_START: int = 7
     KV_TRANSFER_DONE: int = 8
+    SCALING_TICK: int = 10  # Go 8
+    SCALE_ACTUATION: int = 11  # Go 9
 
 
 EventPriority = EventPriorityT()
+
+
+class LifecycleT(NamedTuple):
+    """An instance's lifecycle state (AS-3.1); Scheduling and WarmingUp are never entered
+    from the CLI (kept for the reference's numbering)."""
+
+    NONE: int = 0
+    SCHEDULING: int = 1
+    LOADING: int = 2
+    WARMING_UP: int = 3
+    ACTIVE: int = 4
+    DRAINING: int = 5
+    TERMINATED: int = 6
+
+
+Lifecycle = LifecycleT()
+
+
+class InstanceKindT(NamedTuple):
+    """How an instance came to be: at start-up (``instance_<n>``) or by the autoscaler
+    (``autoscale-<model>-<seq>``)."""
+
+    STARTUP: int = 0
+    AUTOSCALED: int = 1
+
+
+InstanceKind = InstanceKindT()

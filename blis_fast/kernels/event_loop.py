@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.kernels import admission as adm
+from blis_fast.kernels import autoscale as asx
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels import pd as pdk
 from blis_fast.kernels import routing as rtk
@@ -333,17 +334,39 @@ def _stop_status(horizon, ins, kv, lg, heap, sess):
     return _GO_ON
 
 
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _autoscale_stop_status(heap, asc):
+    """The autoscaler's reasons to stop before the next event: a scale-up that may need more
+    instance rows or heap room than there are, or a tick while closed-loop outcomes wait for
+    their follow-ups (the tick's guard counts pending arrivals)."""
+    kind = heap.kinds[0]
+    if kind == Event.SCALING_TICK and heap.loop[LoopSlot.PENDING_OUTCOMES] > 0:
+        return Status.SESSIONS
+    if kind == Event.SCALE_ACTUATION:
+        rows, pushes = asx.room_needed(asc, heap)
+        if rows > 0:
+            return Status.GROW_FLEET
+        if heap.loop[LoopSlot.HEAP_SIZE] + pushes + 4 > heap.times.shape[0]:
+            return Status.GROW_HEAP
+    return _GO_ON
+
+
 @njit(cache=True, _nrt=False, error_model="numpy")
-def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd):
+def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     """Process events until the heap drains, the horizon is passed, or the loop must stop
     (a Status: a buffer to grow, closed-loop outcomes that must become follow-ups first,
     ``inp.session[r]`` >= 0 marking a request of a closed-loop session, CLU-1.15; or an
-    error)."""
+    error). ``asc`` is the autoscaler's state (``kernels/autoscale.py``), None for a fixed
+    fleet."""
     horizon = cfg.ints[ConfigSlot.HORIZON]
     while True:
         status = _stop_status(horizon, ins, kv, lg, heap, sess)
         if status != _GO_ON:
             return status
+        if asc is not None:
+            status = _autoscale_stop_status(heap, asc)
+            if status != _GO_ON:
+                return status
         t = heap.times[0]
         tie = heap.ties[0]
         kind = heap.kinds[0]
@@ -353,6 +376,8 @@ def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd):
         if not tie_is_instance(tie):
             if kind == Event.CLUSTER_ARRIVAL:
                 _on_cluster_arrival(cfg, heap, t, x)
+                if asc is not None:
+                    asc.var[asx.AsVar.PENDING_ARRIVALS] -= 1
             elif kind == Event.ADMISSION:
                 _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, x)
             elif kind == Event.ROUTING:
@@ -361,11 +386,20 @@ def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd):
                 pdk.on_prefill_routing(inp, rs, ins, kv, rt, heap, hooks, pd, t, x)
             elif kind == Event.KV_TRANSFER_START:
                 pdk.on_transfer_start(inp, rs, kv, heap, work, pd, t, x)
-            else:
+            elif kind == Event.KV_TRANSFER_DONE:
                 pdk.on_transfer_done(cfg, inp, rs, ins, rt, heap, pd, t, x)
+            elif asc is not None:
+                if kind == Event.INSTANCE_LOADED:
+                    asx.on_instance_loaded(asc, rt, t, x)
+                elif kind == Event.SCALING_TICK:
+                    asx.on_scaling_tick(asc, ins, rt, kv, heap, t)
+                else:
+                    asx.on_scale_actuation(asc, kv, cfg.inst, cfg.instance_rank, rt, heap, t, x)
             continue
         i = tie_instance(tie)
         if kind == Event.TIMEOUT and rs.state[x] == RequestState.COMPLETED:
+            if asc is not None:
+                asx.after_instance_event(asc, ins, i, t)
             continue  # lazily cancelled timeout: the clock does not move (DELTA-1)
         ins.cnt[i, InstanceCounter.CLOCK] = t
         if kind == Event.ARRIVAL:
@@ -377,6 +411,8 @@ def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd):
         elif kind == Event.TIMEOUT:
             _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, x)
         # a request-left event only moves the instance's clock
+        if asc is not None:
+            asx.after_instance_event(asc, ins, i, t)
 
 
 # ------------------------------------------------------------------ entry points
@@ -424,17 +460,18 @@ def _config_status(cfg, rt, hooks):
 
 
 @njit(cache=True)
-def simulate(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd):
+def simulate(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     """Run the simulation from the state in ``heap`` until it ends or closed-loop session
-    outcomes need follow-ups (``pd``: the P/D state, ``pd.pd_off()`` without P/D). Returns (status, step log, heap); every other result is written
-    into the state groups in place. Call again after Status.SESSIONS (once the follow-ups are
+    outcomes need follow-ups (``pd``: the P/D state, ``pd.pd_off()`` without P/D; ``asc``: the
+    autoscaler's state, None for a fixed fleet). Returns (status, step log, heap); every other
+    result is written into the state groups in place. Call again after Status.SESSIONS (once the follow-ups are
     pushed) to continue."""
     status = _config_status(cfg, rt, hooks)
     if status != Status.OK:
         return status, lg, heap
     while True:
         lg.sizes[LogCursor.ENTRIES] += 1
-        status = _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd)
+        status = _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
         if status == Status.GROW_HEAP:
             heap = grow_event_heap(heap, 2 * heap.times.shape[0])
         elif status == Status.GROW_LOG:

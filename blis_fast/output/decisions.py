@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from blis_fast.engine.results import DecisionTrace
@@ -9,10 +11,15 @@ from blis_fast.policies.admission import admission_reasons
 from blis_fast.policies.routing import reason_text
 
 
-def decision_columns(d: DecisionTrace, routing_policy: str) -> dict[str, list]:
-    """One row per admission record, then per routing record, ordered by (clock, kind)."""
+def decision_columns(d: DecisionTrace, routing_policy: str,
+                     instance_name: Callable[[int], str] | None = None) -> dict[str, list]:
+    """One row per admission record, then per routing record, ordered by (clock, kind);
+    ``instance_name`` names an instance index (default ``instance_<i>``)."""
     na, nr = len(d.admission_request), len(d.routing_request)
-    inst = lambda i: f"instance_{int(i)}"  # noqa: E731
+
+    def inst(i: int) -> str:
+        return instance_name(int(i)) if instance_name is not None else f"instance_{int(i)}"
+
     rows_kind = ["admission"] * na + ["routing"] * nr
     req = [f"request_{int(r)}" for r in d.admission_request] + [
         f"request_{int(r)}" for r in d.routing_request]

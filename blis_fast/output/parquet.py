@@ -125,7 +125,10 @@ def requests_table(columns: RequestColumns) -> pa.Table:
         "tenant_id": strs(columns.tenant_id),
         "model": strs(columns.model),
         "handled_by": pa.array(
-            [f"instance_{i}" if i >= 0 else None for i in hb.tolist()], type=pa.string()
+            [f"instance_{i}" if i >= 0 else None for i in hb.tolist()]
+            if columns.instance_names is None
+            else [columns.instance_names[i] if i >= 0 else None for i in hb.tolist()],
+            type=pa.string()
         ),
         "length_capped": pa.array(take(columns.length_capped, bool), type=pa.bool_()),
         "completed": pa.array(~np.isnan(e2e), type=pa.bool_()),

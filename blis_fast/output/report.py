@@ -13,20 +13,17 @@ is computed in ``fitness.py``, the anomaly counters in ``anomalies.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from blis_fast.errors import BlisConfigError
 from blis_fast.output.anomalies import (
-    count_inversion_pairs,
     detect_hol_blocking,
     detect_priority_inversions,
 )
 from blis_fast.output.fitness import (
-    FITNESS_KEYS,
-    FitnessResult,
     RawMetrics,
     compute_fitness,
     parse_fitness_weights,
@@ -43,17 +40,9 @@ from blis_fast.output.summary import (
 __all__ = [
     "TraceSummary",
     "ClusterReport",
-    "RawMetrics",
-    "FitnessResult",
     "ModelMetrics",
     "TenantMetrics",
-    "FITNESS_KEYS",
-    "parse_fitness_weights",
-    "compute_fitness",
     "collect_raw_metrics",
-    "detect_priority_inversions",
-    "detect_hol_blocking",
-    "count_inversion_pairs",
     "per_slo_distributions",
     "per_model_metrics",
     "per_tenant_metrics",
@@ -231,9 +220,11 @@ def jain_fairness_index(values: Mapping[str, float]) -> float:
 
 
 def summarize_trace(
-    admitted: np.ndarray, chosen_instance: np.ndarray, regret: np.ndarray
+    admitted: np.ndarray, chosen_instance: np.ndarray, regret: np.ndarray,
+    names: Sequence[str] | None = None,
 ) -> TraceSummary:
-    """``trace.Summarize`` from admission flags and routing records (instance index, regret)."""
+    """``trace.Summarize`` from admission flags and routing records (instance index, regret);
+    ``names`` are the instance ids by index (default ``instance_<i>``)."""
     adm = np.asarray(admitted, dtype=bool)
     chosen = np.asarray(chosen_instance, dtype=np.int64)
     reg = np.asarray(regret, dtype=np.float64)
@@ -245,7 +236,8 @@ def summarize_trace(
     if chosen.size:
         inst, cnt = np.unique(chosen, return_counts=True)
         ts.target_distribution = {
-            f"instance_{i}": int(c) for i, c in zip(inst.tolist(), cnt.tolist(), strict=True)
+            (names[i] if names is not None else f"instance_{i}"): int(c)
+            for i, c in zip(inst.tolist(), cnt.tolist(), strict=True)
         }
         ts.mean_regret = sequential_sum(reg) / float(reg.size)
         ts.max_regret = max(0.0, float(np.max(reg)))

@@ -20,6 +20,7 @@ from blis_fast.files import OutputPlan
 from blis_fast.kernels.enums import Registration, RequestState
 from blis_fast.kernels.state import InstanceCounter
 from blis_fast.options import RUN_OPTIONS
+from blis_fast.output.cost import CostReport, run_cost
 from blis_fast.output.report import ClusterReport, render_report, summarize_trace
 from blis_fast.output.summary import (
     InstanceMetrics,
@@ -41,6 +42,7 @@ class RunOutputs:
     summary: dict  # the cluster's metrics (the results file's summary)
     per_instance: list[dict]
     requests: RequestColumns
+    cost: CostReport | None = None  # when a GPU-hour price was given (blis_fast's extension)
 
 
 def plan_outputs(opts: Any, replay: bool) -> OutputPlan:
@@ -68,7 +70,8 @@ def plan_outputs(opts: Any, replay: bool) -> OutputPlan:
     if opts.output_dir:
         plan.check_dir(opts.output_dir, "--output-dir")
         if os.path.isdir(opts.output_dir):
-            for name in ("summary.parquet", "requests.parquet", "decisions.parquet"):
+            for name in ("summary.parquet", "requests.parquet", "decisions.parquet",
+                         "scaling.parquet"):
                 plan.check_file(os.path.join(opts.output_dir, name), "--output-dir")
     return plan
 
@@ -78,7 +81,7 @@ def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
     out: list[InstanceMetrics] = []
     ended = res.sim_ended_us
     otp = res.config.latency.output_token_time
-    for i in range(res.config.options.num_instances):
+    for i in range(res.counters.shape[0]):
         c = res.counters[i]
         mine = res.instance == i
         ttft = res.ttft_us[mine & (res.ttft_us >= 0)].astype(np.float64)
@@ -152,6 +155,7 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
         e2e_us=np.where(e2e >= 0, e2e.astype(np.float64), np.nan),
         scheduling_delay_us=res.sched_delay_us[rows].astype(np.int64),
         handled_by=res.instance[rows].astype(np.int32),
+        instance_names=res.instance_names,
         slo_class=meta("slo_class"),
         tenant_id=meta("tenant_id"),
         model=meta("model"),
@@ -199,7 +203,7 @@ def trace_summary(res: SimulationResult):
     if res.decisions is None:
         return None
     d = res.decisions
-    return summarize_trace(d.admitted, d.routing_target, d.routing_regret)
+    return summarize_trace(d.admitted, d.routing_target, d.routing_regret, res.instance_names)
 
 
 def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
@@ -221,7 +225,7 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
     else:
         requests = request_columns(res, res.table)  # pre-generated requests, then follow-ups
         aggregate = aggregate_instances(instances)
-    per_instance = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(instances)]
+    per_instance = [build_metrics_output(res.instance_name(i), m) for i, m in enumerate(instances)]
     summary = build_metrics_output("cluster", aggregate)
     report = ClusterReport(
         instances=instances,
@@ -237,8 +241,12 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
         subcommand="replay" if replay else "run",
         pd_section=pd_text,
     )
-    return RunOutputs(stdout=render_report(report), summary=summary,
-                      per_instance=per_instance, requests=requests)
+    cost = run_cost(res, int(aggregate.completed))
+    stdout = render_report(report)
+    if cost.priced:
+        stdout += cost.section()
+    return RunOutputs(stdout=stdout, summary=summary, per_instance=per_instance,
+                      requests=requests, cost=cost if cost.priced else None)
 
 
 def write_outputs(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
@@ -266,8 +274,10 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
         plan.stage_text(opts.results_path, "--results-path", replay_results_text(outputs.requests))
     elif opts.metrics_path or opts.results_path:
         flag = "--metrics-path" if opts.metrics_path else "--results-path"
+        head = outputs.summary if outputs.cost is None else dict(
+            outputs.summary, cost=outputs.cost.as_dict())
         plan.stage_text(opts.metrics_path or opts.results_path, flag,
-                        results_text(outputs.summary, outputs.requests))
+                        results_text(head, outputs.requests))
     if opts.output_dir:
         import pyarrow.parquet as pq
 
@@ -280,7 +290,12 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
             from blis_fast.output.parquet import decisions_table
 
             tables.append(("decisions.parquet", decisions_table(
-                decision_columns(res.decisions, res.config.policies.routing))))
+                decision_columns(res.decisions, res.config.policies.routing,
+                                 res.instance_name))))
+        if res.fleet is not None:
+            from blis_fast.output.scaling import scaling_table
+
+            tables.append(("scaling.parquet", scaling_table(res)))
         out_dir = plan.make_dir(opts.output_dir, "--output-dir")
         for name, tab in tables:
             plan.stage(out_dir / name, "--output-dir",

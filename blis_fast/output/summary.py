@@ -244,6 +244,12 @@ class RequestColumns:
     """float64 DELTA-10 gateway delay in ms (flow control only; None or 0 = omitted)."""
     pd: dict | None = None
     """P/D runs: per-row P/D columns (``output/pd.py: PD_COLUMNS``), None otherwise."""
+    instance_names: Sequence[str] | None = None
+    """The id of each instance index (None: ``instance_<i>``; autoscaled runs name theirs)."""
+
+    def instance_name(self, i: int) -> str:
+        """The id ``handled_by`` index ``i`` stands for."""
+        return self.instance_names[i] if self.instance_names is not None else f"instance_{i}"
 
     def __len__(self) -> int:
         """Number of rows."""
@@ -335,7 +341,9 @@ def _request_rows(req: RequestColumns) -> str:
     slo = _quoted_optional(_str_array(req.slo_class)[order].tolist(), "slo_class", n)
     ten = _quoted_optional(_str_array(req.tenant_id)[order].tolist(), "tenant_id", n)
     hb = np.asarray(req.handled_by, dtype=np.int64)[order].tolist()
-    hand = _quoted_optional([f"instance_{h}" if h >= 0 else "" for h in hb], "handled_by", n)
+    names = req.instance_names
+    hand = _quoted_optional([f"instance_{h}" if h >= 0 else "" for h in hb] if names is None
+                            else [names[h] if h >= 0 else "" for h in hb], "handled_by", n)
     mod = _quoted_optional(_str_array(req.model)[order].tolist(), "model", n)
     capped = np.asarray(req.length_capped, dtype=bool)[order].tolist()
     cap = [',\n      "length_capped": true' if c else "" for c in capped]

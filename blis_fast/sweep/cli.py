@@ -101,13 +101,18 @@ def saturate_command(spec: str, slos: tuple[str, ...], low: float, high: float, 
 @click.option("--facet", default=None, help="One panel per value of this column")
 @click.option("--where", "where", multiple=True, help="Keep rows with COLUMN=VALUE (repeatable)")
 @click.option("--logy", is_flag=True, help="Logarithmic y axis")
+@click.option("--scaling", is_flag=True,
+              help="SOURCE is an autoscaled run's --output-dir: replicas, request rate and p99 "
+                   "TTFT over time")
+@click.option("--window", type=GO_FLOAT, default=10.0, show_default=True,
+              help="--scaling: window of the rate and TTFT series (seconds)")
 @click.option("-o", "--output", "output", required=True, help="Image file to write (.png, .svg)")
 @click.option("--width", type=GO_FLOAT, default=8.0, show_default=True, help="Width in inches")
 @click.option("--height", type=GO_FLOAT, default=5.0, show_default=True, help="Height in inches")
 @click.option("--dpi", type=GO_INT, default=100, show_default=True, help="Pixels per inch")
 def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by: str | None,
-                 facet: str | None, where: tuple[str, ...], logy: bool, output: str,
-                 width: float, height: float, dpi: int) -> None:
+                 facet: str | None, where: tuple[str, ...], logy: bool, scaling: bool,
+                 window: float, output: str, width: float, height: float, dpi: int) -> None:
     """Plot a sweep directory (SOURCE) or a Parquet file: y vs x lines, or a CDF."""
     from blis_fast.errors import BlisConfigError
     from blis_fast.sweep import plot as P
@@ -119,7 +124,11 @@ def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by:
     plan = OutputPlan()
     plan.add_inputs([("SOURCE", source)])
     plan.check_file(output, "--output")
-    if cdf is not None:
+    if scaling:
+        if x is not None or y is not None or cdf is not None:
+            raise BlisConfigError("--scaling plots a run's timeline: leave out --x, --y, --cdf")
+        result = P.plot_scaling(source, window, width=width, height=height, dpi=dpi)
+    elif cdf is not None:
         if x is not None or y is not None:
             raise BlisConfigError("--cdf plots one column: leave out --x and --y")
         frame = P.filter_rows(P.load_requests(source), list(where))

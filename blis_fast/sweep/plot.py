@@ -19,7 +19,8 @@ from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.files import is_regular_file
 from blis_fast.gonum import NumError, parse_float
 
-__all__ = ["PlotResult", "load_requests", "load_summary", "plot_cdf", "plot_lines"]
+__all__ = ["PlotResult", "load_requests", "load_summary", "plot_cdf", "plot_lines",
+           "plot_scaling"]
 
 
 @dataclass
@@ -192,3 +193,54 @@ def plot_cdf(frame: pl.DataFrame, column: str, by: str | None = None,
     return _draw(_nonempty(frame, column), by, facet, points, column, column,
                  "fraction of requests", step=True, logy=False, width=width, height=height,
                  dpi=dpi)
+
+
+def plot_scaling(run_dir: str | Path, window_s: float = 10.0, *, width: float = 8.0,
+                 height: float = 5.0, dpi: int = 100) -> PlotResult:
+    """An autoscaled run's ``--output-dir``: serving replicas over time (a step line) against
+    the request rate per window (top panel), and the p99 TTFT per window (bottom; requests by
+    arrival). Series: ``replicas``, ``request_rate``, ``ttft_p99_ms`` (x in seconds)."""
+    d = Path(run_dir)
+    if not (d / "scaling.parquet").exists():
+        raise BlisInputError(f"{d}: no scaling.parquet (run with node_pools or the autoscaler "
+                             "and --output-dir)")
+    if not (window_s > 0 and np.isfinite(window_s)):
+        raise BlisConfigError(f"--window must be a finite number of seconds > 0, got {window_s}")
+    scaling = _read_parquet(d / "scaling.parquet")
+    requests = _read_parquet(d / "requests.parquet")
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise BlisConfigError("blis plot needs matplotlib: pip install 'blis_fast[plot]'"
+                              ) from None
+    fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    result = PlotResult(fig)
+    t = scaling["time_us"].to_numpy() / 1e6
+    replicas = scaling["routable_after"].to_numpy()
+    arrival = requests["arrival_us"].to_numpy() / 1e6
+    end = max(float(t.max(initial=0.0)), float(arrival.max(initial=0.0)))
+    xs_r = np.append(t, end)
+    ys_r = np.append(replicas, replicas[-1] if replicas.size else 0)
+    result.series["replicas"] = (xs_r, ys_r)
+    top.step(xs_r, ys_r, where="post", color="C0", label="serving replicas")
+    top.set_ylabel("serving replicas")
+    edges = np.arange(0.0, end + window_s, window_s)
+    counts, _ = np.histogram(arrival, bins=edges)
+    mids = edges[:-1] + window_s / 2
+    result.series["request_rate"] = (mids, counts / window_s)
+    rate_ax = top.twinx()
+    rate_ax.plot(mids, counts / window_s, color="C1", label="requests/s")
+    rate_ax.set_ylabel(f"requests/s ({window_s:g} s windows)")
+    ttft = requests["ttft_ms"].to_numpy()
+    which = np.digitize(arrival, edges) - 1
+    p99 = np.array([np.percentile(ttft[(which == k) & ~np.isnan(ttft)], 99)
+                    if ((which == k) & ~np.isnan(ttft)).any() else np.nan
+                    for k in range(len(mids))])
+    result.series["ttft_p99_ms"] = (mids, p99)
+    bottom.plot(mids, p99, marker="o", color="C2")
+    bottom.set_ylabel("p99 TTFT (ms)")
+    bottom.set_xlabel("simulated time (s)")
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+    return result

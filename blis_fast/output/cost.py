@@ -1,0 +1,103 @@
+"""What a run's GPUs cost (blis_fast's extension; the reference has no cost output): GPU-seconds
+from each instance's lifetime (loading, serving and draining: from its placement to its
+termination or the end of the run), per node pool and in total, priced per GPU-hour by
+``node_pools[].gpu_hour_cost`` or ``--gpu-hour-cost``.
+
+The end of the run is the horizon or the last instance event, whichever is earlier. Without
+node pools every instance counts in one pool named ``default``; a fixed fleet's instances live
+from 0 to the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from blis_fast.kernels.state import InstanceCounter
+
+DEFAULT_POOL = "default"
+
+
+@dataclass
+class CostReport:
+    """GPU-seconds and, when priced, the cost of a run."""
+
+    gpu_seconds: float
+    pool_gpu_seconds: dict[str, float] = field(default_factory=dict)
+    priced: bool = False
+    cost_usd: float | None = None
+    cost_per_1k_completed_usd: float | None = None
+    pool_cost_usd: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """The results file's ``cost`` object."""
+        return {"gpu_seconds": self.gpu_seconds, "pool_gpu_seconds": self.pool_gpu_seconds,
+                "cost_usd": self.cost_usd,
+                "cost_per_1000_completed_usd": self.cost_per_1k_completed_usd}
+
+    def section(self) -> str:
+        """The stdout section (printed after everything else, only when priced)."""
+        lines = ["=== Cost ===", f"GPU-Seconds: {self.gpu_seconds:.1f}"]
+        lines += [f"  {pool}: {secs:.1f}" for pool, secs in self.pool_gpu_seconds.items()]
+        lines.append(f"Cost (USD): {self.cost_usd:.4f}")
+        per_1k = ("n/a (no request completed)" if self.cost_per_1k_completed_usd is None
+                  else f"{self.cost_per_1k_completed_usd:.4f}")
+        lines.append(f"Cost per 1000 Completed Requests (USD): {per_1k}")
+        return "\n".join(lines) + "\n"
+
+
+def run_end_us(res) -> int:
+    """The end of the run: the horizon or the last instance event, whichever is earlier."""
+    last = int(res.counters[:, InstanceCounter.CLOCK].max(initial=0))
+    if res.fleet is not None:
+        from blis_fast.kernels.autoscale import AsInst
+
+        times = res.fleet.inst[: res.counters.shape[0], AsInst.PLACED:AsInst.TERMINATED + 1]
+        last = max(last, int(times.max(initial=0)))
+    return min(last, int(res.config.options.horizon))
+
+
+def run_cost(res, completed: int) -> CostReport:
+    """GPU-seconds per pool and in total, priced when a price was given."""
+    opts = res.config.options
+    end = run_end_us(res)
+    setup = res.config.autoscale
+    per_pool: dict[str, float] = {}
+    price_of: dict[str, float | None] = {}
+    flag_price = opts.gpu_hour_cost if opts.given("gpu_hour_cost") else None
+    if res.fleet is None or not setup.has_pools:
+        price_of[DEFAULT_POOL] = flag_price
+    else:
+        for p in setup.pools:
+            price_of[p.name] = p.gpu_hour_cost if p.gpu_hour_cost is not None else flag_price
+    if res.fleet is None:
+        per_pool[DEFAULT_POOL] = (res.counters.shape[0] * max(1, int(res.config.latency.tp))
+                                  * end / 1e6)
+    else:
+        from blis_fast.kernels.autoscale import AsInst
+        from blis_fast.output.scaling import node_names
+
+        pool_of, _ = node_names(setup.pools)
+        inst = res.fleet.inst[: res.counters.shape[0]]
+        for p in price_of:
+            per_pool[p] = 0.0
+        for row in inst:
+            placed, gone = int(row[AsInst.PLACED]), int(row[AsInst.TERMINATED])
+            if placed > end:
+                continue
+            stop = end if gone < 0 else min(gone, end)
+            node = int(row[AsInst.NODE])
+            pool = pool_of[node] if node >= 0 else DEFAULT_POOL
+            gpus = max(1, int(row[AsInst.TP])) if node >= 0 else max(1, int(res.config.latency.tp))
+            per_pool[pool] = per_pool.get(pool, 0.0) + gpus * (stop - placed) / 1e6
+    report = CostReport(gpu_seconds=float(np.sum(list(per_pool.values()))),
+                        pool_gpu_seconds=per_pool)
+    if any(v is not None for v in price_of.values()):
+        report.priced = True
+        report.pool_cost_usd = {p: per_pool[p] / 3600.0 * (price_of.get(p) or 0.0)
+                                for p in per_pool}
+        report.cost_usd = float(sum(report.pool_cost_usd.values()))
+        if completed > 0:
+            report.cost_per_1k_completed_usd = report.cost_usd * 1000.0 / completed
+    return report
