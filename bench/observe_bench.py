@@ -56,14 +56,14 @@ def measure(requests: int = 500, rate: float = 200.0, streaming: bool = True) ->
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "received.jsonl"
         given = frozenset({"rate", "num_requests", "prompt_tokens", "prompt_tokens_stdev",
-                           "output_tokens", "output_tokens_stdev", "seed"})  # fmt: skip
+                           "output_tokens", "output_tokens_stdev", "seed"})
         with running_record_server(log) as url:
             opts = ObserveOptions(
                 server_url=url, model="bench", trace_header=f"{tmp}/t.yaml",
                 trace_data=f"{tmp}/t.csv", rate=rate, num_requests=requests, seed=1,
                 prompt_tokens=64, prompt_tokens_stdev=16, output_tokens=8,
                 output_tokens_stdev=2, record_itl=streaming, given=given,
-            )  # fmt: skip
+            )
             t0 = time.perf_counter()
             cpu0 = time.process_time()
             res = run_observe(opts)
@@ -73,7 +73,7 @@ def measure(requests: int = 500, rate: float = 200.0, streaming: bool = True) ->
         obs = res.result.observed
         start = res.result.start_wall_us
         err_ms = np.array([(o.record.send_time_us - (start + o.job.arrival_us)) / 1e3
-                           for o in obs])  # fmt: skip
+                           for o in obs])
         rows = len(Path(f"{tmp}/t.csv").read_text().splitlines()) - 1
         ok = sum(o.record.status == "ok" for o in obs)
     return {
@@ -87,7 +87,7 @@ def measure(requests: int = 500, rate: float = 200.0, streaming: bool = True) ->
             "max": round(float(err_ms.max()), 3),
             "min": round(float(err_ms.min()), 3),
         },
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,13 @@
 """Benchmark whole ``blis run`` processes on this machine; print a table, write bench/results.json.
 
 Each measurement is one ``blis run`` process started with :mod:`subprocess`: wall time is
-``time.perf_counter()`` around the process, peak RSS is the ``ru_maxrss`` that ``os.wait4``
-returns for that process (the same figure ``/usr/bin/time -v`` prints as "Maximum resident set
-size", counted over the process and the children it waited for). Each case runs ``--repeat``
-times (default 3) and the median is reported.
+``time.perf_counter()`` around the process, CPU time is the user + system time and peak RSS the
+``ru_maxrss`` that ``os.wait4`` returns for that process (the same figures ``/usr/bin/time -v``
+prints, counted over the process and the children it waited for, e.g. the cold start's
+engine-compiling second process). Each case runs ``--repeat`` times (default 3) and the median
+is reported, with the 1-minute load average before the case: on a machine shared with other
+work, wall time follows the load and CPU time is the figure to compare (it still grows by up to
+~10% under heavy load).
 
 Cases:
 
@@ -86,6 +89,7 @@ class ProcessRun:
 
     exit_code: int
     wall_s: float
+    cpu_s: float
     peak_rss_bytes: int
     stdout: str
     stderr: str
@@ -98,6 +102,8 @@ class CaseResult:
     argv: list[str]
     runs: list[dict] = field(default_factory=list)
     median_wall_s: float | None = None
+    median_cpu_s: float | None = None
+    load_average: float | None = None
     median_peak_rss_mb: float | None = None
     target: str = ""
     meets_target: bool | None = None
@@ -140,6 +146,7 @@ def run_blis(blis: str, args: list[str], *, env: dict[str, str] | None = None,
         out.seek(0)
         err.seek(0)
         return ProcessRun(exit_code=proc.returncode, wall_s=wall,
+                          cpu_s=usage.ru_utime + usage.ru_stime,
                           peak_rss_bytes=usage.ru_maxrss * 1024,  # Linux: KiB
                           stdout=out.read(), stderr=err.read())
 
@@ -159,6 +166,7 @@ def measure(case: Case, blis: str, repeat: int, workdir: Path) -> CaseResult:
                         target=_target_text(case))
     expected = QUICKSTART_STDOUT.read_text() if QUICKSTART_STDOUT.is_file() else None
     base_env = dict(os.environ)
+    result.load_average = round(os.getloadavg()[0], 2)
     if not case.cold:
         warm = run_blis(blis, case.args, env=base_env, cwd=workdir, timeout_s=case.timeout_s)
         if warm.exit_code != 0:
@@ -176,7 +184,8 @@ def measure(case: Case, blis: str, repeat: int, workdir: Path) -> CaseResult:
         finally:
             if cache_dir is not None:
                 shutil.rmtree(cache_dir, ignore_errors=True)
-        entry = {"wall_s": round(run.wall_s, 4), "peak_rss_mb": round(run.peak_rss_bytes / MB, 1),
+        entry = {"wall_s": round(run.wall_s, 4), "cpu_s": round(run.cpu_s, 3),
+                 "peak_rss_mb": round(run.peak_rss_bytes / MB, 1),
                  "exit_code": run.exit_code}
         if run.exit_code != 0:
             result.errors.append(f"run {i + 1} exited {run.exit_code}: "
@@ -193,6 +202,7 @@ def measure(case: Case, blis: str, repeat: int, workdir: Path) -> CaseResult:
     walls = [r["wall_s"] for r in result.runs]
     rsss = [r["peak_rss_mb"] for r in result.runs]
     result.median_wall_s = round(statistics.median(walls), 4)
+    result.median_cpu_s = round(statistics.median(r["cpu_s"] for r in result.runs), 3)
     result.median_peak_rss_mb = round(statistics.median(rsss), 1)
     ok = True
     if case.max_wall_s is not None:
@@ -210,7 +220,8 @@ def _fmt(value, spec: str) -> str:
 
 
 def print_table(results: list[CaseResult]) -> None:
-    head = ["case", "what", "median wall s", "min..max s", "median peak RSS MB", "target", "ok"]
+    head = ["case", "what", "median wall s", "min..max s", "median cpu s", "load",
+            "median peak RSS MB", "target", "ok"]
     rows = []
     for r in results:
         walls = [x["wall_s"] for x in r.runs]
@@ -219,6 +230,7 @@ def print_table(results: list[CaseResult]) -> None:
         if r.errors:
             ok = "ERROR"
         rows.append([r.key, r.title, _fmt(r.median_wall_s, ".2f"), spread,
+                     _fmt(r.median_cpu_s, ".2f"), _fmt(r.load_average, ".1f"),
                      _fmt(r.median_peak_rss_mb, ".0f"), r.target, ok])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     line = "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
+import os
 import sys
+import threading
 
 import click
 from click.core import ParameterSource
@@ -72,8 +76,11 @@ def _add_run_options(func, skip: frozenset[str] = REPLAY_ONLY_FLAGS):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main_group() -> None:
+@click.pass_context
+def main_group(ctx: click.Context) -> None:
     """blis: a fast, deterministic simulator of LLM inference serving clusters."""
+    if ctx.invoked_subcommand not in ("run", "replay"):
+        startup_done()  # the simulation commands call it once their imports are done
 
 
 workload_cli.register(main_group)
@@ -114,6 +121,7 @@ def _simulate_and_print(ctx: click.Context, raw: dict, replay: bool) -> None:
     _numba_without_scipy()
     from blis_fast.runner import execute_replay, execute_run
 
+    startup_done()
     result = (execute_replay if replay else execute_run)(build_options(_given(ctx, raw)))
     sys.stdout.write(result.stdout)
     sys.stdout.flush()
@@ -194,5 +202,56 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
 
 
+def console_main() -> None:
+    """The ``blis`` executable: :func:`main`, then leave without tearing the interpreter down.
+
+    A simulation process ends holding Numba's compiler state (types, templates, LLVM modules):
+    freeing it object by object, with the garbage collections that go with it, took 0.3 s of a
+    1.1 s warm quick start. Output streams, logging and ``atexit`` handlers are flushed and run
+    first, so nothing written is lost. The collector is off during the start-up imports and
+    their objects are then frozen out of its reach (:func:`startup_done`), so collections
+    during the run walk only the run's own objects.
+    """
+    gc.disable()
+    code: int | str | None = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    _leave(code)
+
+
+def _leave(code: int | str | None) -> None:
+    """Wait for non-daemon threads, flush, run the exit handlers, and end the process with
+    ``code`` (SystemExit's rules), as the interpreter's own exit would."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    if isinstance(code, str):
+        sys.stderr.write(code + "\n")
+        code = 1
+    status = 0 if code is None else int(code)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        status = status or 1
+    try:
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    logging.shutdown()
+    atexit._run_exitfuncs()
+    os._exit(status)
+
+
+def startup_done() -> None:
+    """Once the start-up imports are done: put the objects they made out of the collector's
+    reach (``gc.freeze``) and turn the collector back on for the run itself. Does nothing
+    unless :func:`console_main` turned the collector off."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 if __name__ == "__main__":
-    main()
+    console_main()

@@ -29,18 +29,25 @@ ERR_RANGE = "value out of range"
 _U64_MAX = (1 << 64) - 1
 INT64_MAX = (1 << 63) - 1
 """Go's ``math.MaxInt64``: the default horizon, the bound of the int64 values the reference keeps."""
+INT64_MIN = -(1 << 63)
+"""Go's ``math.MinInt64``."""
 
 
 class NumError(ValueError):
     """Go's ``*strconv.NumError``: the function, the input and the kind (syntax or range)."""
 
     def __init__(self, func: str, num: str, err: str) -> None:
-        from blis_fast.workload.gofmt import go_quote
-
+        # the message is formatted when read: decoders try a parse and catch the error often
+        # (thousands of times while defaults.yaml is read), and quoting is costly
+        super().__init__(func, num, err)
         self.func = func
         self.num = num
         self.err = err
-        super().__init__(f"strconv.{func}: parsing {go_quote(num)}: {err}")
+
+    def __str__(self) -> str:
+        from blis_fast.workload.gofmt import go_quote
+
+        return f"strconv.{self.func}: parsing {go_quote(self.num)}: {self.err}"
 
     @property
     def is_range(self) -> bool:

@@ -30,13 +30,13 @@ from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels.heap import MAX_INSTANCES
 from blis_fast.options import LOG_LEVELS, TIME_LIMIT_US, check_options
-from blis_fast.output.report import FITNESS_KEYS, parse_fitness_weights
+from blis_fast.output.fitness import FITNESS_KEYS, parse_fitness_weights
 from blis_fast.output.run_outputs import build_outputs, plan_outputs, write_outputs
 from blis_fast.output.summary import RequestColumns
-from blis_fast.workload.generator import (
-    apply_timeout_to_workload,
+from blis_fast.workload.generated import apply_timeout_to_workload
+from blis_fast.workload.generator import generate_workload
+from blis_fast.workload.precedence import (
     check_generation_bounded,
-    generate_workload,
     resolve_horizon,
     resolve_max_requests,
     resolve_workload_seed,

@@ -96,7 +96,7 @@ def compare_requests(actual_path: Path, expected_path: Path) -> list[str]:
         if not p.is_file():
             return Counter()
         return Counter(normalise_request(json.loads(line))
-                       for line in p.read_text().splitlines() if line.strip())  # fmt: skip
+                       for line in p.read_text().splitlines() if line.strip())
 
     a, e = load(actual_path), load(expected_path)
     if a == e:
@@ -145,5 +145,5 @@ def check_observe_case(case_id: str, workdir: Path) -> list[str]:
             errors.append(f"{name} was not written")
             continue
         errors += compare_csv_columns((workdir / name).read_text(), (src / name).read_text(),
-                                      columns, name)  # fmt: skip
+                                      columns, name)
     return errors

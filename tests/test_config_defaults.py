@@ -156,3 +156,42 @@ def test_empty_and_malformed_files(tmp_path):
 def test_null_sections_are_empty(tmp_path):
     cfg = load_defaults(_write(tmp_path, "defaults:\nmodels:\ncrossmodel_defaults:\n"))
     assert cfg.defaults == {} and cfg.models == () and "crossmodel_defaults" not in cfg.coefficients
+
+
+
+def test_a_stored_parse_is_read_back_with_its_path(tmp_path, monkeypatch):
+    """The parse of a defaults file is kept between runs (``blis_fast.stored``); a later load
+    of the same content reads it instead of parsing, with its own path."""
+    from blis_fast import stored
+    from blis_fast.config import defaults as D
+
+    text = data_path("defaults.yaml").read_text()
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(text)
+    second.write_text(text)
+    kept = tmp_path / "kept.pickle"
+    monkeypatch.setattr(stored, "_stored_path", lambda *_: str(kept))
+    parsed = load_defaults(first)
+    assert kept.is_file() and parsed.path == str(first)
+
+    def no_parse(*_):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(D, "_parse", no_parse)
+    again = load_defaults(second)
+    assert again.path == str(second)
+    assert again == D.replace(parsed, path=str(second))
+    assert len(again.models) == 111
+
+
+def test_parse_errors_are_never_kept(tmp_path, monkeypatch):
+    from blis_fast import stored
+
+    kept = tmp_path / "kept.pickle"
+    monkeypatch.setattr(stored, "_stored_path", lambda *_: str(kept))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nnope: 2\n")
+    for _ in range(2):
+        with pytest.raises(BlisInputError, match="nope"):
+            load_defaults(bad)
+    assert not kept.exists()

@@ -7,13 +7,12 @@ installed or started. One server serves every observation.
 The design keeps the machine's own drift out of the comparison: the two loads are observed in
 alternating segments (8, 2, 8, 2 requests/s, after a discarded warm-up segment), the fit uses
 both 8 requests/s segments and the held-out figures pool both 2 requests/s segments, so a
-background job that slows the server for a while weighs on both loads alike. The server's
-engine runs one OpenMP thread, leaving the second core to the API process and to the client
-that timestamps the chunks (with two spinning engine threads the client's timestamps lag by
-milliseconds on this 2-core machine, the size of the tiny model's inter-token latency).
+background job that slows the server for a while weighs on both loads alike.
 
-A segment whose chunks reached the client in bursts (more than 10 % of the inter-chunk gaps
-under 0.2 ms: the API process or the client was starved of CPU and vLLM merged its outputs) is
+A segment whose chunks reached the client in bursts (more than 30 % of the inter-chunk gaps
+under 0.2 ms: the API process or the client was starved of CPU and vLLM merged its outputs;
+5-20 % under a load average of 5 on this 2-core machine, 96-99 % when the engine had only one
+OpenMP thread, whatever the load) is
 a measurement of the machine's load, not of the server: it is observed again, up to three
 times, and the test is skipped, saying so, when the machine never lets a clean one through.
 """
@@ -27,7 +26,7 @@ import pytest
 from blis_fast.testing.vllm_server import MODEL_NAME, VllmServer, VllmUnavailable
 
 BURST_GAP_US = 200
-BURST_SHARE = 0.10
+BURST_SHARE = 0.30
 ATTEMPTS = 3
 
 pytestmark = pytest.mark.realserver
@@ -45,7 +44,7 @@ def observed(tmp_path_factory):
     """Traces (header, data, itl) of each segment, observed one after another on one server."""
     from blis_fast.observe.command import ObserveOptions, run_observe
 
-    server = VllmServer(omp_threads=1)
+    server = VllmServer()
     try:
         server.start()
     except VllmUnavailable as exc:
@@ -62,7 +61,7 @@ def observed(tmp_path_factory):
                 num_requests=count,
                 given=frozenset({"rate", "seed", "record_itl", "timeout", "itl_output",
                                  "num_requests", *WORKLOAD}), **WORKLOAD,
-            )  # fmt: skip
+            )
             for attempt in range(1, ATTEMPTS + 1):
                 t0 = time.perf_counter()
                 run_observe(opts)

@@ -7,16 +7,23 @@ and changes results against the reference), and contains no ``print``, ``raise``
 lives only in ``blis_fast/kernels/``. Kernels stay short enough to be named for what they do:
 at most MAX_KERNEL_LINES lines and MAX_KERNEL_PARAMS parameters each (state travels in the
 NamedTuple groups of ``kernels/state.py``).
+
+Every kernel module takes its ``njit`` from ``blis_fast/kernels/jit.py``, which compiles a
+kernel without Numba's Python wrapper unless ``jit.PYTHON_CALLABLE`` names it; that list must
+be exactly the kernels that code outside ``blis_fast/kernels/`` (package, tests, benchmarks,
+examples) refers to.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "blis_fast"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "blis_fast"
 KERNELS = PACKAGE / "kernels"
 JIT_DECORATORS = {"njit", "jit", "cfunc", "vectorize", "guvectorize", "generated_jit"}
 FORBIDDEN_CALLS = {"print", "open", "input", "exec", "eval"}
@@ -146,3 +153,98 @@ def test_the_lint_sees_each_breach(tmp_path):
     assert any("c: raises" in v for v in found) and any("c: asserts" in v for v in found)
     assert not any(" good:" in v for v in found)
     assert len(KERNEL_MODULES) >= 10  # the glob sees the real kernels
+
+
+def numba_decorator_imports(path: Path) -> list[str]:
+    """Jit decorators a kernel module takes from numba itself instead of ``kernels.jit``
+    (``from numba import njit``, ``@numba.njit``)."""
+    out = []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "numba":
+            out += [f"{path.name}:{node.lineno} imports {a.name} from numba" for a in node.names
+                    if a.name in JIT_DECORATORS - {"cfunc"}]
+        elif isinstance(node, ast.FunctionDef):
+            for deco in node.decorator_list:
+                target = deco.func if isinstance(deco, ast.Call) else deco
+                if (isinstance(target, ast.Attribute) and target.attr in JIT_DECORATORS - {"cfunc"}
+                        and isinstance(target.value, ast.Name) and target.value.id == "numba"):
+                    out.append(f"{path.name}:{node.lineno} {node.name}: numba.{target.attr}")
+    return out
+
+
+def test_kernel_modules_take_njit_from_the_jit_module():
+    assert [v for p in KERNEL_MODULES for v in numba_decorator_imports(p)] == []
+
+
+def outside_references(paths: list[Path]) -> dict[tuple[str, str], set[str]]:
+    """(kernel module, name) -> files outside ``blis_fast/kernels/`` naming it:
+    ``from blis_fast.kernels.M import name`` and ``alias.name`` after
+    ``from blis_fast.kernels import M as alias`` / ``import blis_fast.kernels.M as alias``."""
+    refs: dict[tuple[str, str], set[str]] = {}
+    for path in paths:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "blis_fast.kernels":
+                aliases.update({a.asname or a.name: a.name for a in node.names})
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "blis_fast.kernels."):
+                module = node.module.split(".")[2]
+                for a in node.names:
+                    refs.setdefault((module, a.name), set()).add(path.name)
+            elif isinstance(node, ast.Import):
+                aliases.update({a.asname: a.name.split(".")[2] for a in node.names
+                                if a.asname and a.name.startswith("blis_fast.kernels.")})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases):
+                refs.setdefault((aliases[node.value.id], node.attr), set()).add(path.name)
+    return refs
+
+
+def wrapper_mismatches(refs: dict[tuple[str, str], set[str]]) -> list[str]:
+    """Kernels whose Python wrapper does not match their use: called from outside the kernels
+    without one (a call fails at run time), or built with one nobody outside calls (compile
+    time spent for nothing); and ``PYTHON_CALLABLE`` entries that name no kernel."""
+    from numba.core.dispatcher import Dispatcher
+
+    from blis_fast.kernels.jit import PYTHON_CALLABLE, has_python_wrapper
+
+    out = []
+    seen = set()
+    for path in KERNEL_MODULES:
+        module = importlib.import_module(f"blis_fast.kernels.{path.stem}")
+        for name, value in vars(module).items():
+            if not (isinstance(value, Dispatcher) and value.py_func.__module__ == module.__name__):
+                continue
+            seen.add((path.stem, name))
+            called = refs.get((path.stem, name))
+            if called and not has_python_wrapper(value):
+                out.append(f"{path.stem}.{name} is called from {sorted(called)} but has no Python "
+                           "wrapper: add it to kernels/jit.py PYTHON_CALLABLE")
+            elif not called and has_python_wrapper(value):
+                out.append(f"{path.stem}.{name} has a Python wrapper nobody outside the kernels "
+                           "calls: remove it from PYTHON_CALLABLE")
+    out += [f"PYTHON_CALLABLE names {m}.{n}, which is no kernel"
+            for m, names in PYTHON_CALLABLE.items() for n in names if (m, n) not in seen]
+    return out
+
+
+OUTSIDE_KERNELS = [p for folder in ("blis_fast", "tests", "bench", "examples")
+                   for p in sorted((REPO / folder).rglob("*.py")) if KERNELS not in p.parents]
+
+
+def test_only_kernels_called_from_outside_have_a_python_wrapper():
+    refs = outside_references(OUTSIDE_KERNELS)
+    assert len(refs) > 50  # the scan sees the engine's, the generator's and the tests' calls
+    assert wrapper_mismatches(refs) == []
+
+
+def test_the_wrapper_check_sees_each_mismatch():
+    refs = outside_references(OUTSIDE_KERNELS)
+    refs[("heap", "_less")] = {"somewhere.py"}  # an internal kernel called from Python
+    del refs[("event_loop", "simulate")]  # a wrapped kernel nobody calls
+    found = wrapper_mismatches(refs)
+    assert any("heap._less is called from ['somewhere.py']" in v for v in found)
+    assert any("event_loop.simulate has a Python wrapper nobody" in v for v in found)

@@ -203,7 +203,7 @@ def _observe(url: str, tmp: Path, *extra: str, n: int = 3) -> tuple[int, str, li
     ("bad_json", False, "error", "JSON parse error: ", 1),
     ("stall_stream", True, "timeout", "streaming timeout: ", 1),
     ("cut_stream", True, "error", "streaming error: ", 2),
-])  # fmt: skip
+])
 def test_server_failures_become_rows(tmp_path, mode, streaming, status, prefix, chunks):
     extra = ["--timeout", "1"] + (["--record-itl"] if streaming else [])
     with Misbehaving(mode) as url:
@@ -302,7 +302,7 @@ def test_interrupt_keeps_one_row_per_sent_request(tmp_path, drain, expect_cancel
     (["--workload-spec", "missing.yaml", "--rate", "1"], "Failed to load workload spec"),
     (["--prompt-tokens-min", "0"], "--prompt-tokens-min must be >= 1"),
     (["--drain-timeout", "-1"], "--drain-timeout must be"),
-])  # fmt: skip
+])
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, extra, message):
     with running_record_server(tmp_path / "received.jsonl") as url:
         code, err, rows = _observe(url, tmp_path, *extra)

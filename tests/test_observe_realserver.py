@@ -94,7 +94,7 @@ def _observe(url: str, tmp: Path, api_format: str):
         api_format=api_format, record_itl=True, timeout=120,
         trace_header=str(tmp / f"{api_format}.yaml"), trace_data=str(tmp / f"{api_format}.csv"),
         given=frozenset({"workload_spec", "api_format", "record_itl", "timeout"}),
-    )  # fmt: skip
+    )
     return run_observe(opts)
 
 
@@ -139,7 +139,7 @@ def test_observe_then_replay_against_vllm(vllm_url, tmp_path, api_format):
          str(tmp_path / f"{api_format}.yaml"), "--trace-data", str(tmp_path / f"{api_format}.csv"),
          "--model", "meta-llama/llama-3.1-8b-instruct", "--results-path", str(results)],
         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=900,
-    )  # fmt: skip
+    )
     assert replay.returncode == 0, replay.stderr[-2000:]
     sim = json.loads(results.read_text())
     assert sorted(s["request_id"] for s in sim) == list(range(len(rows)))
@@ -156,7 +156,7 @@ def test_observe_then_replay_against_vllm(vllm_url, tmp_path, api_format):
          "--sim-results", str(results), "--report", str(report_path),
          "--itl-data", str(tmp_path / f"{api_format}.itl.csv"), "--warmup-requests", "0"],
         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300,
-    )  # fmt: skip
+    )
     assert calibrate.returncode == 0, calibrate.stderr[-2000:]
     report = json.loads(report_path.read_text())
     info = report["trace_info"]

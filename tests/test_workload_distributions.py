@@ -175,7 +175,7 @@ def test_empirical_lengths():
     assert (one == 0).all()  # single bin: no draw, no floor
     assert not build_sampler(DistSpec("empirical", {})).valid
     assert build_sampler(DistSpec("empirical", {}, file="x.json")).error == (
-        "empirical distribution has no valid bins")  # fmt: skip
+        "empirical distribution has no valid bins")
 
 
 def test_constant_and_lognormal_lengths():
@@ -192,10 +192,10 @@ def test_constant_and_lognormal_lengths():
 def test_sampler_build_errors():
     """NewLengthSampler's messages (reported later with the client id)."""
     assert build_sampler(DistSpec("gaussian", {"mean": 1})).error == (
-        'distribution requires parameter "std_dev"')  # fmt: skip
+        'distribution requires parameter "std_dev"')
     assert build_sampler(DistSpec("zipf")).error == 'unknown distribution type "zipf"'
     assert build_sampler(DistSpec("empirical", {"a": 1})).error == (
-        'empirical PDF key "a" is not an integer: expected integer')  # fmt: skip
+        'empirical PDF key "a" is not an integer: expected integer')
 
 
 def test_think_time_dist_parsing():
@@ -253,9 +253,9 @@ def test_go_text_helpers():
     """FormatFloat 'g'/-1 and 'f'/-1 and Sscanf("%d") as Go behaves (ParseFloat:
     tests/test_go_numbers.py)."""
     assert [go_g(v) for v in (1.0, 1e6, 123456.0, 1e-5, 0.3)] == ["1", "1e+06", "123456",
-                                                                   "1e-05", "0.3"]  # fmt: skip
+                                                                   "1e-05", "0.3"]
     assert [go_f(v) for v in (0.01, 1e-7, 0.0, 1.0, 0.72)] == ["0.01", "0.0000001", "0", "1",
-                                                               "0.72"]  # fmt: skip
+                                                               "0.72"]
     assert go_sscanf_int(" -12abc") == (-12, "")
     assert go_sscanf_int("x")[1] == "expected integer"
 
@@ -270,7 +270,7 @@ def test_cohort_windows_and_expansion():
     assert dr[0].start_us == 0 and dr[0].end_us == 5_000_000 and len(dr) == 11
     assert [w.end_us - w.start_us for w in dr[1:]] == [400_000 * (10 - i) // 10 for i in range(10)]
     cohort = CohortSpec(id="c", population=4, rate_fraction=0.2, arrival=ArrivalSpec("poisson"),
-                        spike=SpikeSpec(100, 50), prefix_length=64)  # fmt: skip
+                        spike=SpikeSpec(100, 50), prefix_length=64)
     members = expand_cohorts([cohort])
     assert [m.id for m in members] == ["c-0", "c-1", "c-2", "c-3"]
     assert members[0].rate_fraction == 0.05 and members[0].prefix_length == 64

@@ -38,7 +38,7 @@ def _table_bytes(t: RequestTable) -> bytes:
     parts = [
         t.arrival_us, t.input_len, t.output_len, t.max_output_len, t.deadline_us,
         t.prefix_length, t.client_idx, t.chunk_offsets, t.chunk_digests,
-    ]  # fmt: skip
+    ]
     return b"".join(np.ascontiguousarray(a).tobytes() for a in parts)
 
 
@@ -236,7 +236,7 @@ def test_gaussian_min_equals_max_draws_nothing():
         c = ClientSpec(
             id="x", rate_fraction=1.0, arrival=ArrivalSpec("poisson"),
             input_dist=_gauss(30, 10, 2, 60), output_dist=out,
-        )  # fmt: skip
+        )
         return WorkloadSpec(seed=9, aggregate_rate=5.0, clients=[c])
 
     a = generate_requests(spec(_gauss(500, 100, 7, 7)), max_requests=40)
@@ -267,7 +267,7 @@ def test_request_table_contract():
     assert t.clients == [
         {"id": "distribution", "tenant_id": "", "slo_class": "", "model": "",
          "prefix_group": "", "streaming": False}
-    ]  # fmt: skip
+    ]
     e = RequestTable.empty(block_size=32, seed=-5)
     assert e.n == 0 and e.block_size == 32 and e.seed == -5
     with pytest.raises(ValueError):
@@ -277,7 +277,7 @@ def test_request_table_contract():
             deadline_us=np.zeros(2, np.int64), prefix_length=np.zeros(2, np.int64),
             client_idx=np.zeros(2, np.int64), chunk_offsets=np.zeros(3, np.int64),
             chunk_digests=np.zeros(0, np.uint64),
-        )  # fmt: skip
+        )
 
 
 def test_synthesis_shapes_the_spec():

@@ -52,7 +52,7 @@ FALLBACK_PRESETS = {
         prompt_tokens_max=20480, output_tokens=1536, output_tokens_stdev=300,
         output_tokens_min=50, output_tokens_max=4096,
     ),
-}  # fmt: skip
+}
 
 MARCH_REFERENCE = "blis@9afd96ff"  # before --timeout (deadline 0) and the 27-column trace
 
@@ -125,11 +125,11 @@ def test_workload_matches_reference_trace(name, case, flags):
         for i, r in enumerate(ref):
             assert int(r["input_tokens"]) == table.input_len[i], (name, i)
         cols = ["request_id", "client_id", "output_tokens", "arrival_time_us", "send_time_us",
-                "deadline_us"]  # fmt: skip
+                "deadline_us"]
     else:
         assert ref_header["workload_seed"] == table.seed == int(flags.get("--seed", 42))
         cols = ["request_id", "client_id", "input_tokens", "output_tokens", "arrival_time_us",
-                "send_time_us", "deadline_us", "prefix_group", "prefix_length"]  # fmt: skip
+                "send_time_us", "deadline_us", "prefix_group", "prefix_length"]
     for i, (r, o) in enumerate(zip(ref, ours, strict=True)):
         for c in cols:
             assert o[c] == r[c], (name, i, c, o[c], r[c])

@@ -43,7 +43,7 @@ WORKLOAD_COLUMNS = (
     "prefix_length", "streaming", "input_tokens", "output_tokens", "text_tokens",
     "image_tokens", "audio_tokens", "video_tokens", "reason_ratio", "model", "deadline_us",
     "arrival_time_us",
-)  # fmt: skip
+)
 def _cases() -> list:
     return run_case_params(True, "invalid input: checked by test_invalid_spec_case")
 
@@ -57,20 +57,20 @@ def _regenerate(case_dir: Path, flags: dict[str, str]):
         spec = load_workload_spec(str(case_dir / flags["--workload-spec"]))
         spec.seed = resolve_workload_seed(spec.seed, seed, "--seed" in flags)
         horizon = resolve_horizon(spec.horizon, int(flags.get("--horizon", INT64_MAX)),
-                                  "--horizon" in flags)  # fmt: skip
+                                  "--horizon" in flags)
         apply = "--timeout" in flags
     else:
         p = case_distribution_params(flags)
         validate_distribution_params(p)
         n_given = int(flags["--num-requests"]) if "--num-requests" in flags else 0
         spec = synthesize_concurrency(p, int(flags["--concurrency"]),
-                                      int(flags.get("--think-time-ms", 0)), n_given, seed)  # fmt: skip
+                                      int(flags.get("--think-time-ms", 0)), n_given, seed)
         horizon = int(flags.get("--horizon", INT64_MAX))
         apply = True
     if apply:
         apply_timeout_to_spec(spec, timeout)
     max_requests = resolve_max_requests(spec.num_requests, int(flags.get("--num-requests", 100)),
-                                        "--num-requests" in flags)  # fmt: skip
+                                        "--num-requests" in flags)
     wl = generate_workload(spec, horizon, max_requests, block)
     if apply:
         wl = apply_timeout_to_workload(wl, timeout)
@@ -135,7 +135,7 @@ def test_follow_up_draws_come_from_blueprint_streams(name, case, flags):
             elif r["round_index"] == "1":
                 # DELTA-46: round 1 = P + I0 + (o0 - 1 generated tokens) + n1
                 assert int(r["input_tokens"]) == (len(b.prefix) + len(b.round0_input)
-                                                  + len(b.round0_output) - 1 + i)  # fmt: skip
+                                                  + len(b.round0_output) - 1 + i)
             checked += 1
     assert checked > 0
 
@@ -154,7 +154,7 @@ def test_trace_export_is_byte_identical_without_follow_ups(name, case, flags, tm
     last = np.array([int(r["last_chunk_time_us"]) for r in ref], dtype=np.int64)
     has = first != 0
     outcome = TraceOutcome(np.array([codes[r["status"]] for r in ref], dtype=np.int8),
-                           np.where(has, first - arrival, -1), np.where(has, last - first, 0))  # fmt: skip
+                           np.where(has, first - arrival, -1), np.where(has, last - first, 0))
     export_trace_v2(tmp_path / "trace", wl.table, outcome)
     assert (tmp_path / "trace.csv").read_bytes() == (case_dir / "trace.csv").read_bytes()
     assert (tmp_path / "trace.yaml").read_bytes() == (case_dir / "trace.yaml").read_bytes()
@@ -164,7 +164,7 @@ def test_invalid_spec_case():
     """invalid-workload-unknown-key: strict parsing rejects the unknown client key."""
     case_dir = CASES_DIR / "invalid-workload-unknown-key"
     with pytest.raises(BlisInputError, match=r"line 23: field burstiness not found in type "
-                                             r"workload\.ClientSpec"):  # fmt: skip
+                                             r"workload\.ClientSpec"):
         load_workload_spec(str(case_dir / "bad-unknown-key.yaml"))
 
 
@@ -174,7 +174,7 @@ def test_spec_cases_are_covered():
     assert len(names) >= 13
     for n in ("wl-mixed-arrivals-lengths", "wl-cohorts-lifecycle", "wl-multimodal-reasoning",
               "wl-multiturn-chat-demo-closed-loop", "concurrency-closed-loop-cli",
-              "c4-scorer-precise-prefix-inference-perf", "c4-scorer-vllm-dp-servegen"):  # fmt: skip
+              "c4-scorer-precise-prefix-inference-perf", "c4-scorer-vllm-dp-servegen"):
         assert n in names
 
 

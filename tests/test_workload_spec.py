@@ -117,7 +117,7 @@ def test_wrong_type_names_file_line_and_key(tmp_path):
     assert "clients[0].rate_fraction" in msg
     path = _write(tmp_path, BASE.replace("clients:\n", "clients: 5\n", 1).split("  - id")[0])
     with pytest.raises(BlisInputError, match=r"line 5: cannot unmarshal !!int `5` into "
-                                             r"\[\]workload\.ClientSpec"):  # fmt: skip
+                                             r"\[\]workload\.ClientSpec"):
         load_workload_spec(path)
     path = _write(tmp_path, BASE.replace("seed: 7", "seed: averyverylongword"))
     with pytest.raises(BlisInputError, match=r"!!str `averyve\.\.\.` into int64"):
@@ -234,7 +234,7 @@ def test_v1_upgrade_maps_client_slo_names_only():
         (("id: c1", "id: c1\n    reasoning: {multi_turn: {max_rounds: 0}}"),
          r"client\[0\]: reasoning\.multi_turn\.max_rounds must be >= 1, got 0"),
     ],
-)  # fmt: skip
+)
 def test_validation_messages(tmp_path, edit, message):
     """WL-4.5 + DELTA-55 checks, with the reference's wording and the spec's file/line."""
     path = _write(tmp_path, BASE.replace(*edit))
@@ -281,23 +281,23 @@ def test_empty_client_list_and_mixing_rules(tmp_path):
     with pytest.raises(BlisInputError, match=r"cohort\[0\]: population must be positive, got 0"):
         generate_requests(parse_workload_spec(cohort, "co.yaml"), max_requests=5)
     with pytest.raises(BlisInputError, match=r"cohort\[0\]: diurnal peak_hour must be 0-23"):
-        generate_requests(parse_workload_spec(cohort.replace("population: 0", "population: 2\n    diurnal: {peak_hour: 30, peak_to_trough_ratio: 2}"), "co.yaml"), max_requests=5)  # fmt: skip
+        generate_requests(parse_workload_spec(cohort.replace("population: 0", "population: 2\n    diurnal: {peak_hour: 30, peak_to_trough_ratio: 2}"), "co.yaml"), max_requests=5)
 
 
 def test_sampler_errors_at_generation(tmp_path):
     """Required params are checked when the sampler is built (WL-4.5), with the client id."""
     spec = parse_workload_spec(BASE.replace("value: 10", "mean: 10"), "s.yaml")
     with pytest.raises(BlisInputError, match=r'^client "c1" input distribution: distribution '
-                                             r'requires parameter "value"$'):  # fmt: skip
+                                             r'requires parameter "value"$'):
         generate_requests(spec, max_requests=5)
     emp = BASE.replace("type: constant\n      params:\n        value: 10",
-                       'type: empirical\n      params:\n        "ten": 1')  # fmt: skip
+                       'type: empirical\n      params:\n        "ten": 1')
     with pytest.raises(BlisInputError, match=r'empirical PDF key "ten" is not an integer: '
-                                             r"expected integer"):  # fmt: skip
+                                             r"expected integer"):
         generate_requests(parse_workload_spec(emp, "e.yaml"), max_requests=5)
     mm = BASE.replace("id: c1", "id: c1\n    multimodal:\n      text_distribution: {type: zipf}")
     with pytest.raises(BlisInputError, match=r'client "c1" multimodal: text distribution: unknown '
-                                             r'distribution type "zipf"'):  # fmt: skip
+                                             r'distribution type "zipf"'):
         generate_requests(parse_workload_spec(mm, "mm.yaml"), max_requests=5)
     # the same invalid sampler is harmless when the client never generates a request
     assert generate_requests(parse_workload_spec(mm, "mm.yaml"), horizon=1).n == 0
@@ -307,7 +307,7 @@ def test_source_exclusivity(tmp_path):
     """clients, servegen_data and inference_perf are mutually exclusive (WL-4.6)."""
     text = BASE + "servegen_data:\n  path: /nowhere\n"
     with pytest.raises(BlisInputError, match=r"workload sources \{clients, servegen_data\} are "
-                                             "mutually exclusive"):  # fmt: skip
+                                             "mutually exclusive"):
         generate_requests(parse_workload_spec(text, "x.yaml"), max_requests=5)
 
 
@@ -363,7 +363,7 @@ def test_convert_preset_yaml():
     """``convert preset`` output, in yaml.v3's layout (4-space indent, sorted params)."""
     preset = {"prompt_tokens": 256, "prompt_tokens_stdev": 100, "prompt_tokens_min": 2,
               "prompt_tokens_max": 800, "output_tokens": 256, "output_tokens_stdev": 100,
-              "output_tokens_min": 1, "output_tokens_max": 1024}  # fmt: skip
+              "output_tokens_min": 1, "output_tokens_max": 1024}
     spec = convert_preset("chatbot", 20.0, 50, preset)
     assert spec_yaml_for_stdout(spec) == CHATBOT_YAML
     spec = convert_preset("x", 1.0, 1, {**preset, "prefix_tokens": 64})
@@ -410,7 +410,7 @@ def test_convert_inference_perf_expands_clients():
     assert len(spec.clients) == 90 and spec.aggregate_rate == 28.0 and spec.seed == 42
     text = spec_yaml_for_stdout(spec)
     assert text.startswith('version: "2"\nseed: 42\ncategory: language\nclients:\n'
-                           "    - id: stage-0-prompt-0-user-0\n")  # fmt: skip
+                           "    - id: stage-0-prompt-0-user-0\n")
     assert "        windows:\n            - start_us: 600000000\n              end_us: 1200000000\n" in text
     assert text.endswith("aggregate_rate: 28\n")
 
@@ -432,7 +432,7 @@ def test_cli_subcommands_register(tmp_path):
     assert isinstance(res.exception, BlisConfigError)
     assert "--rate must be a finite value > 0, got 0" in str(res.exception)
     res = CliRunner().invoke(grp, ["convert", "preset", "--name", "chatbot", "--rate", "20",
-                                   "--num-requests", "50"])  # fmt: skip
+                                   "--num-requests", "50"])
     assert res.exit_code == 0 and res.output == CHATBOT_YAML
 
 

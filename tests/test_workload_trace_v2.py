@@ -71,7 +71,7 @@ def test_row_derivation():
          "prefix_group": "grp", "streaming": True},
         {"id": "c", "tenant_id": "", "slo_class": "", "model": "", "prefix_group": "",
          "streaming": False},
-    ]  # fmt: skip
+    ]
     t = _table(
         clients,
         arrival=[100, 200, 300, 400],
@@ -155,7 +155,7 @@ def test_outcome_shape_is_checked():
 def test_csv_writer_speed():
     """100k rows are formatted well under a second (budget checked loosely against CI noise)."""
     p = DistributionParams(rate=100, num_requests=100_000, prompt_tokens_mean=64,
-                           prompt_tokens_stdev=16, output_tokens_mean=64, output_tokens_stdev=16)  # fmt: skip
+                           prompt_tokens_stdev=16, output_tokens_mean=64, output_tokens_stdev=16)
     t = generate_requests(synthesize_from_distribution(p), max_requests=100_000)
     n = t.n
     out = TraceOutcome(np.zeros(n, np.int8), np.arange(n, dtype=np.int64), np.ones(n, np.int64))

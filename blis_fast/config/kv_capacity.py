@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from blis_fast.config.hardware import HardwareCalib
-from blis_fast.config.model_config import HFConfig, ModelConfig
+from blis_fast.config.model_config import HFConfig, ModelConfig, expert_count, shared_expert_ffn
 from blis_fast.errors import BlisConfigError
 
 __all__ = [
@@ -60,24 +60,10 @@ def extract_kv_capacity_params(hf: HFConfig) -> KVCapacityParams:
     hidden_act = hf.get_str("hidden_act")
     tied = hf.get_bool("tie_word_embeddings")
     tie = bool(tied) if tied is not None else False
-    n = hf.get_int("num_local_experts")
-    if n <= 1:
-        for key in ("num_routed_experts", "n_routed_experts", "num_experts"):
-            v = hf.get_int(key)
-            if v > 1:
-                n = v
-                break
+    n = expert_count(hf)
     if n > 1:
         moe_ffn = hf.get_int("moe_intermediate_size")
-        shared = 0
-        explicit = hf.get_int("shared_expert_intermediate_size")
-        if explicit > 0:
-            shared = explicit
-        else:
-            n_shared = hf.get_int("n_shared_experts")
-            if n_shared > 0:
-                per_expert = moe_ffn if moe_ffn != 0 else hf.get_int("intermediate_size")
-                shared = n_shared * per_expert
+        shared = shared_expert_ffn(hf, moe_ffn, hf.get_int("intermediate_size"))
         return KVCapacityParams(True, n, tie, hidden_act, moe_ffn, shared)
     for key in ("n_shared_experts", "num_experts_per_tok"):
         v = hf.get_int(key)

@@ -186,6 +186,30 @@ def parse_quantization_config(qc: dict[str, Any]) -> float:
     return 0.0
 
 
+def expert_count(hf: HFConfig) -> int:
+    """The routed-expert count: ``num_local_experts``, else the first of the other names the
+    reference reads that is > 1 (model config and KV capacity read it alike)."""
+    n = hf.get_int("num_local_experts")
+    if n <= 1:
+        for key in ("num_routed_experts", "n_routed_experts", "num_experts"):
+            v = hf.get_int(key)
+            if v > 1:
+                return v
+    return n
+
+
+def shared_expert_ffn(hf: HFConfig, moe_ffn: int, dense_ffn: int) -> int:
+    """The shared experts' FFN width: ``shared_expert_intermediate_size``, else
+    ``n_shared_experts`` times the per-expert width (``moe_ffn``, else ``dense_ffn``)."""
+    explicit = hf.get_int("shared_expert_intermediate_size")
+    if explicit > 0:
+        return explicit
+    n_shared = hf.get_int("n_shared_experts")
+    if n_shared > 0:
+        return n_shared * (moe_ffn if moe_ffn != 0 else dense_ffn)
+    return 0
+
+
 def model_config_from_hf(hf: HFConfig) -> ModelConfig:
     """GetModelConfigFromHF: extract the architecture fields (missing or non-numeric → 0)."""
 
@@ -212,24 +236,9 @@ def model_config_from_hf(hf: HFConfig) -> ModelConfig:
 
     intermediate = first_nonzero("intermediate_size", "ffn_hidden_size")
 
-    num_experts = hf.get_int("num_local_experts")
-    if num_experts <= 1:
-        for key in ("num_routed_experts", "n_routed_experts", "num_experts"):
-            v = hf.get_int(key)
-            if v > 1:
-                num_experts = v
-                break
-
+    num_experts = expert_count(hf)
     moe_ffn = hf.get_int("moe_intermediate_size")
-    shared_ffn = 0
-    explicit_shared = hf.get_int("shared_expert_intermediate_size")
-    if explicit_shared > 0:
-        shared_ffn = explicit_shared
-    else:
-        n_shared = hf.get_int("n_shared_experts")
-        if n_shared > 0:
-            per_expert = moe_ffn if moe_ffn != 0 else intermediate
-            shared_ffn = n_shared * per_expert
+    shared_ffn = shared_expert_ffn(hf, moe_ffn, intermediate)
 
     weight_bpp = 0.0
     qc = hf.raw.get("quantization_config")

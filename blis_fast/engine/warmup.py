@@ -12,7 +12,7 @@ def compile_engine() -> None:
     from blis_fast.config.policy_bundle import select_policies
     from blis_fast.engine.simulate import EngineConfig, run_engine
     from blis_fast.kernels import latency as L
-    from blis_fast.kernels.enums import Backend
+    from blis_fast.kernels.latency import Backend
     from blis_fast.options import RunOptions
     from blis_fast.workload.request_table import RequestTable
 

@@ -176,7 +176,7 @@ def benchmark_from_dict(data: Any, where: str = "benchmark") -> Benchmark:
     if not isinstance(fitness, dict) or fitness.get("kind") not in FITNESS_KINDS:
         _fail(where, f"fitness.kind: expected one of {', '.join(FITNESS_KINDS)}")
     if fitness["kind"] == "weights":
-        from blis_fast.output.report import FITNESS_KEYS, parse_fitness_weights
+        from blis_fast.output.fitness import FITNESS_KEYS, parse_fitness_weights
 
         weights = parse_fitness_weights(str(fitness.get("weights", "")))
         if not weights or any(k not in FITNESS_KEYS for k in weights):

@@ -9,10 +9,10 @@ with the tenants' in-flight accounting kept by :func:`on_routed` and :func:`on_d
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels.enums import Admission, AdmissionReason
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.router_state import RouterCfg, RouterParam, RouterVar, SnapField, SnapRate
 from blis_fast.kernels.routing import fill_hook_view, instance_load
 
@@ -134,4 +134,4 @@ def on_done(rt, r):
 @njit(cache=True, _nrt=False, error_model="numpy")
 def is_known_policy(code):
     """True for an admission code :func:`admit` implements."""
-    return Admission.ALWAYS <= code <= Admission.CUSTOM
+    return 0 <= code < len(Admission)

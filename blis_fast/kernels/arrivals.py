@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.generation_layout import GenClientCol as C
 from blis_fast.kernels.generation_layout import GenRateCol as F
 from blis_fast.kernels.generation_layout import GenStatus
 from blis_fast.kernels.gorand import STATE_LEN, int63, new_source, seed_source
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.samplers import (
     ARRIVAL_FACTORY_POISSON,
     ARRIVAL_NORMALIZED_EXP,
@@ -62,7 +62,7 @@ def _next_iat(s, k, ci, cf, iv, iv_off, iv_n, iv_i):
             return np.int64(0), iv_i + 1
         return iv[iv_off + iv_i], iv_i + 1
     return sample_iat(s, ci[k, C.ARRIVAL], ci[k, C.IAT], cf[k, F.RATE], cf[k, F.P1],
-                      cf[k, F.P2]), iv_i  # fmt: skip
+                      cf[k, F.P2]), iv_i
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -179,9 +179,9 @@ def _first_arrival(s, k, clients, horizon, streams):
     iv = streams.iv
     if ci[k, C.MULTI_TURN] != 0 and ci[k, C.SINGLE_SESSION] != 0:
         return single_session_start(s, k, clients, horizon, iv, streams.iv_off[k],
-                                    streams.iv_n[k])  # fmt: skip
+                                    streams.iv_n[k])
     return next_arrival(s, k, np.int64(0), 0, 0, ci, clients.rates, clients.window_start,
-                        clients.window_end, horizon, iv, streams.iv_off[k], streams.iv_n[k])  # fmt: skip
+                        clients.window_end, horizon, iv, streams.iv_off[k], streams.iv_n[k])
 
 
 @njit(cache=True)
@@ -207,7 +207,7 @@ def start_client_streams(wg, clients, horizon):
                             np.zeros(n_clients, dtype=np.int64),
                             np.zeros(n_clients, dtype=np.int64),
                             np.zeros(n_clients, dtype=np.int64), np.zeros(16, dtype=np.int64),
-                            np.zeros(n_clients, dtype=np.bool_))  # fmt: skip
+                            np.zeros(n_clients, dtype=np.bool_))
     iv_used = 0
     for k in range(n_clients):
         if slot[k] < 0:
@@ -216,14 +216,14 @@ def start_client_streams(wg, clients, horizon):
         seed_source(s, int63(wg))
         if ci[k, C.ARRIVAL] == ARRIVAL_NORMALIZED_EXP:
             vals = normalized_exp_intervals(new_source(int63(s)), ci[k, C.NORM_COUNT],
-                                            ci[k, C.NORM_DURATION])  # fmt: skip
+                                            ci[k, C.NORM_DURATION])
             iv = streams.iv
             if iv_used + vals.shape[0] > iv.shape[0]:
                 grown = np.zeros(max(2 * iv.shape[0], iv_used + vals.shape[0]), dtype=np.int64)
                 grown[:iv_used] = iv[:iv_used]
                 streams = ClientStreams(streams.rng, slot, streams.t, streams.count,
                                         streams.iv_cursor, streams.iv_off, streams.iv_n, grown,
-                                        streams.first_found)  # fmt: skip
+                                        streams.first_found)
             streams.iv[iv_used : iv_used + vals.shape[0]] = vals
             streams.iv_off[k] = iv_used
             streams.iv_n[k] = vals.shape[0]

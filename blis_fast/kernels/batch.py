@@ -14,11 +14,11 @@ Every function compiles without reference counting (preallocated arrays only).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.enums import Priority, RequestState, Scheduler
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.prefetch import prefetch
 from blis_fast.kernels.state import ConfigSlot, HotField, InstanceCounter, QueueField
 

@@ -4,7 +4,8 @@ while rows are drawn, their final size unknown until the last draw)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from blis_fast.kernels.jit import njit
 
 
 @njit(cache=True)

@@ -7,82 +7,32 @@ global tuples; the machine code is the same as with a module-level integer). The
 the values the kernels have always used, so the codes of a run, its outputs and Numba's cached
 kernels are unchanged.
 
-Families: the policy codes (:data:`Admission`, :data:`Routing`, :data:`Priority`,
-:data:`Scheduler`, latency :data:`Backend`, :data:`StatefulScorer`), the admission decision
-reasons (:data:`AdmissionReason`), the kernels' return statuses (:data:`Status`), a request's
-lifecycle (:data:`RequestState`, :data:`Registration`, :data:`SessionOutcome`) and the event
-loop's kinds and priorities (:data:`Event`, :data:`EventPriority`).
+Families defined here: the stateful routing scorers (:data:`StatefulScorer`), the kernels'
+return statuses (:data:`Status`), a request's lifecycle (:data:`RequestState`,
+:data:`Registration`, :data:`SessionOutcome`) and the event loop's kinds and priorities
+(:data:`Event`, :data:`EventPriority`).
 
-The names a policy has on the command line live in the registries of the Python layer; a kernel
-that meets a code no member of its family has returns an error status (never falls through).
+A policy family's codes live beside its registry entries, so a built-in policy is one registry
+module and one kernel branch: :data:`Admission`, :data:`AdmissionReason` (and the admission
+parameters' slots, ``RouterParam``) in ``blis_fast/policies/admission.py``, :data:`Routing`,
+:data:`Priority`, :data:`Scheduler` in ``policies/routing.py``, ``priority.py``,
+``scheduler.py`` (plain Python modules; re-exported here for the kernels). The latency
+backends' codes (``Backend``) live beside their step functions in ``kernels/latency.py``. A
+kernel that meets a code no member of its family has returns an error status (the ``is_known``
+checks count the family's members, so a member added last is known).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from blis_fast.policies.admission import Admission, AdmissionReason
+from blis_fast.policies.priority import Priority
+from blis_fast.policies.routing import Routing
+from blis_fast.policies.scheduler import Scheduler
 
-class AdmissionT(NamedTuple):
-    """Admission policies (CLU-2, DELTA-38..40)."""
-
-    ALWAYS: int = 0
-    REJECT_ALL: int = 1
-    TOKEN_BUCKET: int = 2
-    TIER_SHED: int = 3
-    GAIE_LEGACY: int = 4
-    CUSTOM: int = 5  # the user's admission hook
-
-
-Admission = AdmissionT()
-
-
-class RoutingT(NamedTuple):
-    """Routing policies (CLU-3.11..3.16)."""
-
-    ROUND_ROBIN: int = 0
-    LEAST_LOADED: int = 1
-    WEIGHTED: int = 2
-    ALWAYS_BUSIEST: int = 3
-
-
-Routing = RoutingT()
-
-
-class PriorityT(NamedTuple):
-    """Priority policies: how a queued request's priority is recomputed each step (CLU-4.1/4.2)."""
-
-    CONSTANT: int = 0
-    SLO_BASED: int = 1
-    INVERTED_SLO: int = 2
-
-
-Priority = PriorityT()
-
-
-class SchedulerT(NamedTuple):
-    """Instance schedulers: the order of the wait queue (CLU-4.4)."""
-
-    FCFS: int = 0
-    PRIORITY_FCFS: int = 1
-    SJF: int = 2
-    REVERSE_PRIORITY: int = 3
-    CUSTOM: int = 4  # the user's scheduler-key hook
-
-
-Scheduler = SchedulerT()
-
-
-class BackendT(NamedTuple):
-    """Latency backends (ENG-6); each has its ``params`` layout in ``kernels/latency.py``."""
-
-    BLACKBOX: int = 0
-    ROOFLINE: int = 1
-    CROSSMODEL: int = 2
-    TRAINED_ROOFLINE: int = 3
-    TRAINED_PHYSICS: int = 4
-
-
-Backend = BackendT()
+__all__ = ["Admission", "AdmissionReason", "Event", "EventPriority", "Priority", "Registration",
+           "RequestState", "Routing", "Scheduler", "SessionOutcome", "StatefulScorer", "Status"]
 
 
 class StatefulScorerT(NamedTuple):
@@ -99,21 +49,6 @@ class StatefulScorerT(NamedTuple):
 
 
 StatefulScorer = StatefulScorerT()
-
-
-class AdmissionReasonT(NamedTuple):
-    """Why an admission decision was taken, as recorded in the decision trace (CLU-6)."""
-
-    NONE: int = 0
-    REJECT_ALL: int = 1
-    NO_TOKENS: int = 2
-    TIER_SHED: int = 3
-    GAIE: int = 4
-    TENANT_BUDGET: int = 5
-    CUSTOM: int = 6
-
-
-AdmissionReason = AdmissionReasonT()
 
 
 class StatusT(NamedTuple):

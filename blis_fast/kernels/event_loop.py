@@ -29,7 +29,6 @@ time than a small separately compiled function (measured on the engine's cold co
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import admission as adm
 from blis_fast.kernels import autoscale as asx
@@ -55,6 +54,7 @@ from blis_fast.kernels.heap import (
     tie_instance,
     tie_is_instance,
 )
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.latency import is_known_backend, queueing_time
 from blis_fast.kernels.router_state import RouterCfg, RouterVar
 from blis_fast.kernels.scorers import is_known_scorer
@@ -445,8 +445,8 @@ def _config_status(cfg, rt, hooks):
         return Status.UNKNOWN_BACKEND
     if ints[ConfigSlot.N_INSTANCES] > MAX_INSTANCES:
         return Status.TOO_MANY_INSTANCES
-    if not (Priority.CONSTANT <= ints[ConfigSlot.PRIORITY] <= Priority.INVERTED_SLO
-            and Scheduler.FCFS <= ints[ConfigSlot.SCHEDULER] <= Scheduler.CUSTOM
+    if not (0 <= ints[ConfigSlot.PRIORITY] < len(Priority)
+            and 0 <= ints[ConfigSlot.SCHEDULER] < len(Scheduler)
             and adm.is_known_policy(rt.rcfg[RouterCfg.ADMISSION])
             and rtk.is_known_policy(rt.rcfg[RouterCfg.ROUTING])):
         return Status.UNKNOWN_POLICY

@@ -28,7 +28,6 @@ Layouts and status codes: ``generation_layout.py``; rows, heap and growth:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.arrivals import next_arrival, start_client_streams
 from blis_fast.kernels.buffers import grow_1d
@@ -59,6 +58,7 @@ from blis_fast.kernels.generation_rows import (
 )
 from blis_fast.kernels.generation_sessions import emit_session, new_pending, release_slot
 from blis_fast.kernels.gorand import new_source
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.token_ids import draw_token_ids, fill_block_digests, group_prefixes
 
 
@@ -72,7 +72,7 @@ def _new_row_buffers(limit, keep_ids):
                       np.zeros(cap0, dtype=np.float64), np.zeros(cap0 + 1, dtype=np.int64),
                       np.empty(cap0 * 8, dtype=np.uint64),
                       np.empty(4096 if keep_ids else 0, dtype=np.int32),
-                      np.zeros(cap0 + 1 if keep_ids else 1, dtype=np.int64))  # fmt: skip
+                      np.zeros(cap0 + 1 if keep_ids else 1, dtype=np.int64))
 
 
 @njit(cache=True)
@@ -81,7 +81,7 @@ def _new_session_buffers(n_clients, prefix_capture_len):
                           np.empty(256 * ROUND0_COLS, dtype=np.int64),
                           np.empty(1024, dtype=np.int32), np.full(n_clients, -1, dtype=np.int64),
                           np.zeros(prefix_capture_len, dtype=np.int64),
-                          np.empty(1024, dtype=np.int64))  # fmt: skip
+                          np.empty(1024, dtype=np.int64))
 
 
 # --- one standard request -----------------------------------------------------------------------
@@ -171,7 +171,7 @@ def _merge_streams(cfg, streams, out, sess, cnt):
             cnt[N.DIGESTS] = nd + ln
             rows[cnt[N.ROWS]] = p_rows[ref]
             close_row(ratio, offsets, ids, ids_off, cnt, p_ratio[ref], keep, p_ids,
-                      p_info[ref, P.IDS_OFF], nid)  # fmt: skip
+                      p_info[ref, P.IDS_OFF], nid)
             release_slot(ref, p_info, p_free, cnt)
             continue
         multi_turn = ci[k, C.MULTI_TURN] != 0
@@ -188,7 +188,7 @@ def _merge_streams(cfg, streams, out, sess, cnt):
             tok[:plen] = p_tok[p_off[g] : p_off[g] + plen]
         if multi_turn:
             status, out, sess, pend, tok = emit_session(s, k, t, cfg, out, sess, pend, heap, tok,
-                                                        cnt, g, plen)  # fmt: skip
+                                                        cnt, g, plen)
             rows, ratio, offsets, digests, ids, ids_off = out
             p_rows, p_ratio, p_info, p_free, p_digests, p_ids = pend
             if status != S.OK:
@@ -199,7 +199,7 @@ def _merge_streams(cfg, streams, out, sess, cnt):
         else:
             if ci[k, C.MULTIMODAL] != 0:
                 status, ilen, olen, modal, tok = _draw_multimodal_request(s, k, ci, code, soff, sp,
-                                                                          tok, plen)  # fmt: skip
+                                                                          tok, plen)
                 if status != S.OK:
                     return status, out, sess
             else:  # inline: the common path passes no buffer through a call
@@ -217,13 +217,13 @@ def _merge_streams(cfg, streams, out, sess, cnt):
                 out = grow_row_data(out, cnt, nch, nid, cfg.limit)
                 rows, ratio, offsets, digests, ids, ids_off = out
             cnt[N.DIGESTS] += fill_block_digests(tok, plen + ilen + olen, bs, g, g_full, g_doff,
-                                                 g_dig, digests, cnt[N.DIGESTS])  # fmt: skip
+                                                 g_dig, digests, cnt[N.DIGESTS])
             write_row(rows[cnt[N.ROWS]], t, plen + ilen, olen, plen, k, -1, 0, modal, 0)
             close_row(ratio, offsets, ids, ids_off, cnt, 0.0, keep, tok, 0, nid)
             count[k] += 1
         found, t_next, iv_i = next_arrival(s, k, last_t[k], count[k], iv_cursor[k], ci, cf,
                                            win_start, win_end, cfg.horizon, iv, iv_off[k],
-                                           iv_n[k])  # fmt: skip
+                                           iv_n[k])
         last_t[k] = t_next
         iv_cursor[k] = iv_i
         if found:
@@ -242,12 +242,12 @@ def _result(status, err_client, err_sampler, out, sess, cnt, prefixes, keep_ids)
                             sess.round0_tokens[: cnt[N.ROUND0_TOKENS]], sess.first_input,
                             sess.prefix_capture, prefixes.off, prefixes.tokens,
                             out.input_ids[: cnt[N.IDS]],
-                            out.input_off[: n + 1] if keep_ids else out.input_off)  # fmt: skip
+                            out.input_off[: n + 1] if keep_ids else out.input_off)
 
 
 @njit(cache=True)
 def generate_kernel(wg_seed, clients, horizon, block_size, prefix_capture_len, max_requests,
-                    keep_ids):  # fmt: skip
+                    keep_ids):
     """Replay the reference's draws and emit the first ``max_requests`` rows in final order.
 
     ``clients`` is a :class:`ClientParams`; ``prefix_capture_len`` the length of the
@@ -263,10 +263,10 @@ def generate_kernel(wg_seed, clients, horizon, block_size, prefix_capture_len, m
     status, err_k, err_s, streams = start_client_streams(wg, clients, horizon)
     if status != S.OK:
         return _result(status, err_k, err_s, _new_row_buffers(0, False),
-                       _new_session_buffers(0, 0), cnt, prefixes, False)  # fmt: skip
+                       _new_session_buffers(0, 0), cnt, prefixes, False)
     want_ids = keep_ids != 0
     cfg = GenConfig(clients, prefixes, horizon, block_size, max_requests, want_ids,
-                    tie_shift(n_clients))  # fmt: skip
+                    tie_shift(n_clients))
     out = _new_row_buffers(max_requests, want_ids)
     sess = _new_session_buffers(n_clients, prefix_capture_len)
     status, out, sess = _merge_streams(cfg, streams, out, sess, cnt)

@@ -14,13 +14,13 @@ counted or not; a reference-counted callee adds two atomic updates per array):
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.buffers import grow_1d, grow_2d
 from blis_fast.kernels.generation_layout import GenCount as N
 from blis_fast.kernels.generation_layout import GenHeap, RowBuffers
 from blis_fast.kernels.generation_layout import GenRowCol as R
 from blis_fast.kernels.heap import heap_pop, heap_push
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.samplers import sample_length_at
 
 
@@ -48,7 +48,7 @@ def grow_rows(out, keep_ids):
     cap = 2 * out.rows.shape[0]
     in_off = grow_1d(out.input_off, cap + 1) if keep_ids else out.input_off
     return RowBuffers(grow_2d(out.rows, cap), grow_1d(out.ratio, cap),
-                      grow_1d(out.offsets, cap + 1), out.digests, out.input_ids, in_off)  # fmt: skip
+                      grow_1d(out.offsets, cap + 1), out.digests, out.input_ids, in_off)
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -75,7 +75,7 @@ def grow_row_data(out, cnt, n_digests, n_ids, limit):
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def close_row(ratio_buf, offsets, input_ids, input_off, cnt, ratio, keep_ids, ids, ids_start,
-              n_ids):  # fmt: skip
+              n_ids):
     """Finish row ``cnt[ROWS]`` of the RowBuffers arrays: its ratio, digest end and input ids
     ``ids[ids_start:ids_start + n_ids]`` (room made beforehand)."""
     n = cnt[N.ROWS]
@@ -120,7 +120,7 @@ def tie_shift(n_clients):
 @njit(cache=True)
 def new_heap(cap):
     return GenHeap(np.zeros(cap, dtype=np.int64), np.zeros(cap, dtype=np.int64),
-                   np.zeros(cap, dtype=np.int8), np.zeros(cap, dtype=np.int64))  # fmt: skip
+                   np.zeros(cap, dtype=np.int8), np.zeros(cap, dtype=np.int64))
 
 
 @njit(cache=True)
@@ -128,7 +128,7 @@ def grow_heap(heap, need):
     """The heap with room for ``need`` items."""
     cap = max(need, 2 * heap.times.shape[0])
     return GenHeap(grow_1d(heap.times, cap), grow_1d(heap.ties, cap), grow_1d(heap.kinds, cap),
-                   grow_1d(heap.payloads, cap))  # fmt: skip
+                   grow_1d(heap.payloads, cap))
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -138,7 +138,7 @@ def push(times, ties, kinds, payloads, cnt, t, k, ref, shift):
     tie = (np.int64(k) << shift) | cnt[N.SEQ]
     cnt[N.SEQ] += 1
     cnt[N.HEAP] = heap_push(times, ties, kinds, payloads, cnt[N.HEAP], np.int64(t), tie,
-                            np.int64(0), np.int64(ref))  # fmt: skip
+                            np.int64(0), np.int64(ref))
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")

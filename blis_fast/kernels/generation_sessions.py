@@ -12,7 +12,6 @@ hashed) and keeps what blueprints need of round 0. Per-round helpers take arrays
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.arrivals import in_window
 from blis_fast.kernels.buffers import grow_1d, grow_2d
@@ -38,6 +37,7 @@ from blis_fast.kernels.generation_rows import (
 )
 from blis_fast.kernels.gomath import go_max, go_min
 from blis_fast.kernels.gorand import int63
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.token_ids import draw_token_ids, fill_block_digests, skip_token_ids
 
 NO_MODAL = (0, 0, 0, 0)
@@ -52,7 +52,7 @@ def new_pending(keep_ids):
                          np.zeros(256, dtype=np.float64),
                          np.zeros((256, PEND_COLS), dtype=np.int64), np.empty(256, dtype=np.int64),
                          np.empty(4096, dtype=np.uint64),
-                         np.empty(1024 if keep_ids else 0, dtype=np.int32))  # fmt: skip
+                         np.empty(1024 if keep_ids else 0, dtype=np.int32))
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -73,7 +73,7 @@ def _grow_pending(pend, cnt, n_digests, n_ids):
     if cnt[N.FREE] == 0 and cnt[N.PENDING] == p.rows.shape[0]:
         c = 2 * p.rows.shape[0]
         p = PendingRounds(grow_2d(p.rows, c), grow_1d(p.ratio, c), grow_2d(p.info, c),
-                          grow_1d(p.free, c), p.digests, p.ids)  # fmt: skip
+                          grow_1d(p.free, c), p.digests, p.ids)
     pool = p.digests
     if cnt[N.POOL_DIGESTS] + n_digests > pool.shape[0]:
         live = 0
@@ -110,7 +110,7 @@ def _take_slot(free, info, cnt):
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _park_tokens(slot, info, pool, ids, cnt, tok, n_digests, n_ids, bs, g, g_full, g_doff,
-                 g_dig):  # fmt: skip
+                 g_dig):
     """A parked round's digests (of ``tok``'s first ``n_digests`` blocks) and first ``n_ids``
     ids into the pools (room made beforehand)."""
     npd = cnt[N.POOL_DIGESTS]
@@ -186,10 +186,12 @@ def _reason_ratio(s, k, ci, code, off, params):
     return go_min(1.0, go_max(0.0, float(pct) / 100.0))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def emit_session(s, k, t, cfg, out, sess, pend, heap, tok, cnt, g, plen):
     """All rounds of one session starting at ``t`` (WL-6.2); the heap has room for every
-    round. Returns (status, out, sess, pend, tok)."""
+    round. Returns (status, out, sess, pend, tok). Inlined into its one caller (Numba IR):
+    as a call it took and returned some thirty reference-counted arrays per session, 4% of a
+    multi-turn workload's generation."""
     ci, _cf, code, soff, sp, win_start, win_end, _glen = cfg.clients
     _poff, _ptok, g_full, g_doff, g_dig = cfg.prefixes
     bs = cfg.block_size
@@ -242,7 +244,7 @@ def emit_session(s, k, t, cfg, out, sess, pend, heap, tok, cnt, g, plen):
                     sess = _grow_sessions(sess, cnt, n_r0, 0)
                     ctx = sess.context
                 cnt[N.DIGESTS] += fill_block_digests(tok, n_in + olen, bs, g, g_full, g_doff,
-                                                     g_dig, digests, cnt[N.DIGESTS])  # fmt: skip
+                                                     g_dig, digests, cnt[N.DIGESTS])
                 row = rows[cnt[N.ROWS]]
                 close_row(ratio, offsets, ids, ids_off, cnt, rv, keep_ids, tok, 0, nid)
                 _capture_round0(k, ci, sess, ns, cnt, tok, n_in, olen)
@@ -252,7 +254,7 @@ def emit_session(s, k, t, cfg, out, sess, pend, heap, tok, cnt, g, plen):
                     p_rows, p_ratio, p_info, p_free, p_digests, p_ids = pend
                 slot = _take_slot(p_free, p_info, cnt)
                 _park_tokens(slot, p_info, p_digests, p_ids, cnt, tok, nch, nid, bs, g, g_full,
-                             g_doff, g_dig)  # fmt: skip
+                             g_doff, g_dig)
                 p_ratio[slot] = rv
                 row = p_rows[slot]
                 push(times, ties, kinds, payloads, cnt, cur, k, slot, cfg.tie_shift)

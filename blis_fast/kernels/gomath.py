@@ -25,12 +25,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
-INT64_MAX = (1 << 63) - 1
-"""Go's math.MaxInt64: the kernels' one definition (no-tick sentinels, clamped conversions)."""
-INT64_MIN = -(1 << 63)
-"""Go's math.MinInt64."""
+from blis_fast.gonum import INT64_MAX as INT64_MAX  # Go's int64 limits, one definition,
+from blis_fast.gonum import INT64_MIN as INT64_MIN  # re-exported for the kernels
+from blis_fast.kernels.jit import njit
+
 _TWO63 = 9223372036854775808.0
 _SPLIT = 134217729.0  # 2^27 + 1 (Dekker)
 
@@ -505,9 +504,9 @@ def go_gamma(x: float) -> float:
         return z
     x = x - 2.0
     p = (((((x * _GAM_P[0] + _GAM_P[1]) * x + _GAM_P[2]) * x + _GAM_P[3]) * x + _GAM_P[4]) * x
-         + _GAM_P[5]) * x + _GAM_P[6]  # fmt: skip
+         + _GAM_P[5]) * x + _GAM_P[6]
     q = ((((((x * _GAM_Q[0] + _GAM_Q[1]) * x + _GAM_Q[2]) * x + _GAM_Q[3]) * x + _GAM_Q[4]) * x
-          + _GAM_Q[5]) * x + _GAM_Q[6]) * x + _GAM_Q[7]  # fmt: skip
+          + _GAM_Q[5]) * x + _GAM_Q[6]) * x + _GAM_Q[7]
     return z * p / q
 
 
@@ -536,10 +535,10 @@ def go_cos(x: float) -> float:
     zz = z * z
     if j == np.uint64(1) or j == np.uint64(2):
         r = z + z * zz * ((((((_SIN[0] * zz) + _SIN[1]) * zz + _SIN[2]) * zz + _SIN[3]) * zz
-                           + _SIN[4]) * zz + _SIN[5])  # fmt: skip
+                           + _SIN[4]) * zz + _SIN[5])
     else:
         r = 1.0 - 0.5 * zz + zz * zz * ((((((_COS[0] * zz) + _COS[1]) * zz + _COS[2]) * zz
-                                          + _COS[3]) * zz + _COS[4]) * zz + _COS[5])  # fmt: skip
+                                          + _COS[3]) * zz + _COS[4]) * zz + _COS[5])
     if sign:
         r = -r
     return r

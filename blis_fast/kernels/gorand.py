@@ -9,7 +9,8 @@ methods mutate that array in place and take it as first argument.
 
 Nothing here is pasted from Go:
 
-* the seeding table (Go's ``rngCooked``) is *recomputed* at import time. Go defines it as the
+* the seeding table (Go's ``rngCooked``) is *recomputed* (once; later imports read the result
+  kept beside the bytecode). Go defines it as the
   generator register after 7.8e12 steps from a fixed start (``gen_cooked.go``). The register
   obeys the linear recurrence ``s[k] = s[k-607] + s[k-273]`` over Z/2^64, so the state after
   N steps is obtained by computing ``x^N mod (x^607 - x^334 - 1)`` (square-and-multiply on
@@ -28,7 +29,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from blis_fast.kernels.jit import njit
+from blis_fast.stored import kept_beside
 
 # --- generator constants (Go's rng.go) -------------------------------------------------
 _LEN = 607
@@ -179,8 +182,9 @@ def _compute_ziggurat() -> tuple[np.ndarray, ...]:
     return ke, we.astype(f32), fe.astype(f32), kn, wn.astype(f32), fn.astype(f32)
 
 
-RNG_COOKED = _compute_cooked()
-"""Go's seeding table rngCooked (607 int64 words), recomputed at import."""
+RNG_COOKED = kept_beside(__file__, "rng-cooked", b"", _compute_cooked, np.ndarray)
+"""Go's seeding table rngCooked (607 int64 words), recomputed once and then kept beside the
+bytecode (``blis_fast.stored``: the computation is 50 ms of every start-up otherwise)."""
 
 KE, WE, FE, KN, WN, FN = _compute_ziggurat()
 """Ziggurat tables: k as int64 (Go: uint32), w and f as float32 (Go: float32)."""

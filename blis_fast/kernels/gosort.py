@@ -22,7 +22,8 @@ reference binary was built with Go >= 1.24 although its go.mod says 1.21.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from blis_fast.kernels.jit import njit
 
 _MAX_INSERTION = 12
 _SHORTEST_NINTHER = 50

@@ -12,7 +12,8 @@ SHA-256 on real workloads.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from blis_fast.kernels.jit import njit
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -11,9 +11,9 @@ use these functions.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.hashing import chain_hash
+from blis_fast.kernels.jit import njit
 
 KEY, VALUE = 0, 1
 """Columns of a table slot."""

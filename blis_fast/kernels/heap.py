@@ -10,7 +10,8 @@ before instance events at one tick, the lowest instance index first, then (prior
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from blis_fast.kernels.jit import njit
 
 # Bit layout of the tie key.
 SEQ_BITS = 40
@@ -26,7 +27,7 @@ MAX_EVENT_SEQ = 1 << SEQ_BITS
 # heap arrays: times, ties, kinds, payloads (request or instance index)
 
 
-@njit("int64(boolean, int64, int64, int64)", cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def make_tie(is_instance, instance, priority, seq):
     """Pack the ordering fields of one event into its tie key."""
     tie = np.int64(seq)
@@ -49,18 +50,14 @@ def tie_is_instance(tie):
     return (tie >> INSTANCE_BIT) & np.int64(1) == 1
 
 
-_ARRAYS = "int64[::1], int64[::1], int8[::1], int64[::1]"
-
-
-@njit("boolean(int64[::1], int64[::1], int64, int64)", cache=True, _nrt=False,
-      error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _less(times, ties, a, b):
     if times[a] != times[b]:
         return times[a] < times[b]
     return ties[a] < ties[b]
 
 
-@njit(f"void({_ARRAYS}, int64, int64)", cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _swap(times, ties, kinds, payloads, a, b):
     t = times[a]
     times[a] = times[b]
@@ -76,8 +73,7 @@ def _swap(times, ties, kinds, payloads, a, b):
     payloads[b] = p
 
 
-@njit(f"int64({_ARRAYS}, int64, int64, int64, int64, int64)", cache=True, _nrt=False,
-      error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def heap_push(times, ties, kinds, payloads, size, time, tie, kind, payload):
     """Insert one event; returns the new size (caller guarantees capacity)."""
     i = size
@@ -95,7 +91,7 @@ def heap_push(times, ties, kinds, payloads, size, time, tie, kind, payload):
     return size + 1
 
 
-@njit(f"int64({_ARRAYS}, int64)", cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def heap_pop(times, ties, kinds, payloads, size):
     """Remove the smallest event (it is moved to index ``size - 1``); returns the new size."""
     last = size - 1

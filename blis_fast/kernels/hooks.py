@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from numba import cfunc, types
 
+from blis_fast.kernels import jit  # noqa: F401 - the kernels' LLVM settings, before these compile
+
 SNAP_QUEUE, SNAP_BATCH, SNAP_IN_FLIGHT, SNAP_KV_UTIL, SNAP_FREE_BLOCKS, SNAP_CACHED_BLOCKS, \
     SNAP_PREEMPTIONS = range(7)
 SNAP_COLS = 7

@@ -13,10 +13,10 @@ unaligned runs, or runs from two places, and get a digest of those runs instead.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.hashing import splitmix64
 from blis_fast.kernels.hashtable import table_del, table_put
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.kv_layout import (
     LOG_DELETE,
     LOOK_HASH,

@@ -6,10 +6,10 @@ a request's missing prefix blocks into free GPU blocks, at a transfer cost the n
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.hashing import chain_hash
 from blis_fast.kernels.hashtable import table_del, table_get, table_put
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.kv_blocks import (
     free_append,
     get_block_hash,

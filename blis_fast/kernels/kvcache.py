@@ -9,10 +9,10 @@ hashes, free list and block contents in ``kernels/kv_blocks.py``, the CPU tier i
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.hashing import chain_hash
 from blis_fast.kernels.hashtable import leading_matches
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.kv_blocks import (
     block_digest,
     commit_cached,

@@ -39,14 +39,30 @@ backends). ``new_tokens[i]`` is the request's NumNewTokens of the step.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
-from blis_fast.kernels.enums import Backend
 from blis_fast.kernels.gomath import INT64_MAX, INT64_MIN, go_max, go_min, go_pow
+from blis_fast.kernels.jit import njit
+
+
+class BackendT(NamedTuple):
+    """Latency backends' kernel codes (ENG-6), beside their step functions; each backend has its
+    ``params`` layout below and one entry in ``blis_fast/policies/latency_backends.py``."""
+
+    BLACKBOX: int = 0
+    ROOFLINE: int = 1
+    CROSSMODEL: int = 2
+    TRAINED_ROOFLINE: int = 3
+    TRAINED_PHYSICS: int = 4
+
+
+Backend = BackendT()
+
 
 __all__ = [
+    "Backend",
     "clamp_to_int64",
     "output_token_processing_time",
     "post_decode_fixed_overhead",
@@ -519,7 +535,7 @@ def step_time(
 @njit(cache=True, _nrt=False, error_model="numpy")
 def is_known_backend(code: int) -> bool:
     """True for a backend code :func:`step_time` implements."""
-    return Backend.BLACKBOX <= code <= Backend.TRAINED_PHYSICS
+    return 0 <= code < len(Backend)
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")

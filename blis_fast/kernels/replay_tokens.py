@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import gorand
 from blis_fast.kernels.hashing import block_digests
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.token_ids import draw_token_ids
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels.enums import Routing, StatefulScorer
+from blis_fast.policies.admission import RouterParam  # the admission policies' float slots
 
 PREFIX_LRU_CAPACITY = 10000  # sim/routing_prefix_scorer.go defaultLRUCapacity
 
@@ -40,19 +41,6 @@ class RouterCfgT(NamedTuple):
 
 
 RouterCfg = RouterCfgT()
-
-
-class RouterParamT(NamedTuple):
-    """Slots of ``RouterState.rfl`` (float64 policy parameters)."""
-
-    TB_CAPACITY: int = 0
-    TB_REFILL: int = 1
-    GAIE_QD: int = 2
-    GAIE_KV: int = 3
-    SIZE: int = 4
-
-
-RouterParam = RouterParamT()
 
 
 class RouterVarT(NamedTuple):

@@ -20,13 +20,13 @@ without reference counting.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.enums import Routing
 from blis_fast.kernels.gorand import intn
 from blis_fast.kernels.hashtable import leading_matches
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.kv_layout import CpuMeta, KVMeta
 from blis_fast.kernels.router_state import (
     CandidateCount,

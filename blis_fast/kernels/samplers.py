@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.gomath import go_exp, go_f2i, go_log, go_max, go_min, go_pow, go_round
 from blis_fast.kernels.gorand import exp_float64, float64_, new_source, norm_float64
+from blis_fast.kernels.jit import njit
 
 # --- arrival process codes --------------------------------------------------------------------
 ARRIVAL_CONSTANT = 0
@@ -196,7 +196,7 @@ def sample_lengths(seed: int, code: int, params: np.ndarray, count: int) -> np.n
 
 @njit(cache=True)
 def sample_iats(seed: int, code: int, iat_const: int, rate: float, p1: float, p2: float,
-                count: int) -> np.ndarray:  # fmt: skip
+                count: int) -> np.ndarray:
     """``count`` successive inter-arrival times of one arrival process from ``NewSource(seed)``."""
     s = new_source(seed)
     out = np.empty(count, dtype=np.int64)

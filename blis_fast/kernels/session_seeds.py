@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.buffers import append_ids, grow_1d
 from blis_fast.kernels.generation_layout import GEN_ROW_COLS, GenStatus
@@ -14,6 +13,7 @@ from blis_fast.kernels.generation_layout import GenClientCol as C
 from blis_fast.kernels.generation_layout import GenRowCol as R
 from blis_fast.kernels.gorand import int63, new_source
 from blis_fast.kernels.hashing import block_digests
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.samplers import sample_length_at
 from blis_fast.kernels.token_ids import draw_token_ids
 
@@ -32,7 +32,7 @@ class ConcurrencySeeds(NamedTuple):
 
 @njit(cache=True)
 def concurrency_kernel(crng_seed, u_client, u_arrival, clients, prefix_off, prefix_tokens,
-                       block_size, keep_ids):  # fmt: skip
+                       block_size, keep_ids):
     """DELTA-47 seeds: per user, a user stream from ``crng``, one request, a blueprint seed.
 
     ``clients`` is a ``ClientParams`` (its INPUT/OUTPUT sampler ids and groups are read);
@@ -61,7 +61,7 @@ def concurrency_kernel(crng_seed, u_client, u_arrival, clients, prefix_off, pref
         olen = sample_length_at(us, clients.sampler_code[s_out], sp, clients.sampler_off[s_out])
         if ilen < 0 or olen < 0:
             return ConcurrencySeeds(GenStatus.NEGATIVE_LENGTH, rows, offsets, digests[:0],
-                                    bp_seed, in_ids, in_off)  # fmt: skip
+                                    bp_seed, in_ids, in_off)
         g = ci[k, C.GROUP]
         plen = clients.group_len[g] if g >= 0 else 0
         total = plen + ilen + olen
@@ -87,7 +87,7 @@ def concurrency_kernel(crng_seed, u_client, u_arrival, clients, prefix_off, pref
         in_off[i + 1] = n_ids
         bp_seed[i] = int63(crng)
     return ConcurrencySeeds(GenStatus.OK, rows, offsets, digests[:nd], bp_seed, in_ids[:n_ids],
-                            in_off)  # fmt: skip
+                            in_off)
 
 
 @njit(cache=True)

@@ -20,17 +20,35 @@ Groups (each a ``NamedTuple`` of arrays, so a kernel signature names a handful o
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels.gomath import INT64_MAX
+from blis_fast.kernels.jit import njit
+
+
+def _with_option_slots(fixed: type, family: str) -> type:
+    """``fixed``'s slots, then one slot per ``blis run`` option whose row names a slot of
+    ``family`` that ``fixed`` lacks (in table order), then ``SIZE``: a flag the kernel reads as is
+    declares its slot in its options row alone (docs/extending.md)."""
+    from blis_fast.options import RUN_OPTIONS
+
+    names = [name for name in fixed._fields if name != "SIZE"]
+    assert [getattr(fixed(), name) for name in names] == list(range(len(names)))
+    for spec in RUN_OPTIONS:
+        owner, _, name = spec.slot.partition(".")
+        if owner == family and name not in names:
+            names.append(name)
+    names.append("SIZE")
+    return namedtuple(fixed.__name__, names, defaults=range(len(names)))
 
 
 class ConfigSlotT(NamedTuple):
-    """Slots of ``SimConfig.ints``."""
+    """Slots of ``SimConfig.ints`` the engine fills itself or from a policy registry; options rows
+    may add their own (:func:`_with_option_slots`)."""
 
     N_INSTANCES: int = 0
     HORIZON: int = 1
@@ -48,7 +66,7 @@ class ConfigSlotT(NamedTuple):
     SIZE: int = 13
 
 
-ConfigSlot = ConfigSlotT()
+ConfigSlot = _with_option_slots(ConfigSlotT, "ConfigSlot")()
 
 
 class InstanceSlotT(NamedTuple):

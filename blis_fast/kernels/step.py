@@ -16,11 +16,11 @@ into per-step counts at the end of the run, so exact ITL statistics come from
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.batch import form_batch, order_wait_queue
 from blis_fast.kernels.enums import RequestState
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.latency import step_time
 from blis_fast.kernels.state import (
     ITL_RUN_END,

@@ -8,11 +8,11 @@ the draw (``kernels/hashing.py``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels.generation_layout import GroupPrefixes
 from blis_fast.kernels.gorand import FEED_INDEX, REGISTER_LEN, TAP_INDEX, int31n
 from blis_fast.kernels.hashing import block_digests, content_digest
+from blis_fast.kernels.jit import njit
 
 TOKEN_VOCAB = 128000
 """Vocabulary size of synthetic token ids (WL-13.1)."""

@@ -228,7 +228,7 @@ def build_workload(o: ObserveOptions) -> Workload:
         validate_distribution_params(params)
         if o.concurrency > 0:
             spec = synthesize_concurrency(params, o.concurrency, o.think_time_ms,
-                                          num_requests=o.num_requests, seed=o.seed)  # fmt: skip
+                                          num_requests=o.num_requests, seed=o.seed)
         else:
             spec = synthesize_from_distribution(params, seed=o.seed)
     horizon = INT64_MAX
@@ -244,7 +244,7 @@ def build_workload(o: ObserveOptions) -> Workload:
               "generation")
     try:
         wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
-                               keep_token_ids=True)  # fmt: skip
+                               keep_token_ids=True)
     except BlisInputError as exc:
         raise BlisInputError(f"Failed to generate workload: {exc}") from None
     table = wl.table
@@ -268,7 +268,7 @@ def build_workload(o: ObserveOptions) -> Workload:
             tenant_id=str(c["tenant_id"]), slo_class=str(c["slo_class"]), model=str(c["model"]),
             deadline_us=int(table.deadline_us[i]), session_id=table.session_id(i),
             round_index=int(table.round_index[i]),
-        ))  # fmt: skip
+        ))
     driver = None
     bp_jobs: list[Job] = []
     if blueprints:
@@ -278,7 +278,7 @@ def build_workload(o: ObserveOptions) -> Workload:
         for j in jobs:
             j.blueprint = index.get(j.session_id, -1) if j.session_id else -1
         bp_jobs = [Job(0, np.zeros(0, dtype=np.int64), 0, 0, "", False, b.client_id,
-                       b.tenant_id, b.slo_class, b.model, 0) for b in blueprints]  # fmt: skip
+                       b.tenant_id, b.slo_class, b.model, 0) for b in blueprints]
     groups = group_lengths(expand_sources(spec).clients)
     return Workload(jobs, int(spec.seed), groups, driver, bp_jobs, header_spec)
 
@@ -290,7 +290,7 @@ async def _measure_ratio(client: RealClient) -> float:
 
     rec = await client.send(PendingRequest(request_id=-1, input_tokens=0, max_output_tokens=1,
                                            prompt=RATIO_PROMPT, streaming=False),
-                            timeout_s=min(RATIO_TIMEOUT_S, client.timeout_s))  # fmt: skip
+                            timeout_s=min(RATIO_TIMEOUT_S, client.timeout_s))
     words = len(VOCABULARY)
     fallback = "using 1:1 word-to-token ratio"
     if rec.status != "ok":
@@ -337,7 +337,7 @@ async def _observe(o: ObserveOptions, w: Workload) -> ObserveResult:
             unconstrained=o.unconstrained_output, min_tokens=o.min_tokens,
             record_itl=o.record_itl, tokens_per_word=tpw, prefixes=prefixes,
             prefix_lengths=w.group_lengths, grace_s=o.drain_timeout,
-        )  # fmt: skip
+        )
         t0 = time.perf_counter()
         res = await Dispatcher(client, w.jobs, cfg, w.driver, w.blueprint_jobs).run()
         wall = time.perf_counter() - t0
@@ -447,7 +447,7 @@ _BOOL_FLAGS = (
 def _command(func):
     for flag, help_text in reversed(_BOOL_FLAGS):
         func = click.option(f"--{flag}", flag.replace("-", "_"), is_flag=True, default=False,
-                            help=help_text)(func)  # fmt: skip
+                            help=help_text)(func)
     for flag, kind, default, help_text in reversed(_OPTIONS):
         func = click.option(f"--{flag}", flag.replace("-", "_"), type=kind, default=default,
                             show_default=default not in ("", 0, 0.0), help=help_text)(func)

@@ -127,7 +127,7 @@ class Dispatcher:
             client_id=job.client_id, tenant_id=job.tenant_id, slo_class=job.slo_class,
             prefix_group=job.prefix_group, prefix_length=job.prefix_length,
             unconstrained=c.unconstrained, min_tokens=c.min_tokens, deadline_us=job.deadline_us,
-        )  # fmt: skip
+        )
 
     async def _run_one(self, job: Job, pending: PendingRequest, encoded: bytes | str) -> None:
         idx = pending.request_id
@@ -153,7 +153,7 @@ class Dispatcher:
             k = max(int(record.output_tokens), 0)
             n_in = int(job.ids.shape[0])
             fu = self.driver.on_outcome(job.blueprint, tick, record.status == "ok", n_in + k,
-                                        n_in, np.arange(1, k + 1, dtype=np.int64))  # fmt: skip
+                                        n_in, np.arange(1, k + 1, dtype=np.int64))
         elif job.blueprint < 0:
             log.error("SessionManager.OnComplete: session %s not found in sessions",
                       job.session_id)
@@ -165,7 +165,7 @@ class Dispatcher:
                 tenant_id=t.tenant_id, slo_class=t.slo_class, model=t.model,
                 deadline_us=int(fu.deadline_us), session_id=job.session_id,
                 round_index=int(fu.round_index), blueprint=job.blueprint,
-            ))  # fmt: skip
+            ))
         else:
             self.active -= 1
         self.wake.set()
@@ -215,7 +215,7 @@ class Dispatcher:
             if pending.request_id >= self.cfg.warmup:
                 rec = RequestRecord(request_id=pending.request_id, status="error",
                                     error_message=f'HTTP error: Post "{self.client.endpoint}": '
-                                                  f"{CANCELLED_TEXT}")  # fmt: skip
+                                                  f"{CANCELLED_TEXT}")
                 self.observed.append(Observed(pending, rec, job))
 
     async def run(self) -> DispatchResult:

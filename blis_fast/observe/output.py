@@ -57,7 +57,7 @@ def row_fields(o: Observed) -> list[str]:
         str(j.arrival_us), str(r.send_time_us), str(r.first_chunk_time_us),
         str(r.last_chunk_time_us), str(r.num_chunks), go_csv_field(r.status),
         go_csv_field(r.error_message), go_csv_field(r.finish_reason),
-    ]  # fmt: skip
+    ]
 
 
 def trace_csv(observed: Sequence[Observed]) -> str:
@@ -86,10 +86,10 @@ def observed_table(observed: Sequence[Observed], start_wall_us: int) -> pa.Table
     i64 = {name: np.zeros(n, dtype=np.int64) for name in (
         "request_id", "round_index", "prefix_length", "input_tokens", "output_tokens",
         "server_input_tokens", "deadline_us", "arrival_time_us", "planned_send_time_us",
-        "send_time_us", "first_chunk_time_us", "last_chunk_time_us", "num_chunks")}  # fmt: skip
+        "send_time_us", "first_chunk_time_us", "last_chunk_time_us", "num_chunks")}
     strs: dict[str, list[str]] = {name: [] for name in (
         "client_id", "tenant_id", "slo_class", "session_id", "prefix_group", "model", "status",
-        "error_message", "finish_reason")}  # fmt: skip
+        "error_message", "finish_reason")}
     streaming = np.zeros(n, dtype=bool)
     for k, o in enumerate(observed):
         f = row_fields(o)
@@ -103,11 +103,11 @@ def observed_table(observed: Sequence[Observed], start_wall_us: int) -> pa.Table
                         ("slo_class", p.slo_class), ("session_id", j.session_id),
                         ("prefix_group", p.prefix_group), ("model", p.model),
                         ("status", r.status), ("error_message", r.error_message),
-                        ("finish_reason", r.finish_reason)):  # fmt: skip
+                        ("finish_reason", r.finish_reason)):
             strs[name].append(v)
         streaming[k] = p.streaming
     ok = np.array([o.record.status == "ok" and o.record.first_chunk_time_us > 0
-                   for o in observed], dtype=bool)  # fmt: skip
+                   for o in observed], dtype=bool)
     ttft = (i64["first_chunk_time_us"] - i64["send_time_us"]) / 1e3
     e2e = (i64["last_chunk_time_us"] - i64["send_time_us"]) / 1e3
     cols = []

@@ -27,7 +27,7 @@ VOCABULARY: tuple[str, ...] = (
     "umbra", "vine", "walnut", "xylem", "yew", "zinnia", "alder", "basil", "clover", "dill",
     "fennel", "garlic", "hemp", "indigo", "jade", "kumquat", "lily", "moss", "neem", "orchid",
     "poppy", "rye", "saffron", "tea", "urchin", "verbena", "wheat", "xeris", "yucca", "zest",
-)  # fmt: skip
+)
 """The reference's fixed 100-word vocabulary, in its order (OBS-4.2)."""
 
 RATIO_PROMPT = " ".join(VOCABULARY)

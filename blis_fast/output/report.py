@@ -7,19 +7,30 @@ fitness section and with its own anomaly variant (no timed-out term or line, DEL
 
 Everything here is a pure function of plain data: :class:`ClusterReport` carries the
 per-instance :class:`~blis_fast.output.summary.InstanceMetrics`, the per-request
-:class:`~blis_fast.output.summary.RequestColumns` and the cluster counters.
+:class:`~blis_fast.output.summary.RequestColumns` and the cluster counters. The fitness score
+is computed in ``fitness.py``, the anomaly counters in ``anomalies.py``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from blis_fast.errors import BlisConfigError
-from blis_fast.gonum import parse_float
+from blis_fast.output.anomalies import (
+    count_inversion_pairs,
+    detect_hol_blocking,
+    detect_priority_inversions,
+)
+from blis_fast.output.fitness import (
+    FITNESS_KEYS,
+    FitnessResult,
+    RawMetrics,
+    compute_fitness,
+    parse_fitness_weights,
+)
 from blis_fast.output.stats import Distribution, distribution, go_fixed, sequential_sum
 from blis_fast.output.summary import (
     InstanceMetrics,
@@ -28,7 +39,6 @@ from blis_fast.output.summary import (
     build_metrics_output,
     metrics_block,
 )
-from blis_fast.workload.gofmt import go_quote, go_trim_space
 
 __all__ = [
     "TraceSummary",
@@ -51,20 +61,6 @@ __all__ = [
     "summarize_trace",
     "render_report",
 ]
-
-FITNESS_KEYS = (
-    "throughput",
-    "tokens_per_sec",
-    "p99_ttft",
-    "p50_ttft",
-    "mean_ttft",
-    "p99_e2e",
-    "p50_e2e",
-    "mean_e2e",
-)
-_REFERENCE_RPS = 100.0
-_REFERENCE_TPS = 10000.0
-_REFERENCE_TICKS = 1000.0
 
 
 # --------------------------------------------------------------------------- data
@@ -124,35 +120,6 @@ class ClusterReport:
 
 
 @dataclass
-class RawMetrics:
-    """``cluster.RawMetrics`` (CLU-7.8): what fitness and the anomaly/KV sections read."""
-
-    ttft: Distribution
-    e2e: Distribution
-    requests_per_sec: float
-    tokens_per_sec: float
-    priority_inversions: int
-    hol_blocking_events: int
-    rejected_requests: int
-    routing_rejections: int
-    dropped_unservable: int
-    length_capped_requests: int
-    timed_out_requests: int
-    shed_by_tier: dict[str, int]
-    cache_hit_rate: float
-    preemption_rate: float
-    kv_thrashing_rate: float
-
-
-@dataclass
-class FitnessResult:
-    """Weighted fitness score and its normalised (unweighted) components."""
-
-    score: float
-    components: dict[str, float]
-
-
-@dataclass
 class ModelMetrics:
     """Per-model TTFT/E2E distributions (ticks) and throughput (CLU-7.19)."""
 
@@ -169,162 +136,6 @@ class TenantMetrics:
 
     completed_requests: int
     total_tokens_served: int
-
-
-# --------------------------------------------------------------------------- fitness
-
-def parse_fitness_weights(s: str) -> dict[str, float]:
-    """``ParseFitnessWeights`` (CLU-7.9); raises BlisConfigError("Invalid fitness weights: ...")."""
-    if s == "":
-        return {}
-    weights: dict[str, float] = {}
-    for raw in s.split(","):
-        pair = go_trim_space(raw)
-        parts = pair.split(":", 1)
-        if len(parts) != 2:
-            raise BlisConfigError(
-                f"Invalid fitness weights: invalid fitness weight {go_quote(pair)}: expected key:value"
-            )
-        key = go_trim_space(parts[0])
-        try:
-            val = parse_float(go_trim_space(parts[1]))
-        except ValueError as exc:
-            raise BlisConfigError(
-                f"Invalid fitness weights: invalid fitness weight value for {go_quote(key)}: {exc}"
-            ) from None
-        if math.isnan(val) or math.isinf(val) or val < 0:
-            raise BlisConfigError(
-                f"Invalid fitness weights: invalid weight for {go_quote(key)}: "
-                f"must be a finite non-negative number, got {val!r}"
-            )
-        weights[key] = val
-    return weights
-
-
-def _extract_metric(m: RawMetrics, key: str) -> float | None:
-    if key == "throughput":
-        return m.requests_per_sec / (m.requests_per_sec + _REFERENCE_RPS)
-    if key == "tokens_per_sec":
-        return m.tokens_per_sec / (m.tokens_per_sec + _REFERENCE_TPS)
-    src = {
-        "p99_ttft": m.ttft.p99,
-        "p50_ttft": m.ttft.p50,
-        "mean_ttft": m.ttft.mean,
-        "p99_e2e": m.e2e.p99,
-        "p50_e2e": m.e2e.p50,
-        "mean_e2e": m.e2e.mean,
-    }
-    if key in src:
-        return 1.0 / (1.0 + src[key] / _REFERENCE_TICKS)
-    return None
-
-
-def compute_fitness(raw: RawMetrics, weights: Mapping[str, float]) -> FitnessResult:
-    """``ComputeFitness`` (CLU-7.11/7.12); unknown keys raise BlisConfigError."""
-    keys = sorted(weights)
-    for key in keys:
-        if _extract_metric(raw, key) is None:
-            raise BlisConfigError(
-                f"Fitness evaluation failed: unknown fitness metric key {go_quote(key)}; "
-                f"valid keys: {', '.join(FITNESS_KEYS)}"
-            )
-    score = 0.0
-    comps: dict[str, float] = {}
-    for key in keys:
-        value = _extract_metric(raw, key)
-        assert value is not None
-        comps[key] = value
-        score += value * weights[key]
-    return FitnessResult(score=score, components=comps)
-
-
-# --------------------------------------------------------------------------- anomalies
-
-
-def count_inversion_pairs(e2e: np.ndarray, brute_force_max: int = 256) -> int:
-    """Number of pairs ``i < j`` with ``e2e[i] > 2 * e2e[j]`` (O(n log^2 n), exact)."""
-    e = np.asarray(e2e, dtype=np.float64)
-    n = e.size
-    if n < 2:
-        return 0
-    q = e * 2.0
-    if n <= brute_force_max:
-        return int(np.count_nonzero(np.triu(e[:, None] > q[None, :], k=1)))
-    uniq = np.unique(np.concatenate([e, q]))
-    m = np.int64(uniq.size)
-    ra = np.searchsorted(uniq, e).astype(np.int64)
-    rq = np.searchsorted(uniq, q).astype(np.int64)
-    idx = np.arange(n, dtype=np.int64)
-    total = 0
-    s = 1
-    while s < n:
-        blk = idx // (2 * s)
-        right = (idx // s) % 2 == 1
-        lk = np.sort(blk[~right] * m + ra[~right])
-        b = blk[right]
-        hi = np.searchsorted(lk, (b + 1) * m, side="left")
-        le = np.searchsorted(lk, b * m + rq[right], side="right")
-        total += int(np.sum(hi - le))
-        s *= 2
-    return total
-
-
-def detect_priority_inversions(
-    handled_by: np.ndarray,
-    slo_class: Sequence[str] | np.ndarray,
-    arrival_us: np.ndarray,
-    e2e_us: np.ndarray,
-    priority_policy: str,
-    request_id: Sequence[str] | np.ndarray | None = None,
-) -> int:
-    """``detectPriorityInversions`` (CLU-7.13); arrival ties broken by request ID (OPEN-1)."""
-    if priority_policy in ("constant", ""):
-        return 0
-    hb = np.asarray(handled_by, dtype=np.int64)
-    if hb.size == 0:
-        return 0
-    arrived = np.asarray(arrival_us, dtype=np.int64).astype(np.float64) / 1e6
-    e2e = np.asarray(e2e_us, dtype=np.float64)
-    cls = np.asarray(slo_class)
-    cls = np.where(cls == "", "default", cls.astype(str))
-    if request_id is None:
-        tie = np.arange(hb.size)
-    else:
-        tie = np.argsort(np.argsort(np.asarray(request_id), kind="stable"), kind="stable")
-    total = 0
-    instances, counts = np.unique(hb[hb >= 0], return_counts=True)
-    for inst, cnt in zip(instances.tolist(), counts.tolist(), strict=True):
-        if cnt < 2:
-            continue
-        sel = np.flatnonzero((hb == inst) & ~np.isnan(e2e))
-        if sel.size < 2:
-            continue
-        groups, ginv = np.unique(cls[sel], return_inverse=True)
-        for g in range(groups.size):
-            rows = sel[ginv == g]
-            if rows.size < 2:
-                continue
-            order = np.lexsort((tie[rows], arrived[rows]))
-            total += count_inversion_pairs(e2e[rows[order]])
-    return total
-
-
-def detect_hol_blocking(instances: Sequence[InstanceMetrics]) -> int:
-    """``detectHOLBlocking`` (CLU-7.14): instances whose mean wait-queue length > 2x the mean."""
-    if len(instances) < 2:
-        return 0
-    avgs = []
-    total = 0.0
-    for m in instances:
-        avg = 0.0
-        if m.wait_queue_len_steps > 0:
-            avg = float(m.wait_queue_len_sum) / float(m.wait_queue_len_steps)
-        avgs.append(avg)
-        total += avg
-    mean = total / float(len(avgs))
-    if mean > 0:
-        return sum(1 for a in avgs if a > 2.0 * mean)
-    return 0
 
 
 # --------------------------------------------------------------------------- groupings

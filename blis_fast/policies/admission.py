@@ -1,15 +1,63 @@
 """Admission policies (CLU-2, DELTA-38/39/40): who may enter the cluster.
 
-One ``register`` per policy: its name, the kernel's code (``blis_fast.kernels.routing``), its
-parameters (bundle key, default, checks, kernel config slot) and the decision-trace reason of
-a refusal. The policy itself is a branch of ``admit`` in the kernel.
+Everything a built-in admission policy is, except its kernel branch, is here: its code
+(:data:`Admission`), the code of its refusal reason (:data:`AdmissionReason`), the slots of its
+float parameters in ``RouterState.rfl`` (:data:`RouterParam`) and one ``register`` call with its
+name, parameters (bundle key, default, checks, slot) and decision-trace reason text. The policy
+itself is a branch of ``_policy_decision`` in ``blis_fast/kernels/admission.py``, which reads
+these NamedTuple enums as compile-time constants (through ``kernels/enums.py``). Recipe:
+docs/extending.md.
 """
 
 from __future__ import annotations
 
-from blis_fast.kernels.enums import Admission, AdmissionReason
+from typing import NamedTuple
+
 from blis_fast.options import Check, finite_positive
 from blis_fast.policies.registry import Param, Policy, Registry
+
+
+class AdmissionT(NamedTuple):
+    """Admission policies' kernel codes (CLU-2, DELTA-38..40)."""
+
+    ALWAYS: int = 0
+    REJECT_ALL: int = 1
+    TOKEN_BUCKET: int = 2
+    TIER_SHED: int = 3
+    GAIE_LEGACY: int = 4
+    CUSTOM: int = 5  # the user's admission hook
+
+
+Admission = AdmissionT()
+
+
+class AdmissionReasonT(NamedTuple):
+    """Why an admission decision was taken, as recorded in the decision trace (CLU-6)."""
+
+    NONE: int = 0
+    REJECT_ALL: int = 1
+    NO_TOKENS: int = 2
+    TIER_SHED: int = 3
+    GAIE: int = 4
+    TENANT_BUDGET: int = 5
+    CUSTOM: int = 6
+
+
+AdmissionReason = AdmissionReasonT()
+
+
+class RouterParamT(NamedTuple):
+    """Slots of ``RouterState.rfl``: the admission policies' float parameters."""
+
+    TB_CAPACITY: int = 0
+    TB_REFILL: int = 1
+    GAIE_QD: int = 2
+    GAIE_KV: int = 3
+    SIZE: int = 4
+
+
+RouterParam = RouterParamT()
+
 
 ADMISSION = Registry[Policy]("admission", flag="admission-policy", slot="RouterCfg.ADMISSION")
 

@@ -19,7 +19,7 @@ from blis_fast.config.hardware import HardwareCalib
 from blis_fast.config.model_config import ModelConfig
 from blis_fast.errors import BlisConfigError
 from blis_fast.kernels import latency as K
-from blis_fast.kernels.enums import Backend as BackendCode
+from blis_fast.kernels.latency import Backend as BackendCode
 from blis_fast.policies.registry import Registry
 
 Packer = Callable[[Sequence[float], Sequence[float], ModelConfig, HardwareCalib, int, list[str]],

@@ -14,7 +14,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["find_saturation", "load_sweep_plan", "run_sweep"]
+__all__ = ["BACKENDS", "find_saturation", "load_sweep_plan", "run_sweep"]
+
+BACKENDS = ("local", "ray")
+"""Where sweep tasks run (``--backend``); here so the CLI does not import the executor
+(``concurrent.futures.process`` and ``multiprocessing``: 30 ms of every ``blis`` start)."""
 
 _HOMES = {"run_sweep": "blis_fast.sweep.run", "load_sweep_plan": "blis_fast.sweep.spec",
           "find_saturation": "blis_fast.sweep.saturate"}

@@ -8,7 +8,7 @@ import sys
 import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
-from blis_fast.sweep.execute import BACKENDS
+from blis_fast.sweep import BACKENDS
 
 _BACKEND_OPTIONS = (
     click.option("--workers", type=GO_INT, default=None,

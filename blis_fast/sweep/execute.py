@@ -25,11 +25,11 @@ from types import TracebackType
 from typing import Any
 
 from blis_fast.errors import BlisConfigError, BlisRuntimeError
+from blis_fast.sweep import BACKENDS
 from blis_fast.sweep.worker import STOP, check_stop, init_worker_process
 
 __all__ = ["BACKENDS", "TaskRunner", "default_workers"]
 
-BACKENDS = ("local", "ray")
 POLL_S = 0.2
 """How often a wait for workers looks for a stop request."""
 

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 LOGGED_HEADERS = ("content-type", "authorization", "x-gateway-inference-fairness-id",
-                  "x-gateway-inference-objective", "x-request-id", "x-slo-ttft-ms")  # fmt: skip
+                  "x-gateway-inference-objective", "x-request-id", "x-slo-ttft-ms")
 MAX_TOKENS_CAP = 4096
 FALLBACK_TOKENS = 16
 CHAT_OVERHEAD_TOKENS = 7
@@ -87,7 +87,7 @@ def sse_events(body: dict, chat: bool, n: int, reason: str, usage: dict) -> list
     """The streamed events of one completion, in order (without the final [DONE])."""
     head = {"id": "chatcmpl-rec" if chat else "cmpl-rec", "created": 0,
             "model": body.get("model", ""),
-            "object": "chat.completion.chunk" if chat else "text_completion"}  # fmt: skip
+            "object": "chat.completion.chunk" if chat else "text_completion"}
     events = []
     if chat:
         events.append({**head, "choices": [
@@ -129,7 +129,7 @@ class RecordServer:
     def _log(self, method: str, path: str, headers: dict, body) -> None:
         sent = {k: headers[k] for k in LOGGED_HEADERS if k in headers}
         self.log.write(json.dumps({"method": method, "path": path, "headers": sent,
-                                   "body": body}) + "\n")  # fmt: skip
+                                   "body": body}) + "\n")
         self.log.flush()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -193,7 +193,7 @@ class RecordServer:
                      b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
                      + (b"Connection: keep-alive\r\n\r\n" if keep else b"Connection: close\r\n\r\n"))
         events = [b"data: " + json.dumps(ev).encode() + b"\n\n"
-                  for ev in sse_events(body, chat, n, reason, usage)]  # fmt: skip
+                  for ev in sse_events(body, chat, n, reason, usage)]
         events.append(b"data: [DONE]\n\n")
         if self.token_delay_s > 0:
             for ev in events:
@@ -235,7 +235,7 @@ async def serve(log_path: str, port: int, token_delay_s: float) -> None:
 
 @contextlib.contextmanager
 def running_record_server(record_path: str | os.PathLike, token_delay_ms: float = 0.0
-                          ) -> Iterator[str]:  # fmt: skip
+                          ) -> Iterator[str]:
     """Run the server in a child process; yield its base URL; stop it with SIGTERM."""
     cmd = [sys.executable, "-m", "blis_fast.testing.record_server", "--port", "0",
            "--record", os.fspath(record_path), "--token-delay-ms", str(token_delay_ms)]
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record", required=True, help="append one JSON line per request here")
     ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0 = any free one)")
     ap.add_argument("--token-delay-ms", type=float, default=0.0,
-                    help="pause before each streamed token")  # fmt: skip
+                    help="pause before each streamed token")
     a = ap.parse_args(argv)
     asyncio.run(serve(a.record, a.port, a.token_delay_ms / 1000.0))
     return 0

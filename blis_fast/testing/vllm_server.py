@@ -131,7 +131,7 @@ def ensure_model(python: Path, root: Path | None = None) -> Path:
         return model
     shutil.rmtree(model, ignore_errors=True)
     res = subprocess.run([str(python), "-c", _BUILD_MODEL, str(model), ",".join(VOCABULARY)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if res.returncode != 0:
         tail = res.stdout.strip().splitlines()[-1:] or ["(no output)"]
         raise VllmUnavailable(f"building the tiny model failed: {tail[0]}")
@@ -149,14 +149,10 @@ class VllmServer:
     """One vLLM OpenAI-compatible server process (use as a context manager)."""
 
     def __init__(self, root: Path | None = None, start_timeout_s: float = 240.0,
-                 max_model_len: int = 2048, omp_threads: int | None = None) -> None:
-        """``omp_threads``: the engine's OpenMP threads (default: ``$OMP_NUM_THREADS`` or 2).
-        One thread on a 2-core machine leaves a core to the API process and the client, whose
-        timestamps would otherwise wait behind the engine's spinning threads."""
+                 max_model_len: int = 2048) -> None:
         self.root = root or cache_root()
         self.start_timeout_s = start_timeout_s
         self.max_model_len = max_model_len
-        self.omp_threads = omp_threads
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.log_path: Path | None = None
@@ -178,21 +174,20 @@ class VllmServer:
             "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": str(caches / "vllm"),
             "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
             "HF_HOME": str(caches / "hf"), "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "OMP_NUM_THREADS": str(self.omp_threads or env.get("OMP_NUM_THREADS", "2")),
-        })  # fmt: skip
+            "DO_NOT_TRACK": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
+        })
         env.pop("PYTHONPATH", None)
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
                "--enforce-eager", "--dtype", "float32", "--max-model-len",
                str(self.max_model_len), "--max-num-seqs", "16", "--seed", "0",
-               "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]  # fmt: skip
+               "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
         self._dist_before = set(glob.glob("/tmp/vllm_dist_*"))
         fd, log = tempfile.mkstemp(prefix="blis-vllm-", suffix=".log")
         self.log_path = Path(log)
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)  # fmt: skip
+                                     start_new_session=True)
         os.close(fd)
         deadline = t0 + self.start_timeout_s
         while time.perf_counter() < deadline:

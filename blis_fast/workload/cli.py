@@ -27,13 +27,13 @@ def convert_group() -> None:
 @convert_group.command("preset")
 @click.option("--name", "name", required=True, help="Preset name (e.g. chatbot, summarization)")
 @click.option("--rate", "rate", type=GO_FLOAT, default=1.0, show_default=True,
-              help="Request rate in req/s")  # fmt: skip
+              help="Request rate in req/s")
 @click.option("--num-requests", "num_requests", type=GO_INT, default=100, show_default=True,
-              help="Number of requests")  # fmt: skip
+              help="Number of requests")
 @click.option("--defaults-filepath", "defaults_filepath", default=None,
-              help="Path to defaults.yaml [default: the bundled copy]")  # fmt: skip
+              help="Path to defaults.yaml [default: the bundled copy]")
 def convert_preset_command(name: str, rate: float, num_requests: int,
-                           defaults_filepath: str | None) -> None:  # fmt: skip
+                           defaults_filepath: str | None) -> None:
     """Convert a named workload preset from defaults.yaml to a v2 spec."""
     from blis_fast.config.defaults import load_defaults
     from blis_fast.data import data_path
@@ -44,7 +44,7 @@ def convert_preset_command(name: str, rate: float, num_requests: int,
     if name not in cfg.workloads:
         raise unknown_preset(name)
     _print_converted(lambda n: convert_preset(n, rate, num_requests, cfg.workloads[n]), name,
-                     "Preset conversion failed")  # fmt: skip
+                     "Preset conversion failed")
 
 
 def _print_converted(convert: Callable[[Any], WorkloadSpec], arg: Any, failure: str) -> None:
@@ -78,7 +78,7 @@ def convert_inference_perf_command(spec_path: str) -> None:
 
 @click.command("compose")
 @click.option("--from", "from_paths", multiple=True, required=True,
-              help="Path to a v2 WorkloadSpec YAML file (repeatable)")  # fmt: skip
+              help="Path to a v2 WorkloadSpec YAML file (repeatable)")
 def compose_command(from_paths: tuple[str, ...]) -> None:
     """Merge several v2 workload specs into one (clients concatenated, rates re-weighted)."""
     from blis_fast.workload.convert import compose_specs

@@ -35,7 +35,7 @@ from blis_fast.workload.spec import (
 
 _MM_NAMES = ("text", "image", "image count", "audio", "audio count", "video", "video count")
 _MM_ATTRS = ("text_dist", "image_dist", "image_count_dist", "audio_dist", "audio_count_dist",
-             "video_dist", "video_count_dist")  # fmt: skip
+             "video_dist", "video_count_dist")
 
 
 def _windows_overlap(a: LifecycleSpec | None, b: LifecycleSpec | None) -> bool:
@@ -113,7 +113,7 @@ class SamplerTable:
         if sp.shape[0] == 0:
             sp = np.zeros(1, dtype=np.float64)
         return (np.asarray(self.codes, dtype=np.int64), np.asarray(self.offs, dtype=np.int64),
-                np.ascontiguousarray(sp, dtype=np.float64))  # fmt: skip
+                np.ascontiguousarray(sp, dtype=np.float64))
 
     def error(self, client: ClientSpec, sid: int) -> BlisInputError:
         """The reference's message for invalid sampler ``sid`` met while generating ``client``."""
@@ -134,7 +134,7 @@ class ResolvedClients:
 
 
 def resolve_clients(clients: list[ClientSpec], aggregate_rate: float, max_requests: int,
-                    conversion: bool) -> ResolvedClients:  # fmt: skip
+                    conversion: bool) -> ResolvedClients:
     """Per-client kernel parameters; ``conversion`` marks closed-loop sessions' later rounds
     as dropped (WL-6.4, DELTA-49)."""
     k_n = len(clients)
@@ -241,5 +241,5 @@ def resolve_clients(clients: list[ClientSpec], aggregate_rate: float, max_reques
         s_off = np.zeros(1, dtype=np.int64)
     params = ClientParams(ci, cf, s_code, s_off, sp, np.asarray(win_start, dtype=np.int64),
                           np.asarray(win_end, dtype=np.int64),
-                          np.asarray(group_len, dtype=np.int64))  # fmt: skip
+                          np.asarray(group_len, dtype=np.int64))
     return ResolvedClients(params, smp, group_of, fcap_off, fcap_total)

@@ -45,16 +45,16 @@ def convert_preset(name: str, rate: float, num_requests: int, preset: Any) -> Wo
             "std_dev": float(_preset_value(preset, f"{prefix}_tokens_stdev")),
             "min": float(_preset_value(preset, f"{prefix}_tokens_min")),
             "max": float(_preset_value(preset, f"{prefix}_tokens_max")),
-        })  # fmt: skip
+        })
 
     prefix_tokens = _preset_value(preset, "prefix_tokens")
     client = ClientSpec(id=f"preset-{name}", rate_fraction=1.0, arrival=ArrivalSpec("constant"),
                         input_dist=gauss("prompt"), output_dist=gauss("output"),
-                        prefix_length=prefix_tokens)  # fmt: skip
+                        prefix_length=prefix_tokens)
     if prefix_tokens > 0:
         client.prefix_group = "shared"
     return WorkloadSpec(version="2", category="language", aggregate_rate=float(rate),
-                        num_requests=int(num_requests), clients=[client])  # fmt: skip
+                        num_requests=int(num_requests), clients=[client])
 
 
 def convert_servegen(path: str) -> WorkloadSpec:

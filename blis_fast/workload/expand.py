@@ -164,7 +164,7 @@ def _reasoning(rate: float, n: int, rounds: int) -> ReasoningSpec:
     return ReasoningSpec(
         reason_ratio_dist=DistSpec("constant", {"value": 0.0}),
         multi_turn=MultiTurnSpec(max_rounds=rounds, think_time_us=think, context_growth="",
-                                 single_session=True),  # fmt: skip
+                                 single_session=True),
     )
 
 
@@ -195,7 +195,7 @@ def expand_inference_perf(ip: InferencePerfSpec, seed: int = 0) -> WorkloadSpec:
         return ClientSpec(id=cid, tenant_id=grp, slo_class="standard", rate_fraction=frac,
                           arrival=ArrivalSpec("poisson"), input_dist=copy.deepcopy(in_d),
                           output_dist=copy.deepcopy(out_d), prefix_group=grp,
-                          prefix_length=sp.system_prompt_len, **kw)  # fmt: skip
+                          prefix_length=sp.system_prompt_len, **kw)
 
     if len(ip.stages) == 1:
         st = ip.stages[0]
@@ -233,7 +233,7 @@ def expand_inference_perf(ip: InferencePerfSpec, seed: int = 0) -> WorkloadSpec:
                     clients.append(client(
                         cid, grp, frac,
                         arrival_factory=ArrivalFactory("normalized_exponential", count=cnt,
-                                                       duration_us=dur_us)))  # fmt: skip
+                                                       duration_us=dur_us)))
                 idx += 1
     else:
         windows = []
@@ -259,10 +259,10 @@ def expand_inference_perf(ip: InferencePerfSpec, seed: int = 0) -> WorkloadSpec:
                         extra["reasoning"] = _reasoning(st.rate, n, share[idx])
                     clients.append(client(
                         cid, grp, 1.0, lifecycle=life,
-                        arrival_factory=ArrivalFactory("poisson", rate_us=per_rate), **extra))  # fmt: skip
+                        arrival_factory=ArrivalFactory("poisson", rate_us=per_rate), **extra))
                     idx += 1
     return WorkloadSpec(version="2", seed=seed, category=category, aggregate_rate=agg,
-                        clients=clients)  # fmt: skip
+                        clients=clients)
 
 
 # --- ServeGen native data -----------------------------------------------------------------------
@@ -328,7 +328,7 @@ def _read_servegen_trace(path: str) -> list[tuple[float, float, float, str]]:
         log.warning(
             "parseServeGenTrace: %d rows in %s were skipped (short rows or parse errors)",
             skipped, path,
-        )  # fmt: skip
+        )
     return rows
 
 
@@ -347,7 +347,7 @@ def _load_servegen_dataset(path: str, sg: ServeGenDataSpec) -> tuple[dict, dict]
         for v in data.values()
     ):
         raise ValueError("parsing dataset JSON: json: cannot unmarshal into Go value of type "
-                         "map[string]map[string]string")  # fmt: skip
+                         "map[string]map[string]string")
     in_s = out_s = ""
     for k in sorted(data):
         try:
@@ -414,7 +414,7 @@ def load_servegen_clients(sg: ServeGenDataSpec) -> list[ClientSpec]:
             arrival=arrival,
             input_dist=DistSpec("empirical", {str(k): v for k, v in in_pdf.items()}),
             output_dist=DistSpec("empirical", {str(k): v for k, v in out_pdf.items()}),
-        ))  # fmt: skip
+        ))
     if not out:
         raise ValueError(f"no valid chunks found in {sg.path}")
     return out
@@ -446,7 +446,7 @@ def expand_sources(spec: WorkloadSpec) -> WorkloadSpec:
             out.category = ex.category
         if spec.aggregate_rate > 0 and spec.aggregate_rate != ex.aggregate_rate:
             log.warning("overriding aggregate_rate %.2f with sum of stage rates %.2f",
-                        spec.aggregate_rate, ex.aggregate_rate)  # fmt: skip
+                        spec.aggregate_rate, ex.aggregate_rate)
         out.aggregate_rate = ex.aggregate_rate
     if spec.servegen_data is not None and not out.clients:
         try:

@@ -14,16 +14,18 @@ Public entry points:
 * :func:`generate_workload` - the reference's ``GenerateWorkload``: closed-loop sessions are
   cut to round 0 and described by :class:`SessionBlueprint`\\ s, concurrency clients get their
   seed requests and blueprints, and the follow-up budget is computed;
-* the seed / horizon / request-cap precedence helpers of WL-1.2 - WL-1.4.
+* re-exported for its callers: the result types and ``--timeout`` deadlines
+  (``generated.py``) and the seed / horizon / request-cap precedence of WL-1.2 - WL-1.4
+  (``precedence.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.errors import BlisInputError
 from blis_fast.gonum import INT64_MAX
 from blis_fast.kernels.generation import generate_kernel
 from blis_fast.kernels.generation_layout import (
@@ -36,11 +38,22 @@ from blis_fast.kernels.gorand import subsystem_seed
 from blis_fast.kernels.session_seeds import concurrency_kernel, gather_two, int63_sequence
 from blis_fast.workload.client_params import SamplerTable, resolve_clients
 from blis_fast.workload.expand import expand_cohorts, expand_sources
+from blis_fast.workload.generated import (
+    GeneratedWorkload,
+    SessionBlueprint,
+    apply_timeout,
+    apply_timeout_to_workload,
+)
 from blis_fast.workload.gofmt import go_quote
+from blis_fast.workload.precedence import (
+    check_generation_bounded,
+    resolve_horizon,
+    resolve_max_requests,
+    resolve_workload_seed,
+)
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import (
     SAMPLER_ABSENT,
-    SamplerSpec,
     build_sampler,
 )
 from blis_fast.workload.spec import (
@@ -56,70 +69,6 @@ from blis_fast.workload.validate import validate_spec
 BLUEPRINT_SEED_OFFSET = 7919
 CONCURRENCY_SEED_OFFSET = 10007
 
-
-
-# --- public dataclasses -----------------------------------------------------------------------
-@dataclass
-class SessionBlueprint:
-    """A closed-loop session the engine continues after each completion (WL-6.4/6.5, DELTA-47/48).
-
-    ``seed`` seeds the session's own Go RNG (``NewSource(seed)``); follow-ups draw, in order,
-    input length, output length, input ids, output ids from it (after a think-time draw if the
-    engine adds a think-time sampler). ``prefix`` is prepended to every follow-up input.
-    For ``context_growth == "accumulate"``, ``round0_input``/``round0_output`` are the token
-    ids of the session's round-0 request (DELTA-46 builds the context from them).
-    """
-
-    session_id: str
-    client_id: str
-    client_idx: int  # index into the table's ``clients`` (the claiming client)
-    seed: int
-    max_rounds: int
-    unlimited_rounds: bool
-    context_growth: str
-    think_time_us: int
-    timeout: int | None  # µs; None = 300 s default for session requests, 0 = no deadline
-    horizon: int
-    input_sampler: SamplerSpec
-    output_sampler: SamplerSpec
-    prefix: np.ndarray  # int64 token ids (empty = none)
-    tenant_id: str
-    slo_class: str
-    model: str
-    round0_row: int  # row of the session's round-0 request in the table
-    round0_input: np.ndarray | None = None  # int32 token ids (accumulate sessions only; a view)
-    round0_output: np.ndarray | None = None  # int32 token ids (a view of a shared buffer)
-    # replay (DELTA-65): think times drawn per follow-up instead of ``think_time_us``, and the
-    # session's Go RNG state after its round-0 draws (used instead of ``seed``)
-    think_sampler: SamplerSpec | None = None
-    rng_state: np.ndarray | None = None
-
-
-@dataclass
-class GeneratedWorkload:
-    """The reference's ``GeneratedWorkload``: requests, session blueprints, follow-up budget.
-
-    ``follow_up_budget`` is -1 for no cap, else the number of follow-ups the engine may
-    generate (DELTA-47.4). ``clients`` is the working client list (explicit clients, expanded
-    inference-perf / ServeGen clients, then cohort members), aligned with ``table.clients``.
-    """
-
-    table: RequestTable
-    sessions: list[SessionBlueprint] = field(default_factory=list)
-    follow_up_budget: int = -1
-    clients: list[ClientSpec] = field(default_factory=list)
-    # the input token ids of each table row (group prefix included), only when asked for
-    # with ``keep_token_ids`` (``blis observe`` builds its prompts from them, OBS-4.3)
-    input_ids: list[np.ndarray] | None = None
-
-    @property
-    def outputs_reenter_inputs(self) -> bool:
-        """Whether some request's input repeats an earlier request's output tokens: a multi-turn
-        client accumulates context, in open loop (later rounds are drawn so, WL-6.2) or closed
-        loop (follow-ups are built so at completion, WL-6.5). Only then can the prefix cache
-        ever match a block that output tokens filled."""
-        return any(has_multi_turn(c) and c.reasoning.multi_turn.context_growth == "accumulate"
-                   for c in self.clients)
 
 
 # --- Python side ------------------------------------------------------------------------------
@@ -204,7 +153,7 @@ def _working_spec(spec: WorkloadSpec) -> tuple[WorkloadSpec, list[ClientSpec]]:
 
 
 def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
-         conversion: bool, keep_ids: bool = False) -> _Raw:  # fmt: skip
+         conversion: bool, keep_ids: bool = False) -> _Raw:
     """GenerateRequests: every client's requests, merged in arrival order and truncated."""
     work, clients = _working_spec(spec)
     rc = resolve_clients(clients, work.aggregate_rate, max_requests, conversion)
@@ -212,7 +161,7 @@ def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
     smp = rc.samplers
     res = generate_kernel(np.int64(subsystem_seed(work.seed, "workload-gen")), params,
                           np.int64(horizon), np.int64(block_size), np.int64(rc.prefix_capture_len),
-                          np.int64(max_requests), np.int64(1 if keep_ids else 0))  # fmt: skip
+                          np.int64(max_requests), np.int64(1 if keep_ids else 0))
     if res.status == GenStatus.SAMPLER_ERROR:
         raise smp.error(clients[res.err_client], res.err_sampler)
     if res.status == GenStatus.NEGATIVE_LENGTH:
@@ -228,7 +177,7 @@ def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
                 res.round0, res.round0_tokens, res.first_input, res.prefix_capture,
                 rc.prefix_capture_off, res.group_off, res.group_tokens, rc.group_of,
                 params.group_len, smp, params,
-                res.input_ids, res.input_off)  # fmt: skip
+                res.input_ids, res.input_off)
 
 
 def _assemble(raw: _Raw, rows, ratio, offsets, digests, sess_names, block_size) -> RequestTable:
@@ -286,7 +235,7 @@ def _check_args(spec, horizon, max_requests, block_size) -> bool:
 def _empty_table(spec: WorkloadSpec, block_size: int) -> RequestTable:
     clients = list(spec.clients) + expand_cohorts(spec.cohorts, spec.seed)
     return RequestTable.empty(block_size=block_size, seed=spec.seed,
-                              clients=[client_metadata(c) for c in clients])  # fmt: skip
+                              clients=[client_metadata(c) for c in clients])
 
 
 def generate_requests(
@@ -301,7 +250,7 @@ def generate_requests(
     raw = _run(spec, horizon, max_requests, block_size, conversion=False)
     vals = raw.sess_val
     return _assemble(raw, raw.rows, raw.ratio, raw.offsets, raw.digests,
-                     lambda s: f"sess_{int(vals[s])}", block_size)  # fmt: skip
+                     lambda s: f"sess_{int(vals[s])}", block_size)
 
 
 def generate_workload(
@@ -319,9 +268,9 @@ def generate_workload(
     """
     if not _check_args(spec, horizon, max_requests, block_size):
         return GeneratedWorkload(_empty_table(spec, block_size), [], -1, [],
-                                 [] if keep_token_ids else None)  # fmt: skip
+                                 [] if keep_token_ids else None)
     raw = _run(spec, horizon, max_requests, block_size, conversion=True,
-               keep_ids=keep_token_ids)  # fmt: skip
+               keep_ids=keep_token_ids)
 
     def ids_of(ids: np.ndarray, off: np.ndarray, rows_idx) -> list[np.ndarray]:
         return [ids[off[p] : off[p + 1]] for p in rows_idx]
@@ -332,7 +281,7 @@ def generate_workload(
     has_conc = any(c.concurrency > 0 for c in clients)
     if not has_cl and not has_conc:
         table = _assemble(raw, raw.rows, raw.ratio, raw.offsets, raw.digests,
-                          lambda s: f"sess_{int(vals[s])}", block_size)  # fmt: skip
+                          lambda s: f"sess_{int(vals[s])}", block_size)
         ids = ids_of(raw.in_ids, raw.in_off, range(table.n)) if keep_token_ids else None
         return GeneratedWorkload(table, [], -1, clients, ids)
 
@@ -413,13 +362,13 @@ def generate_workload(
         s_code = np.full(1, SAMPLER_ABSENT, dtype=np.int64)
         s_off = np.zeros(1, dtype=np.int64)
     seed_params = raw.params._replace(ints=ci2, sampler_code=s_code, sampler_off=s_off,
-                                      sampler_params=sp)  # fmt: skip
+                                      sampler_params=sp)
     st, c_rows, c_off, c_dig, c_bp, c_ids, c_idoff = concurrency_kernel(
         np.int64(_wrap64(raw.spec.seed + CONCURRENCY_SEED_OFFSET)),
         np.asarray(u_client, dtype=np.int64), np.asarray(u_arrival, dtype=np.int64),
         seed_params, raw.g_off, raw.prefix_tok, np.int64(block_size),
         np.int64(1 if keep_token_ids else 0),
-    )  # fmt: skip
+    )
     if st == GenStatus.NEGATIVE_LENGTH:
         raise BlisInputError("a length distribution produced a negative token count")
     n_sess_kernel = int(vals.shape[0])
@@ -447,9 +396,9 @@ def generate_workload(
         csr_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
         np.cumsum(seg_len[order], out=csr_off[1:])
         new_dig = gather_two(seg_src[order], seg_off[order], seg_len[order], raw.digests,
-                               c_dig, csr_off)  # fmt: skip
+                               c_dig, csr_off)
     conc_names = [f"concurrency_{clients[k].id}_user_{u}" for k, u in zip(u_client, u_index,
-                                                                        strict=True)]  # fmt: skip
+                                                                        strict=True)]
 
     def name(s: int) -> str:
         if s >= n_sess_kernel:
@@ -460,7 +409,7 @@ def generate_workload(
     row_ids = None
     if keep_token_ids:
         merged = (ids_of(raw.in_ids, raw.in_off, kept_pos.tolist())
-                  + ids_of(c_ids, c_idoff, range(m)))  # fmt: skip
+                  + ids_of(c_ids, c_idoff, range(m)))
         row_ids = [merged[o] for o in order.tolist()]
 
     # row of each session's round 0 in the final table
@@ -492,14 +441,14 @@ def generate_workload(
                 sname, c.id, ki, seeds[j], mt.max_rounds, False, mt.context_growth,
                 mt.think_time_us, c.timeout, int(horizon), s_in, s_out, prefix, c.tenant_id,
                 c.slo_class, c.model, r0_rows[q], r0_in, r0_out,
-            ))  # fmt: skip
+            ))
             j += 1
     for i in range(m):
         ki = u_client[i]
         c = clients[ki]
         g = int(raw.group_of[ki])
         prefix = (raw.prefix_tok[raw.g_off[g] : raw.g_off[g + 1]].copy() if g >= 0
-                  else np.zeros(0, dtype=np.int64))  # fmt: skip
+                  else np.zeros(0, dtype=np.int64))
         blueprints.append(SessionBlueprint(
             session_id=conc_names[i], client_id=c.id, client_idx=ki, seed=int(c_bp[i]),
             max_rounds=0, unlimited_rounds=True, context_growth="",
@@ -507,59 +456,11 @@ def generate_workload(
             input_sampler=build_sampler(c.input_dist), output_sampler=build_sampler(c.output_dist),
             prefix=prefix, tenant_id=c.tenant_id, slo_class=c.slo_class, model=c.model,
             round0_row=int(final_pos[n_kept + i]),
-        ))  # fmt: skip
+        ))
     budget = -1
     if max_requests > 0 and total_users > 0:
         budget = max(0, int(max_requests) - table.n)
     return GeneratedWorkload(table, blueprints, budget, clients, row_ids)
-
-
-# --- deadlines after generation (DELTA-28) ----------------------------------------------------
-def apply_timeout(table: RequestTable, timeout_s: int) -> RequestTable:
-    """Overwrite every deadline from ``--timeout`` seconds (DELTA-28): arrival + T*1e6, or 0 if T < 0."""
-    if timeout_s == 0:
-        raise ValueError("timeout 0 must be rejected by the caller (use a negative value)")
-    if timeout_s > 0:
-        with np.errstate(over="ignore"):
-            deadline = table.arrival_us + np.int64(int(timeout_s) * 1_000_000)
-    else:
-        deadline = np.zeros(table.n, dtype=np.int64)
-    return table.with_deadlines(deadline)
-
-
-def apply_timeout_to_workload(wl: GeneratedWorkload, timeout_s: int) -> GeneratedWorkload:
-    """``applyTimeoutToRequests``: request deadlines and blueprint timeouts from ``--timeout``."""
-    table = apply_timeout(wl.table, timeout_s)
-    us = int(timeout_s) * 1_000_000 if timeout_s > 0 else 0
-    sessions = [replace(b, timeout=us) for b in wl.sessions]
-    return GeneratedWorkload(table, sessions, wl.follow_up_budget, wl.clients)
-
-
-# --- parameter precedence (WL-1.2 - WL-1.4) ---------------------------------------------------
-def resolve_workload_seed(spec_seed: int, cli_seed: int, cli_seed_given: bool) -> int:
-    """WL-1.2: the spec's seed unless ``--seed`` was given explicitly."""
-    return int(cli_seed) if cli_seed_given else int(spec_seed)
-
-
-def resolve_horizon(spec_horizon: int, cli_horizon: int, cli_horizon_given: bool) -> int:
-    """WL-1.3: a positive spec horizon replaces the default unless ``--horizon`` was given."""
-    if spec_horizon > 0 and not cli_horizon_given:
-        return int(spec_horizon)
-    return int(cli_horizon)
-
-
-def resolve_max_requests(spec_num_requests: int, cli_num_requests: int,
-                         cli_num_requests_given: bool) -> int:  # fmt: skip
-    """WL-1.4: the spec's ``num_requests`` unless ``--num-requests`` was given (even 0)."""
-    return int(cli_num_requests) if cli_num_requests_given else int(spec_num_requests)
-
-
-def check_generation_bounded(max_requests: int, horizon: int) -> None:
-    """WL-1.4 guard: an uncapped request count needs a finite horizon."""
-    if max_requests <= 0 and horizon == INT64_MAX:
-        raise BlisConfigError(
-            "Workload requires either num_requests or --horizon to bound generation"
-        )
 
 
 __all__ = [

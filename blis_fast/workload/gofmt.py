@@ -30,7 +30,7 @@ def quote_escaped(s: str, escapes: Mapping[str, str], other: Callable[[str], str
 
 
 _STRCONV_ESCAPES = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f",
-                    "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}  # fmt: skip
+                    "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
 
 
 def _strconv_other(ch: str) -> str:
@@ -76,15 +76,23 @@ def _positional(sgn: str, ds: str, dp: int) -> str:
     return f"{sgn}{ds[:dp]}.{ds[dp:]}"
 
 
-def go_g(v: float) -> str:
-    """Go ``strconv.FormatFloat(v, 'g', -1, 64)``: exponent form below 1e-4 and from 1e6 on
-    (Go's shortest 'g' uses precision 6 for that switch)."""
+def _special(v: float) -> str | None:
+    """How Go's shortest formats print NaN, the infinities and the zeros; None for the rest."""
     if math.isnan(v):
         return "NaN"
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
     if v == 0:
         return "-0" if math.copysign(1.0, v) < 0 else "0"
+    return None
+
+
+def go_g(v: float) -> str:
+    """Go ``strconv.FormatFloat(v, 'g', -1, 64)``: exponent form below 1e-4 and from 1e6 on
+    (Go's shortest 'g' uses precision 6 for that switch)."""
+    special = _special(v)
+    if special is not None:
+        return special
     neg, ds, dp = _shortest(v)
     exp = dp - 1
     sgn = "-" if neg else ""
@@ -96,12 +104,9 @@ def go_g(v: float) -> str:
 
 def go_f(v: float) -> str:
     """Go ``strconv.FormatFloat(v, 'f', -1, 64)``: shortest round-trip digits, no exponent."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if v == 0:
-        return "-0" if math.copysign(1.0, v) < 0 else "0"
+    special = _special(v)
+    if special is not None:
+        return special
     neg, ds, dp = _shortest(v)
     return _positional("-" if neg else "", ds, dp)
 

@@ -29,7 +29,7 @@ from blis_fast.gonum import INT64_MAX, NumError, atoi, parse_float
 from blis_fast.kernels import gorand
 from blis_fast.kernels.replay_tokens import replay_digests
 from blis_fast.kernels.samplers import DIST_SEQUENCE
-from blis_fast.workload.generator import SessionBlueprint
+from blis_fast.workload.generated import SessionBlueprint
 from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import SamplerSpec

@@ -96,7 +96,7 @@ def build_sampler(d: DistSpec) -> SamplerSpec:
         vec = [p["alpha"], p["xm"], p["mu"], p["sigma"], p["mix_weight"]]
     elif t == "lognormal":
         vec = [p["mu"], p["sigma"], _f2i(p["min"]) if "min" in p else 0.0,
-               _f2i(p["max"]) if "max" in p else 0.0]  # fmt: skip
+               _f2i(p["max"]) if "max" in p else 0.0]
     elif t == "constant":
         vec = [_f2i(p["value"])]
     else:  # empirical
@@ -169,7 +169,7 @@ def weibull_shape_from_cv(target_cv: float) -> float:
     log.warning(
         "weibullShapeFromCV: bisection did not converge for CV=%.3f after 100 iterations; "
         "using k=%.3f", target_cv, (lo + hi) / 2.0,
-    )  # fmt: skip
+    )
     return (lo + hi) / 2.0
 
 

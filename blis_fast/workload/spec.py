@@ -72,7 +72,7 @@ DEFAULT_TIMEOUT_US = 300_000_000
 
 
 def tag(default: Any = MISSING, *, key: str = "", go_int: str = "int64", omitempty: bool = False,
-        factory: Any = MISSING) -> Any:  # fmt: skip
+        factory: Any = MISSING) -> Any:
     """A dataclass field with its yaml.v3 struct tag: YAML ``key`` (default: the attribute
     name), the Go type of an integer field (``int`` or ``int64``, named in decode errors) and
     ``omitempty``. A field without ``tag`` is keyed by its name, ``int64``, not omitempty."""
@@ -302,7 +302,7 @@ class WorkloadSpec:
     inference_perf: InferencePerfSpec | None = tag(None, omitempty=True)
     source: str = field(default="", compare=False, metadata=NOT_YAML)
     positions: dict[str, int] = field(default_factory=dict, compare=False, repr=False,
-                                      metadata=NOT_YAML)  # fmt: skip
+                                      metadata=NOT_YAML)
 
 
 def has_multi_turn(c: ClientSpec | CohortSpec) -> bool:

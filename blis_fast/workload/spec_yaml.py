@@ -85,7 +85,7 @@ def _derive_schema(root: type) -> dict[str, tuple[str, type, tuple[Field, ...]]]
         if cls.__name__ in schema:
             continue
         fields = tuple(_field_of(f) for f in dataclasses.fields(cls)
-                       if f.metadata.get("yaml", True))  # fmt: skip
+                       if f.metadata.get("yaml", True))
         schema[cls.__name__] = ("workload." + cls.__name__, cls, fields)
         todo += [getattr(S, f.arg) for f in fields if f.kind in ("struct", "opt_struct", "list")]
     return schema
@@ -98,7 +98,7 @@ order), derived from ``spec``'s dataclasses (also drives YAML output)."""
 # --- scalar resolution (yaml.v3 resolve.go, YAML 1.2 core schema) -----------------------------
 STR, INT, FLOAT, BOOL, NULL, TIMESTAMP, MERGE = (
     "!!str", "!!int", "!!float", "!!bool", "!!null", "!!timestamp", "!!merge",
-)  # fmt: skip
+)
 _LONG = "tag:yaml.org,2002:"
 _PLAIN = "?plain"  # our marker for an untagged plain scalar
 
@@ -120,7 +120,7 @@ OLD_BOOLS = {
     "y": True, "Y": True, "yes": True, "Yes": True, "YES": True, "on": True, "On": True,
     "ON": True, "n": False, "N": False, "no": False, "No": False, "NO": False, "off": False,
     "Off": False, "OFF": False,
-}  # fmt: skip
+}
 _TS_DATE = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})")
 _TS_FULL = re.compile(
     r"(\d{4})-(\d{1,2})-(\d{1,2})(?:[Tt]|[ ])(\d{1,2}):(\d{1,2}):(\d{1,2})(\.\d{1,9})?"
@@ -139,7 +139,7 @@ def _is_timestamp(s: str) -> bool:
     if not 1 <= mo <= 12:
         return False
     days = [31, 29 if (y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)) else 28, 31, 30, 31,
-            30, 31, 31, 30, 31, 30, 31][mo - 1]  # fmt: skip
+            30, 31, 31, 30, 31, 30, 31][mo - 1]
     return 1 <= d <= days
 
 

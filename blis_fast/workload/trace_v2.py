@@ -158,9 +158,9 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome,
         dtype=object,
     )
     group = np.array([go_csv_field(str(c.get("prefix_group", ""))) for c in clients],
-                     dtype=object)  # fmt: skip
+                     dtype=object)
     streaming = np.array(["true" if c.get("streaming", False) else "false" for c in clients],
-                         dtype=object)  # fmt: skip
+                         dtype=object)
     model = np.array([go_csv_field(str(c.get("model", ""))) for c in clients], dtype=object)
     # engine-made session follow-ups (the last rows) carry no prefix group and no streaming
     engine_made = np.zeros(n, dtype=bool)

@@ -115,7 +115,7 @@ def _check_slo(spec, path: str, p: str, c: ClientSpec | CohortSpec) -> None:
     if c.slo_class not in VALID_SLO_CLASSES:
         raise _fail(spec, path + ".slo_class",
                     f'{p}: unknown slo_class "{c.slo_class}"; valid: critical, standard, '
-                    "sheddable, batch, background, or empty")  # fmt: skip
+                    "sheddable, batch, background, or empty")
 
 
 def _check_arrival_process(spec, path: str, p: str, c: ClientSpec | CohortSpec) -> None:
@@ -123,12 +123,12 @@ def _check_arrival_process(spec, path: str, p: str, c: ClientSpec | CohortSpec) 
     if c.arrival.process not in ARRIVAL_CODES:
         raise _fail(spec, path + ".arrival.process",
                     f'{p}: unknown arrival process "{c.arrival.process}"; valid: poisson, '
-                    "gamma, weibull, constant")  # fmt: skip
+                    "gamma, weibull, constant")
     if c.arrival.process == "weibull" and c.arrival.cv is not None:
         cv = c.arrival.cv
         if cv < 0.01 or cv > 10.4:
             raise _fail(spec, path + ".arrival.cv",
-                        f"{p}: weibull CV must be in [0.01, 10.4], got {go_pct_f(cv)}")  # fmt: skip
+                        f"{p}: weibull CV must be in [0.01, 10.4], got {go_pct_f(cv)}")
 
 
 def _check_cv(spec, path: str, p: str, c: ClientSpec | CohortSpec) -> None:
@@ -139,7 +139,7 @@ def _check_cv(spec, path: str, p: str, c: ClientSpec | CohortSpec) -> None:
 def _check_prefix_length(spec, path: str, p: str, c: ClientSpec | CohortSpec) -> None:
     if c.prefix_length < 0:
         raise _fail(spec, path + ".prefix_length",
-                    f"{p}: prefix_length must be non-negative, got {c.prefix_length}")  # fmt: skip
+                    f"{p}: prefix_length must be non-negative, got {c.prefix_length}")
 
 
 def _check_lengths(spec, path: str, p: str, c: ClientSpec | CohortSpec) -> None:
@@ -155,7 +155,7 @@ def _check_timeout_rounds(spec, path: str, p: str, c: ClientSpec | CohortSpec) -
     if has_multi_turn(c) and c.reasoning.multi_turn.max_rounds < 1:
         raise _fail(spec, path + ".reasoning.multi_turn.max_rounds",
                     f"{p}: reasoning.multi_turn.max_rounds must be >= 1, got "
-                    f"{c.reasoning.multi_turn.max_rounds}")  # fmt: skip
+                    f"{c.reasoning.multi_turn.max_rounds}")
 
 
 def _validate_client(spec, c: ClientSpec, i: int) -> None:
@@ -164,16 +164,16 @@ def _validate_client(spec, c: ClientSpec, i: int) -> None:
     _check_slo(spec, path, p, c)
     if c.concurrency < 0:
         raise _fail(spec, path + ".concurrency",
-                    f"{p}: concurrency must be non-negative, got {c.concurrency}")  # fmt: skip
+                    f"{p}: concurrency must be non-negative, got {c.concurrency}")
     if c.think_time_us < 0:
         raise _fail(spec, path + ".think_time_us",
-                    f"{p}: think_time_us must be non-negative, got {c.think_time_us}")  # fmt: skip
+                    f"{p}: think_time_us must be non-negative, got {c.think_time_us}")
     if c.concurrency > 0 and c.rate_fraction > 0:
         raise _fail(spec, path + ".concurrency",
-                    f"{p}: concurrency and rate_fraction are mutually exclusive")  # fmt: skip
+                    f"{p}: concurrency and rate_fraction are mutually exclusive")
     if c.concurrency == 0:
         _check_finite_positive(spec, path + ".rate_fraction", f"{p}.rate_fraction",
-                               c.rate_fraction)  # fmt: skip
+                               c.rate_fraction)
         if c.arrival_factory is None:
             _check_arrival_process(spec, path, p, c)
         _check_cv(spec, path, p, c)
@@ -187,11 +187,11 @@ def _validate_client(spec, c: ClientSpec, i: int) -> None:
             wp = f"{path}.lifecycle.windows[{j}]"
             if w.start_us < 0:
                 raise _fail(spec, wp + ".start_us",
-                            f"{p}: lifecycle.windows[{j}] has negative start_us ({w.start_us})")  # fmt: skip
+                            f"{p}: lifecycle.windows[{j}] has negative start_us ({w.start_us})")
             if w.end_us <= w.start_us:
                 raise _fail(spec, wp + ".end_us",
                             f"{p}: lifecycle.windows[{j}] has end_us ({w.end_us}) <= "
-                            f"start_us ({w.start_us})")  # fmt: skip
+                            f"start_us ({w.start_us})")
 
 
 def _check_windows(spec, path: str, p: str, c: CohortSpec) -> None:
@@ -201,20 +201,20 @@ def _check_windows(spec, path: str, p: str, c: CohortSpec) -> None:
         if math.isnan(r) or math.isinf(r) or r < 1.0:
             raise _fail(spec, path + ".diurnal.peak_to_trough_ratio",
                         f"{p}: diurnal peak_to_trough_ratio must be a finite number >= 1.0, got "
-                        f"{go_pct_f(r)}")  # fmt: skip
+                        f"{go_pct_f(r)}")
         if c.diurnal.peak_hour < 0 or c.diurnal.peak_hour > 23:
             raise _fail(spec, path + ".diurnal.peak_hour",
-                        f"{p}: diurnal peak_hour must be 0-23, got {c.diurnal.peak_hour}")  # fmt: skip
+                        f"{p}: diurnal peak_hour must be 0-23, got {c.diurnal.peak_hour}")
     for name, shape, start, length in (("spike", c.spike, "start_time_us", "duration_us"),
                                        ("drain", c.drain, "start_time_us", "ramp_duration_us")):
         if shape is None:
             continue
         if getattr(shape, start) < 0:
             raise _fail(spec, f"{path}.{name}.{start}",
-                        f"{p}: {name} {start} must be non-negative, got {getattr(shape, start)}")  # fmt: skip
+                        f"{p}: {name} {start} must be non-negative, got {getattr(shape, start)}")
         if getattr(shape, length) <= 0:
             raise _fail(spec, f"{path}.{name}.{length}",
-                        f"{p}: {name} {length} must be > 0, got {getattr(shape, length)}")  # fmt: skip
+                        f"{p}: {name} {length} must be > 0, got {getattr(shape, length)}")
 
 
 def _validate_cohort(spec, c: CohortSpec, i: int) -> None:
@@ -222,10 +222,10 @@ def _validate_cohort(spec, c: CohortSpec, i: int) -> None:
     path = f"cohorts[{i}]"
     if c.population <= 0:
         raise _fail(spec, path + ".population",
-                    f"{p}: population must be positive, got {c.population}")  # fmt: skip
+                    f"{p}: population must be positive, got {c.population}")
     if c.population > MAX_COHORT_POPULATION:
         raise _fail(spec, path + ".population",
-                    f"{p}: population {c.population} exceeds maximum {MAX_COHORT_POPULATION}")  # fmt: skip
+                    f"{p}: population {c.population} exceeds maximum {MAX_COHORT_POPULATION}")
     _check_finite_positive(spec, path + ".rate_fraction", f"{p}.rate_fraction", c.rate_fraction)
     _check_slo(spec, path, p, c)
     _check_arrival_process(spec, path, p, c)
@@ -243,7 +243,7 @@ def validate_spec(spec: WorkloadSpec) -> None:
     if spec.category not in VALID_CATEGORIES:
         raise _fail(spec, "category",
                     f'unknown category "{spec.category}"; valid: language, multimodal, '
-                    "reasoning")  # fmt: skip
+                    "reasoning")
     rate_based = any(c.concurrency == 0 for c in spec.clients) or bool(spec.cohorts)
     if rate_based:
         _check_finite_positive(spec, "aggregate_rate", "aggregate_rate", spec.aggregate_rate)
@@ -258,6 +258,6 @@ def validate_spec(spec: WorkloadSpec) -> None:
     if has_conc and has_mt:
         raise _fail(spec, "clients",
                     "concurrency clients and multi-turn clients cannot be mixed in the same "
-                    "spec: follow-up budget accounting does not support this combination")  # fmt: skip
+                    "spec: follow-up budget accounting does not support this combination")
     for i, c in enumerate(spec.cohorts):
         _validate_cohort(spec, c, i)

@@ -57,7 +57,7 @@ def _block_plain_allowed(s: str) -> tuple[bool, bool, bool]:
         printable = (
             o in (0x9, 0xA, 0xD, 0x85) or 0x20 <= o <= 0x7E or 0xA0 <= o <= 0xD7FF
             or 0xE000 <= o <= 0xFFFD and o != 0xFEFF or 0x10000 <= o <= 0x10FFFF
-        )  # fmt: skip
+        )
         if ch == "\t":
             tab = True
         elif not printable:
@@ -174,7 +174,7 @@ def _key_less(a: str, b: str) -> bool:
 
 def _sorted_keys(keys) -> list[str]:
     return sorted(keys, key=functools.cmp_to_key(
-        lambda x, y: -1 if _key_less(x, y) else (1 if _key_less(y, x) else 0)))  # fmt: skip
+        lambda x, y: -1 if _key_less(x, y) else (1 if _key_less(y, x) else 0)))
 
 
 # --- marshal ------------------------------------------------------------------------------------
@@ -216,7 +216,7 @@ def _child_indent(indent: int) -> int:
 
 
 def _emit_pairs(pairs: list[tuple[str, Field, Any]], indent: int, lines: list[str],
-                first_prefix: str | None) -> None:  # fmt: skip
+                first_prefix: str | None) -> None:
     """Write ``key: value`` pairs of one block mapping whose keys sit at column ``indent``."""
     for idx, (key, f, v) in enumerate(pairs):
         lead = first_prefix if (idx == 0 and first_prefix is not None) else " " * indent
