@@ -20,13 +20,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.enums import Event, EventPriority, InstanceKind, Lifecycle
 from blis_fast.kernels.gomath import INT64_MAX, INT64_MIN, go_f2i
 from blis_fast.kernels.gorand import norm_float64
 from blis_fast.kernels.heap import heap_push, make_tie
+from blis_fast.kernels.jit import njit
 from blis_fast.kernels.kv_layout import KVConfig, KVMeta
 from blis_fast.kernels.router_state import RouterVar, SnapField
 from blis_fast.kernels.routing import refresh_cache_signal, take_snapshots

@@ -64,6 +64,8 @@ PYTHON_CALLABLE: dict[str, frozenset[str]] = {
     "kvcache": frozenset({"allocate", "append_decode_token_fast", "cached_blocks", "release",
                           "free_blocks", "used_blocks", "hit_rate", "reset_instance_blocks"}),
     "kv_blocks": frozenset({"free_append", "free_remove", "pop_free"}),
+    "autoscale": frozenset({"activate", "build_instance", "place", "push_cluster_event",
+                            "rebuild_routable", "start_instance"}),
 }
 """The kernels with a Python wrapper, by module: those that Python code calls (tests
 included: the KV, heap and latency kernels are tested directly)."""

@@ -13,7 +13,7 @@ is computed in ``fitness.py``, the anomaly counters in ``anomalies.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
