@@ -221,3 +221,18 @@ node_pools:
     alone = _setup(tmp_path, "instance_lifecycle:\n  loading_delay: {mean: 1}\n")
     assert alone.warnings == ["instance_lifecycle has no effect without node_pools"]
     assert not alone.active
+
+
+def test_refused_with_prefill_decode_pools(tmp_path):
+    """The reference gives autoscaled instances no P/D role: the combination is refused."""
+    from types import SimpleNamespace
+
+    from blis_fast.config.policy_bundle import PolicyBundle
+
+    opts = build_options({"model": MODEL, "model_autoscaler_interval_us": "1e6"})
+    opts = opts.__class__(**{**opts.__dict__, "model": opts.model.lower()})
+    latency = resolve_latency(opts)
+    pd_opts = SimpleNamespace(**opts.__dict__, prefill_instances=1, given=opts.given)
+    with pytest.raises(BlisConfigError, match="cannot be combined with prefill/decode"):
+        resolve_autoscale(pd_opts, PolicyBundle(), latency)
+    assert resolve_autoscale(opts, PolicyBundle(), latency).enabled
