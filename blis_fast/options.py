@@ -206,6 +206,38 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                _DELAY, slot="RouterCfg.REFRESH"),
     OptionSpec("cache-signal-delay", "int", 50_000, "prefix-cache signal delay (µs)", _DELAY,
                slot="RouterCfg.CACHE_DELAY"),
+    # prefill/decode disaggregation (PD-1): pools by instance index, the decider, the KV link
+    OptionSpec("prefill-instances", "int", 0, "P/D: instances of the prefill pool",
+               (_NON_NEGATIVE,)),
+    OptionSpec("decode-instances", "int", 0, "P/D: instances of the decode pool",
+               (_NON_NEGATIVE,)),
+    OptionSpec("prefill-decode-instances", "int", 0,
+               "P/D: shared-role instances (both pools)", (_NON_NEGATIVE,)),
+    OptionSpec("encode-instances", "int", 0, "P/D: instances of the encode pool"),
+    OptionSpec("pd-decider", "str", "never", "P/D: which requests are disaggregated",
+               choices="deciders"),
+    OptionSpec("pd-prefix-threshold", "int", 16,
+               "P/D prefix-threshold decider: uncached prompt tokens above which a request is "
+               "disaggregated"),
+    OptionSpec("pd-transfer-bandwidth", "float", 25.0, "P/D: KV transfer bandwidth (GB/s)"),
+    OptionSpec("pd-transfer-base-latency", "float", 0.05,
+               "P/D: fixed latency per KV transfer (ms)"),
+    OptionSpec("pd-transfer-contention", "bool", False,
+               "P/D: concurrent KV transfers share the bandwidth"),
+    OptionSpec("prefill-routing-scorers", "str", "",
+               "P/D: weighted scorers of the prefill pool, name:weight,..."),
+    OptionSpec("decode-routing-scorers", "str", "",
+               "P/D: weighted scorers of the decode pool, name:weight,..."),
+    OptionSpec("prefill-tp", "int", 0, "P/D: tensor parallelism of the prefill pool"),
+    OptionSpec("decode-tp", "int", 0, "P/D: tensor parallelism of the decode pool"),
+    OptionSpec("prefill-hardware", "str", "", "P/D: GPU of the prefill pool"),
+    OptionSpec("decode-hardware", "str", "", "P/D: GPU of the decode pool"),
+    OptionSpec("prefill-latency-model", "str", "", "P/D: latency model of the prefill pool"),
+    OptionSpec("decode-latency-model", "str", "", "P/D: latency model of the decode pool"),
+    OptionSpec("prefill-max-model-len", "int", 0, "P/D: max model length of the prefill pool"),
+    OptionSpec("decode-max-model-len", "int", 0, "P/D: max model length of the decode pool"),
+    OptionSpec("encode-decider", "str", "never", "P/D: which requests go through the encode pool",
+               choices="encode_deciders"),
     OptionSpec("model-autoscaler-interval-us", "float", 0.0,
                "autoscaler tick interval (µs); 0 = off unless the policy bundle sets one",
                (Check(lambda v: v >= 0 and not math.isinf(v),
@@ -278,6 +310,7 @@ CHECK_ORDER: dict[str, tuple[str, ...]] = {
     "kv-tier": ("kv-cpu-blocks", "kv-offload-threshold"),
     "delays": ("kv-transfer-base-latency", "snapshot-refresh-interval", "cache-signal-delay",
                "admission-latency", "routing-latency"),
+    "pd": ("prefill-instances", "decode-instances", "prefill-decode-instances"),
     "autoscale": ("model-autoscaler-interval-us", "gpu-hour-cost"),
 }
 """Which flags' own checks run at each point of a run's validation (DELTA-26), in order.
@@ -288,7 +321,8 @@ it cannot report a confusing error); ``latency`` (after the backend name and the
 ``latency-end``; ``workload`` (before the workload source checks); ``timeout`` (after them);
 ``replay-inputs``/``replay`` (``blis replay``); ``engine`` (after generation); ``tracing``,
 ``kv-tier`` and ``delays`` (after the policy names; warnings and cross-flag checks sit
-between them); ``autoscale`` (where the reference merges the flag over the bundle's interval)."""
+between them); ``pd`` (the first P/D checks, ``config/pd.py: validate_pd``); ``autoscale``
+(where the reference merges the flag over the bundle's interval)."""
 
 WORKLOAD_FLAGS = frozenset({
     "workload", "workload-spec", "rate", "num-requests", "concurrency", "think-time-ms",

@@ -19,6 +19,14 @@ from typing import Any
 from blis_fast.config.autoscale import resolve_autoscale
 from blis_fast.config.defaults import load_defaults
 from blis_fast.config.latency import LatencyConfig, resolve_latency
+from blis_fast.config.pd import (
+    check_construction,
+    check_encode,
+    config_warnings,
+    resolve_pools,
+    validate_pd,
+    with_transfer_sizing,
+)
 from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_policies
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
@@ -128,6 +136,11 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
     for msg in run_warnings(res):
         log.warning(msg)
     outputs = build_outputs(res, opts, replay)
+    if res.pd is not None:
+        from blis_fast.output.pd import pd_warnings
+
+        for msg in pd_warnings(res, opts):
+            log.warning(msg)
     write_outputs(plan, opts, replay, prepared.table, res, outputs)
     return RunResult(stdout=outputs.stdout, summary=outputs.summary,
                      per_instance=outputs.per_instance, requests=outputs.requests,
@@ -152,8 +165,15 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
                                                               latency.total_kv_blocks)
     check_options(opts, "engine")
     hooks = hooks or Hooks()
+    encode_warnings = check_encode(opts) if replay else None
     pol = _resolve_policies(opts, hooks)
+    pd = validate_pd(opts, replay, allow_custom=hooks.scorer is not None,
+                     encode_warnings=encode_warnings)
     autoscale = resolve_autoscale(opts, pol.bundle, latency, replay)
+    if pd.on and autoscale.active:  # an instance the autoscaler adds would belong to no pool
+        raise BlisConfigError("--prefill-instances/--decode-instances/--prefill-decode-instances "
+                              "cannot be combined with the autoscaler (instances it adds would "
+                              "belong to no pool)")
     total_blocks = latency.total_kv_blocks
     _check_memory(opts, total_blocks, table.n)
     bs = opts.block_size_in_tokens
@@ -164,10 +184,18 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     if opts.kv_offload_threshold != 0 and opts.kv_cpu_blocks > 0:
         log.warning("KVOffloadThreshold is deprecated and ignored; the CPU tier is populated "
                     "by mirroring")
+    check_construction(opts, pd)
+    if pd.on:
+        if sessions is not None and sessions.blueprints:
+            _fail("closed-loop sessions are not supported yet with P/D disaggregation")
+        pd = with_transfer_sizing(pd, opts, latency)
+        pools = resolve_pools(pd, opts, latency)
+        pd = replace(pd, warnings=pd.warnings + tuple(config_warnings(opts, pd)))
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(
-        options=resolved, latency=latency, policies=pol, hooks=hooks,
+        options=resolved, latency=latency, policies=pol, hooks=hooks, pd=pd if pd.on else None,
+        **(pools.engine_fields() if pd.on else {}),
         autoscale=autoscale if autoscale.active else None,
         # the reference hashes every block output tokens fill; a later request can match one
         # only if its input repeats that output: rounds of an accumulating multi-turn client,
@@ -176,7 +204,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
             bp.context_growth == "accumulate" for bp in sessions.blueprints)),
     )
     # diagnostics of a run that passed every check (a refused run prints only its error)
-    for msg in latency.warnings:
+    for msg in latency.warnings + list(pd.warnings) + list(pools.warnings if pd.on else ()):
         log.warning(msg)
     for msg in latency.infos:
         log.info(msg)

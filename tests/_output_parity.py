@@ -39,11 +39,19 @@ REQ_BOOL = {"length_capped"}
 
 
 def case_dirs() -> list[Path]:
-    """The folders of the parity cases of implemented families, less the August reference's
-    (``head_extras``): their files carry keys and lines the April outputs rebuilt here do not
-    have (the parity test compares them without those)."""
+    """The folders of the parity cases of implemented families, less P/D cases (their cluster
+    block and results are projected from sub-requests (output/pd.py), which a rebuild from the
+    case files' per-instance blocks cannot reproduce; the parity suite checks them end to end,
+    and tests/test_pd_invariants.py the projection's inputs) and the August reference's other cases
+    (``head_extras``: their files carry keys and lines the April outputs rebuilt here do not
+    have; the parity test compares them without those)."""
     return [CASES / name for name in adopted_case_ids()
-            if not json.loads((CASES / name / "case.json").read_text()).get("head_extras")]
+            if "pd" not in _needs(name)
+            and not json.loads((CASES / name / "case.json").read_text()).get("head_extras")]
+
+
+def _needs(name: str) -> list[str]:
+    return json.loads((CASES / name / "case.json").read_text()).get("needs", [])
 
 
 def results_cases() -> list[Path]:

@@ -299,6 +299,7 @@ def test_huge_max_num_running_reqs_runs_like_a_large_one() -> None:
 # IntVar/Int64Var with strconv.ParseInt(s, 0, 64).
 GO_FLOAT64_FLAGS = ("gpu-memory-utilization", "kv-offload-threshold", "kv-transfer-bandwidth",
                     "token-bucket-capacity", "token-bucket-refill-rate", "rate",
+                    "pd-transfer-bandwidth", "pd-transfer-base-latency",  # P/D: f90a1e3a
                     "model-autoscaler-interval-us", "gpu-hour-cost")
 GO_FLOAT64_SLICE_FLAGS = ("alpha-coeffs", "beta-coeffs")
 GO_INT_FLAGS = (
@@ -308,7 +309,11 @@ GO_INT_FLAGS = (
     "routing-latency", "counterfactual-k", "snapshot-refresh-interval", "cache-signal-delay",
     "num-requests", "concurrency", "think-time-ms", "prefix-tokens", "prompt-tokens",
     "prompt-tokens-stdev", "prompt-tokens-min", "prompt-tokens-max", "output-tokens",
-    "output-tokens-stdev", "output-tokens-min", "output-tokens-max", "timeout")
+    "output-tokens-stdev", "output-tokens-min", "output-tokens-max", "timeout",
+    # P/D flags (cmd/root.go at f90a1e3a)
+    "prefill-instances", "decode-instances", "prefill-decode-instances", "encode-instances",
+    "pd-prefix-threshold", "prefill-tp", "decode-tp", "prefill-max-model-len",
+    "decode-max-model-len")
 NUMERIC_FLAGS = GO_FLOAT64_FLAGS + GO_FLOAT64_SLICE_FLAGS + GO_INT_FLAGS
 
 

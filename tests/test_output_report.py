@@ -24,15 +24,17 @@ from hypothesis import strategies as st
 from naive import inversion_pairs
 
 from blis_fast.errors import BlisConfigError
+from blis_fast.output.anomalies import (
+    count_inversion_pairs,
+    detect_hol_blocking,
+    detect_priority_inversions,
+)
+from blis_fast.output.fitness import parse_fitness_weights
 from blis_fast.output.gojson import marshal_indent
 from blis_fast.output.report import (
     ClusterReport,
     TraceSummary,
-    count_inversion_pairs,
-    detect_hol_blocking,
-    detect_priority_inversions,
     jain_fairness_index,
-    parse_fitness_weights,
     render_report,
     summarize_trace,
 )

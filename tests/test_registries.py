@@ -30,7 +30,8 @@ from blis_fast.policies.scorers import SCORERS, Scorer
 from blis_fast.runner import prepare
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
-FAMILIES = ("admission", "routing", "scorers", "priority", "scheduler", "latency_backends")
+FAMILIES = ("admission", "routing", "scorers", "priority", "scheduler", "latency_backends",
+            "deciders", "encode_deciders")
 
 
 def _declared_slots() -> list[tuple[str, str]]:

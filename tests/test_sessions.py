@@ -21,7 +21,7 @@ from blis_fast.engine.sessions import (
 )
 from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.state import InstanceCounter
-from blis_fast.workload.generator import SessionBlueprint
+from blis_fast.workload.generated import SessionBlueprint
 from blis_fast.workload.samplers import constant_sampler
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"

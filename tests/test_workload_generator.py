@@ -9,10 +9,8 @@ from naive import generate_requests as naive_generate_requests
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.gonum import INT64_MAX
 from blis_fast.workload.client_params import normalize_rate_fractions
-from blis_fast.workload.generator import (
-    apply_timeout,
-    generate_requests,
-)
+from blis_fast.workload.generated import apply_timeout
+from blis_fast.workload.generator import generate_requests
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.spec import (
     ActiveWindow,

@@ -17,7 +17,8 @@ import yaml
 from parity import CASES_DIR, case_distribution_params, run_case_params
 
 from blis_fast.gonum import INT64_MAX
-from blis_fast.workload.generator import apply_timeout, generate_requests
+from blis_fast.workload.generated import apply_timeout
+from blis_fast.workload.generator import generate_requests
 from blis_fast.workload.synthesis import (
     lookup_preset,
     synthesize_from_distribution,

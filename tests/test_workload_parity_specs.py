@@ -23,9 +23,9 @@ from blis_fast.gonum import INT64_MAX
 from blis_fast.kernels.gorand import new_source
 from blis_fast.kernels.samplers import sample_length
 from blis_fast.kernels.token_ids import skip_token_ids
-from blis_fast.workload.generator import (
-    apply_timeout_to_workload,
-    generate_workload,
+from blis_fast.workload.generated import apply_timeout_to_workload
+from blis_fast.workload.generator import generate_workload
+from blis_fast.workload.precedence import (
     resolve_horizon,
     resolve_max_requests,
     resolve_workload_seed,

@@ -22,10 +22,9 @@ from blis_fast.workload.convert import (
     convert_preset,
     spec_yaml_for_stdout,
 )
-from blis_fast.workload.generator import (
+from blis_fast.workload.generator import generate_requests, generate_workload
+from blis_fast.workload.precedence import (
     check_generation_bounded,
-    generate_requests,
-    generate_workload,
     resolve_horizon,
     resolve_max_requests,
     resolve_workload_seed,

@@ -47,7 +47,17 @@ class EngineConfig:
     # instance; None = the resolved global value (options.total_kv_blocks / max_model_len)
     instance_kv_blocks: tuple[int, ...] | None = None
     instance_max_model_len: tuple[int, ...] | None = None
+    pd: Any = None  # blis_fast.config.pd.PDConfig: P/D pools and link (None or off: no P/D)
+    # latency parameters per class ([classes, P], row 0 = the global ones) and each
+    # instance's class; None = one class, latency.params
+    latency_class_params: np.ndarray | None = None
+    instance_latency_class: tuple[int, ...] | None = None
     autoscale: AutoscaleSetup | None = None  # autoscaler / node pools; None: a fixed fleet
+
+    @property
+    def pd_on(self) -> bool:
+        """True in P/D mode (``pd`` given with a prefill, decode or shared pool)."""
+        return self.pd is not None and self.pd.on
 
     @property
     def scorers(self) -> tuple[tuple[str, float], ...]:
@@ -66,6 +76,16 @@ class EngineConfig:
     def max_model_len_per_instance(self) -> np.ndarray:
         """Each instance's max model length, 0 = unlimited (int64 [num_instances])."""
         return self._per_instance(self.instance_max_model_len, self.options.max_model_len)
+
+    def latency_params_by_class(self) -> np.ndarray:
+        """``SimConfig.latency_params``: one row per latency class (float64 [classes, P])."""
+        if self.latency_class_params is None:
+            return np.ascontiguousarray(np.atleast_2d(self.latency.params), np.float64)
+        return np.ascontiguousarray(self.latency_class_params, np.float64)
+
+    def latency_class_per_instance(self) -> np.ndarray:
+        """Each instance's latency class (int64 [num_instances])."""
+        return self._per_instance(self.instance_latency_class, 0)
 
     def _per_instance(self, values: tuple[int, ...] | None, default: int) -> np.ndarray:
         n = self.options.num_instances

@@ -31,10 +31,17 @@ def rank_of_ids(id_list) -> np.ndarray:
     return rank
 
 
+def _decider_reads_cache(cfg: EngineConfig) -> bool:
+    """True when the P/D prefix-threshold decider reads the router's cache view."""
+    return cfg.pd_on and cfg.pd.decider == "prefix-threshold"
+
+
 def _delayed_cache_signal(cfg: EngineConfig) -> bool:
     """True when the router reads frozen copies of the instance caches (DELTA-33)."""
-    return (cfg.policies.routing == "weighted" and cfg.options.cache_signal_delay > 0
-            and SCORERS.reads_cache(name for name, _ in cfg.scorers))
+    return cfg.options.cache_signal_delay > 0 and (
+        (cfg.policies.routing == "weighted"
+         and SCORERS.reads_cache(name for name, _ in cfg.scorers))
+        or _decider_reads_cache(cfg))
 
 
 def request_inputs(table, n: int, ids: list[str] | None) -> RequestInputs:
@@ -110,6 +117,7 @@ def instance_config(cfg: EngineConfig) -> np.ndarray:
     """``SimConfig.inst``: one row of InstanceSlot values per instance."""
     inst = np.zeros((cfg.options.num_instances, InstanceSlot.SIZE), np.int64)
     inst[:, InstanceSlot.MAX_MODEL_LEN] = cfg.max_model_len_per_instance()
+    inst[:, InstanceSlot.LATENCY_CLASS] = cfg.latency_class_per_instance()
     return inst
 
 
@@ -129,6 +137,7 @@ def router_state(cfg: EngineConfig, n: int, meta: RequestMeta, kv, room: Capacit
         counterfactual_k=opts.counterfactual_k,
         scorer_codes=np.array([SCORERS.code(name) for name, _ in scorers], np.int64),
         uses_cache_query=SCORERS.reads_cache(name for name, _ in scorers),
+        decider_reads_cache=_decider_reads_cache(cfg),
         scorer_weights=np.array([weight / total_weight for _, weight in scorers], np.float64),
         rng_state=new_source(subsystem_seed(opts.seed, "router")),
         trace=cfg.trace_decisions,
@@ -156,3 +165,58 @@ def kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: Capacity):
                         reload_ticks, cfg.hash_decode_blocks,
                         log_changes=_delayed_cache_signal(cfg), pool_extra=room.pool,
                         chunk_capacity=chunk_dig.shape[0])
+
+
+def with_prefill_rows(table):
+    """The kernel's rows in P/D mode: the workload's requests, then one prefill sub-request
+    per request (row ``r + n``: the same prompt, arrival, deadline, output budget and client,
+    no outputs, its own copy of its prompt's block digests; id ``<id>_prefill``)."""
+    from dataclasses import replace
+
+    n = table.n
+    # a prefill row reads the digests of its prompt's blocks only (the partial last one too)
+    off = table.chunk_offsets
+    bs = table.block_size
+    keep = np.minimum(np.diff(off), (table.input_len + bs - 1) // bs)
+    starts = off[:-1]
+    idx = (np.repeat(starts - np.concatenate([[0], np.cumsum(keep)[:-1]]), keep)
+           + np.arange(int(keep.sum())))
+    total = int(off[-1])
+    per_row = {name: np.concatenate([getattr(table, name), getattr(table, name)])
+               for name in ("arrival_us", "input_len", "max_output_len", "deadline_us",
+                            "prefix_length", "client_idx", "round_index", "text_tokens",
+                            "image_tokens", "audio_tokens", "video_tokens", "reason_ratio",
+                            "request_numbers")}
+    return replace(
+        table, **per_row,
+        output_len=np.concatenate([table.output_len, np.zeros(n, np.int64)]),
+        session_idx=np.concatenate([table.session_idx, np.full(n, -1, np.int32)]),
+        chunk_offsets=np.concatenate([off, total + np.cumsum(keep)]).astype(np.int64),
+        chunk_digests=np.concatenate([table.chunk_digests, table.chunk_digests[idx]]),
+        extra_ids=[f"{rid}_prefill" for rid in table.id_strings()])
+
+
+def pd_state(cfg: EngineConfig, parents, max_batch: int, inp: RequestInputs, ranked: bool):
+    """The kernel's P/D state for the workload ``parents`` (rows ``[0, n)``, prefill rows
+    after them in ``inp``); with a ranked scheduler, the id ranks of all three kinds of rows
+    (request, ``_prefill``, ``_decode``) are made one order and written into ``inp``."""
+    from blis_fast.kernels.pd import new_pd_state
+    from blis_fast.policies.deciders import DECIDERS
+
+    pdc = cfg.pd
+    opts = cfg.options
+    n = parents.n
+    ids = parents.id_strings()
+    roles = pdc.roles(opts.num_instances)
+    dec_id_rank = None
+    if ranked:
+        rank = rank_of_ids(ids + [f"{rid}_prefill" for rid in ids]
+                           + [f"{rid}_decode" for rid in ids])
+        inp.id_rank[: 2 * n] = rank[: 2 * n]
+        dec_id_rank = rank[2 * n:]
+    return new_pd_state(
+        n, max_batch, np.flatnonzero(roles & 1), np.flatnonzero(roles & 2),
+        DECIDERS.code(pdc.decider), pdc.threshold, pdc.contention, opts.block_size_in_tokens,
+        pdc.bandwidth_gbps * 1000.0, pdc.base_latency_ms * 1000.0, pdc.block_bytes,
+        rank_of_ids([f"{rid}_prefill" for rid in ids]),
+        rank_of_ids([f"{rid}_decode" for rid in ids]), dec_id_rank)

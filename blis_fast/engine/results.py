@@ -50,6 +50,20 @@ class DecisionTrace:
 
 
 @dataclass
+class PDRunData:
+    """What a P/D run leaves besides the per-row arrays (``kernels/pd.py``): per workload
+    request its parent record (``par[r, ParentField.*]``), the P/D counters, and per row the
+    time of its first token (0 = none) and the duration of its first ITL sample's step (-1 =
+    no ITL run in its last attempt)."""
+
+    par: np.ndarray
+    counters: np.ndarray
+    first_token_us: np.ndarray
+    first_itl_step_us: np.ndarray
+    decode_sub: np.ndarray  # int8 per row: 1 = became a decode sub-request
+
+
+@dataclass
 class SimulationResult:
     """Raw per-request, per-instance and per-step results of one run."""
 
@@ -84,6 +98,8 @@ class SimulationResult:
     step_running: np.ndarray
     step_kv_used: np.ndarray
     step_itl_count: np.ndarray
+    # P/D (rows [n, 2n) of the per-request arrays are the prefill sub-requests)
+    pd: PDRunData | None = None
     # the fleet of an autoscaled run or a run on node pools (``engine/fleet.py``); None for
     # a fixed fleet (instances ``instance_0`` .. ``instance_<N-1>``)
     instance_names: list[str] | None = None
@@ -114,8 +130,10 @@ def raise_failure(status: int, failures: list) -> None:
             status, f"simulation kernel failed with status {status}"))
 
 
-def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt) -> SimulationResult:
-    """Read the kernel's state back into a SimulationResult (rows ``0..n_used-1``)."""
+def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
+                pd=None) -> SimulationResult:
+    """Read the kernel's state back into a SimulationResult (rows ``0..n_used-1``; with the
+    P/D state ``pd``, every row: the workload's, then the prefill sub-requests)."""
     hits = kv.meta[:, KVMeta.HITS]
     total = hits + kv.meta[:, KVMeta.MISSES] + kv.cpu_meta[:, CpuMeta.MISSES]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -155,7 +173,16 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt) -> S
         step_running=lg.running[:steps].copy(),
         step_kv_used=lg.kv_used[:steps].copy(),
         step_itl_count=lg.itl_count[:steps].copy(),
+        pd=None if pd is None else _pd_data(pd, rs, lg, used),
     )
+
+
+def _pd_data(pd, rs, lg, used) -> PDRunData:
+    head = rs.run_head[used]
+    first = np.where(head >= 0, lg.dur[lg.run_start[np.maximum(head, 0)]], -1)
+    return PDRunData(par=pd.par.copy(), counters=pd.cnt.copy(),
+                     first_token_us=rs.first_token[used].copy(),
+                     first_itl_step_us=first.astype(np.int64), decode_sub=rs.pd_sub[used].copy())
 
 
 def decision_trace(rt) -> DecisionTrace:

@@ -26,10 +26,12 @@ from blis_fast.engine.packing import (
     instance_rank_of,
     kv_state,
     pad,
+    pd_state,
     rank_of_ids,
     request_inputs,
     request_metadata,
     router_state,
+    with_prefill_rows,
 )
 from blis_fast.engine.results import SimulationResult, raise_failure, read_result
 from blis_fast.engine.sessions import SessionDriver
@@ -37,6 +39,7 @@ from blis_fast.kernels.autoscale import AsVar
 from blis_fast.kernels.enums import Status
 from blis_fast.kernels.event_loop import push_cluster_arrivals, simulate
 from blis_fast.kernels.gomath import INT64_MAX
+from blis_fast.kernels.pd import pd_off
 from blis_fast.kernels.state import (
     KernelHooks,
     LoopSlot,
@@ -123,6 +126,9 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
               room: Capacity, fleet_rows: int) -> SimulationResult:
     """One simulation with ``room`` for follow-ups and ``fleet_rows`` instance rows (the flag's
     count for a fixed fleet; an autoscaled run that outgrows them raises FleetTooSmall)."""
+    parents = table
+    if given.pd_on:  # prefill sub-requests get rows of their own (kernels/pd.py)
+        table = with_prefill_rows(table)
     n0 = table.n
     n = n0 + room.rows
     cfg = given if given.autoscale is None else fleet.row_config(given, fleet_rows)
@@ -135,11 +141,14 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     kv = kv_state(table, cfg, inp, room)
     rs = new_request_arrays(n, pad(table.max_output_len, n, np.int64))
     ins = new_instance_arrays(n_inst, max_batch)
-    lg = new_step_log(max(1024, 4 * n), max(1024, 2 * n))
+    n_req = parents.n + room.rows  # requests (P/D: sub-request rows excluded); logs grow
+    lg = new_step_log(max(1024, 4 * n_req), max(1024, 2 * n_req))
     meta = request_metadata(table, given, model)  # tenant capacity: --num-instances (AS-7.3)
     rt = router_state(cfg, n, meta, kv, room)
-    heap = push_cluster_arrivals(new_event_heap(3 * n + 4 * n_inst + 16), inp.arrival,
-                                 np.arange(n0, dtype=np.int64), np.full(n0, -1, np.int64))
+    pd = pd_state(cfg, parents, max_batch, inp, ranked) if cfg.pd_on else pd_off()
+    heap = push_cluster_arrivals(new_event_heap(3 * n_req + 4 * n_inst + 16), inp.arrival,
+                                 np.arange(parents.n, dtype=np.int64),
+                                 np.full(parents.n, -1, np.int64))
     work = new_work(n, max_batch, room.max_chunks)
     driver = None
     think = np.zeros(1, np.int64)
@@ -152,24 +161,24 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     sess = SessionBuffers(think, np.zeros((2 * max_batch + 64, OutcomeField.SIZE), np.int64))
     appended = FollowUpRows(n0, int(kv.pool.shape[0] - room.pool - 1))
     sim_cfg = SimConfig(config_ints(cfg, rt),
-                        np.ascontiguousarray(cfg.latency.params, np.float64),
+                        cfg.latency_params_by_class(),
                         np.ascontiguousarray(cfg.latency.alpha, np.float64),
                         instance_rank_of(n_inst), instance_config(cfg))
     asc = None
     if cfg.autoscale is not None:
         fleet.check_rows(fleet_rows)
-        heap = new_event_heap(3 * n + 4 * n_inst + 16)
+        heap = new_event_heap(3 * n_req + 4 * n_inst + 16)
         asc = fleet.new_autoscale_state(cfg.autoscale, cfg, fleet_rows, n0)
         fleet.start_fleet(given, asc, kv, sim_cfg.inst, sim_cfg.instance_rank, rt, heap)
-        heap = push_cluster_arrivals(heap, inp.arrival, np.arange(n0, dtype=np.int64),
-                                     np.full(n0, -1, np.int64))
+        heap = push_cluster_arrivals(heap, inp.arrival, np.arange(parents.n, dtype=np.int64),
+                                     np.full(parents.n, -1, np.int64))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
         hooks = _kernel_hooks(cfg.hooks)
         run = simulate
         while True:
-            args = (sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, asc)
+            args = (sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
             status, lg, heap = run(*args)
             if status == Status.GROW_FLEET:
                 raise fleet.FleetTooSmall
@@ -193,5 +202,7 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     raise_failure(status, failures)
     n_used = appended.n
     final = appended.table(table, sessions) if n_used > n0 else table
+    if cfg.pd_on:  # every row read back; the table stays the workload's
+        return read_result(cfg, parents, n_used, rs, ins, kv, lg, rt, pd)
     res = read_result(given, final, n_used, rs, ins, kv, lg, rt)
     return res if asc is None else fleet.fleet_result(res, asc, given.latency.model)

@@ -220,12 +220,8 @@ def _run_metrics(result: Any, bench: Benchmark) -> dict[str, float]:
 
 def _weighted_fitness(result: Any, weights: str) -> float:
     """The ``--fitness-weights`` score of one run (the fitness section's number)."""
-    from blis_fast.output.report import (
-        ClusterReport,
-        collect_raw_metrics,
-        compute_fitness,
-        parse_fitness_weights,
-    )
+    from blis_fast.output.fitness import compute_fitness, parse_fitness_weights
+    from blis_fast.output.report import ClusterReport, collect_raw_metrics
     from blis_fast.output.run_outputs import instance_metrics
 
     sim = result.simulation

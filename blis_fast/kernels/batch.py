@@ -325,6 +325,15 @@ def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget):
     while (ins.batch_len[i] < ints[ConfigSlot.MAX_RUNNING] and ins.wq[i, _LEN] > 0
            and budget > 0):
         nxt = ins.wq[i, _HEAD]
+        if rs.pd_sub[nxt] == 1:  # a P/D decode sub-request: one token at its progress
+            pi = rs.hot[nxt, HotField.PROGRESS]
+            if not kvc.allocate(kv, i, nxt, pi, pi + 1, pi < inp.input_len[nxt],
+                                inp.input_len[nxt], work.cached, np.int64(0), work.scratch):
+                break
+            budget -= 1
+            _admit(ins, rs, i, nxt, work, n_admitted, 1, pi + 1)
+            n_admitted += 1
+            continue
         n_cached = kvc.cached_blocks(kv, i, nxt, inp.input_len[nxt], work.cached)
         start = n_cached * bs
         n = inp.input_len[nxt] - start
@@ -336,17 +345,23 @@ def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget):
         if not kvc.allocate(kv, i, nxt, start, start + n, np.int64(1) > 0, inp.input_len[nxt],
                             work.cached, n_cached, work.scratch):
             break
-        wq_remove(ins, rs, i, nxt)
-        ins.batch[i, ins.batch_len[i]] = nxt
-        ins.batch_len[i] += 1
-        rs.sched_step[nxt] = ins.cnt[i, InstanceCounter.STEPS]
-        work.queue_a[n_admitted] = nxt
-        n_admitted += 1
         budget -= n
-        rs.state[nxt] = RequestState.RUNNING
-        rs.hot[nxt, HotField.NEW_TOKENS] = n
-        rs.hot[nxt, HotField.COMPUTED] = n + start
+        _admit(ins, rs, i, nxt, work, n_admitted, n, n + start)
+        n_admitted += 1
     return n_admitted
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _admit(ins, rs, i, r, work, k, new_tokens, computed):
+    """Move queue head ``r`` into the running batch as the step's ``k``-th admission."""
+    wq_remove(ins, rs, i, r)
+    ins.batch[i, ins.batch_len[i]] = r
+    ins.batch_len[i] += 1
+    rs.sched_step[r] = ins.cnt[i, InstanceCounter.STEPS]
+    work.queue_a[k] = r
+    rs.state[r] = RequestState.RUNNING
+    rs.hot[r, HotField.NEW_TOKENS] = new_tokens
+    rs.hot[r, HotField.COMPUTED] = computed
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")

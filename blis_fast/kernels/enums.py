@@ -35,6 +35,29 @@ __all__ = ["Admission", "AdmissionReason", "Event", "EventPriority", "Priority",
            "RequestState", "Routing", "Scheduler", "SessionOutcome", "StatefulScorer", "Status"]
 
 
+class DeciderT(NamedTuple):
+    """P/D disaggregation deciders (PD-3): whether a routed request is split into a prefill
+    and a decode sub-request."""
+
+    NEVER: int = 0
+    ALWAYS: int = 1
+    PREFIX_THRESHOLD: int = 2  # uncached prompt tokens on the decode pick > threshold
+
+
+Decider = DeciderT()
+
+
+class EncodeDeciderT(NamedTuple):
+    """Encode-stage deciders (PD-3): whether a request visits the encode pool first."""
+
+    NEVER: int = 0
+    ALWAYS: int = 1
+    MULTIMODAL: int = 2  # image, audio or video tokens > 0
+
+
+EncodeDecider = EncodeDeciderT()
+
+
 class StatefulScorerT(NamedTuple):
     """Routing scorers that keep router state, built into the kernel (CLU-3.22, DELTA-32/34).
 
@@ -111,6 +134,9 @@ class EventT(NamedTuple):
     CLUSTER_ARRIVAL: int = 0
     ADMISSION: int = 1
     ROUTING: int = 2
+    PREFILL_ROUTING: int = 3  # P/D (PD-3): the prefill sub-request picks its instance
+    KV_TRANSFER_START: int = 4  # P/D: a prefill finished; the decode side reserves KV
+    KV_TRANSFER_DONE: int = 5  # P/D: the KV arrived; the decode sub-request is queued
     INSTANCE_LOADED: int = 7  # the autoscaler's cluster events (AS-3, AS-4)
     SCALING_TICK: int = 8
     SCALE_ACTUATION: int = 9
@@ -137,6 +163,9 @@ class EventPriorityT(NamedTuple):
     CLUSTER_ARRIVAL: int = 2
     ADMISSION: int = 3
     ROUTING: int = 4
+    PREFILL_ROUTING: int = 6  # the reference's cluster priorities 4, 5, 6 (PD-3.13)
+    KV_TRANSFER_START: int = 7
+    KV_TRANSFER_DONE: int = 8
     SCALING_TICK: int = 10  # Go 8
     SCALE_ACTUATION: int = 11  # Go 9
 

@@ -33,6 +33,7 @@ import numpy as np
 from blis_fast.kernels import admission as adm
 from blis_fast.kernels import autoscale as asx
 from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels import pd as pdk
 from blis_fast.kernels import routing as rtk
 from blis_fast.kernels.batch import wq_push_back, wq_remove
 from blis_fast.kernels.enums import (
@@ -45,6 +46,8 @@ from blis_fast.kernels.enums import (
     SessionOutcome,
     Status,
 )
+from blis_fast.kernels.events import push_event as _push
+from blis_fast.kernels.events import schedule_step as _schedule_step
 from blis_fast.kernels.heap import (
     MAX_EVENT_SEQ,
     MAX_INSTANCES,
@@ -88,23 +91,6 @@ _CLUSTER = False
 _INSTANCE = True
 
 # ------------------------------------------------------------------ heap and session helpers
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _push(heap, time, on_instance, i, priority, kind, payload):
-    """Schedule an event with the next sequence number."""
-    seq = heap.loop[LoopSlot.NEXT_SEQ]
-    heap.loop[LoopSlot.NEXT_SEQ] = seq + 1
-    heap.loop[LoopSlot.HEAP_SIZE] = heap_push(
-        heap.times, heap.ties, heap.kinds, heap.payloads, heap.loop[LoopSlot.HEAP_SIZE], time,
-        make_tie(on_instance, i, priority, seq), kind, payload)
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _schedule_step(heap, ins, i, t):
-    """Schedule instance ``i``'s next step at ``t`` (at most one is ever pending)."""
-    _push(heap, t, _INSTANCE, i, EventPriority.STEP, Event.STEP, i)
-    ins.cnt[i, InstanceCounter.STEP_PENDING] = 1
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -162,11 +148,14 @@ def _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
+def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r):
     """RoutingDecisionEvent (CLU-3): the policy picks one of the routable instances; the
     request arrives there at once (or is rejected when no routable instance serves its
-    model)."""
+    model). In P/D mode the decode pool is routed first (``pd.route_decode_first``)."""
     rtk.refresh_cache_signal(rt, kv, t)
+    if pd.conf[pdk.PDConf.ON] == 1:
+        pdk.route_decode_first(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r)
+        return
     n_cand = rt.st[RouterVar.N_ROUTABLE]
     if rt.req_model_bad[r] == 1 or n_cand == 0:
         ins.rejected[Rejection.ROUTING] += 1
@@ -249,9 +238,10 @@ def _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, done_at):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, i, t):
+def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t):
     """StepEvent: the step, processCompletions (ENG-2.4, DELTA-8; skipped when nothing
-    finishes), then scheduleNextStep while the instance has work."""
+    finishes), then scheduleNextStep while the instance has work; in P/D mode the
+    sub-requests that finished are then detected (``pd.detect``)."""
     d = run_step(cfg, ins, rs, kv, lg, inp, i, t, work, hooks.sort_key, rt.req_priority)
     if d < 0:
         return
@@ -261,6 +251,8 @@ def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, i, t):
             r = ins.batch[i, q]
             if finishes(cfg, rs, kv, ins, inp, i, r, work):
                 _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, t + d)
+                if pd.conf[pdk.PDConf.ON] == 1:
+                    pdk.note_completion(pd, rs, r)
             else:
                 ins.batch[i, keep] = r
                 keep += 1
@@ -269,14 +261,19 @@ def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, i, t):
         _schedule_step(heap, ins, i, t + d)
     else:
         ins.cnt[i, InstanceCounter.STEP_PENDING] = 0
+    if pd.conf[pdk.PDConf.ON] == 1:
+        pdk.detect(cfg, pd, heap, t)
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, r):
+def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, r):
     """TimeoutEvent (DELTA-1): a request still queued or running times out; its blocks are
-    released and it leaves the queue or the batch."""
+    released and it leaves the queue or the batch (a P/D decode sub-request ends its
+    parent)."""
     if rs.state[r] == RequestState.TIMED_OUT:
         return
+    if rs.pd_sub[r] == 1:
+        pdk.on_decode_timeout(pd, r, t)
     was_running = rs.state[r] == RequestState.RUNNING
     was_queued = rs.state[r] == RequestState.QUEUED
     _cancel(inp, rs, ins, rt, heap, sess, i, r, t, RequestState.TIMED_OUT,
@@ -321,7 +318,7 @@ def _stop_status(horizon, ins, kv, lg, heap, sess):
         return Status.SESSIONS
     if size == 0:
         return Status.OK
-    if size + max_batch + 4 > heap.times.shape[0]:
+    if size + 2 * max_batch + 4 > heap.times.shape[0]:  # a P/D step: + a transfer each
         return Status.GROW_HEAP
     if kvc.list_overflowed(kv):
         return Status.KV_LIST_OVERFLOW
@@ -355,7 +352,7 @@ def _autoscale_stop_status(heap, asc):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, asc):
+def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     """Process events until the heap drains, the horizon is passed, or the loop must stop
     (a Status: a buffer to grow, closed-loop outcomes that must become follow-ups first,
     ``inp.session[r]`` >= 0 marking a request of a closed-loop session, CLU-1.15; or an
@@ -384,7 +381,13 @@ def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, asc):
             elif kind == Event.ADMISSION:
                 _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, x)
             elif kind == Event.ROUTING:
-                _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, t, x)
+                _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, x)
+            elif kind == Event.PREFILL_ROUTING:
+                pdk.on_prefill_routing(inp, rs, ins, kv, rt, heap, hooks, pd, t, x)
+            elif kind == Event.KV_TRANSFER_START:
+                pdk.on_transfer_start(inp, rs, kv, heap, work, pd, t, x)
+            elif kind == Event.KV_TRANSFER_DONE:
+                pdk.on_transfer_done(cfg, inp, rs, ins, rt, heap, pd, t, x)
             elif asc is not None:
                 if kind == Event.INSTANCE_LOADED:
                     asx.on_instance_loaded(asc, rt, t, x)
@@ -404,9 +407,9 @@ def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, asc):
         elif kind == Event.QUEUED:
             _on_queued(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
         elif kind == Event.STEP:
-            _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, i, t)
+            _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t)
         elif kind == Event.TIMEOUT:
-            _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
+            _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, x)
         # a request-left event only moves the instance's clock
         if asc is not None:
             asx.after_instance_event(asc, ins, i, t)
@@ -457,17 +460,18 @@ def _config_status(cfg, rt, hooks):
 
 
 @njit(cache=True)
-def simulate(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, asc):
+def simulate(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     """Run the simulation from the state in ``heap`` until it ends or closed-loop session
-    outcomes need follow-ups. Returns (status, step log, heap); every other result is written
-    into the state groups in place. Call again after Status.SESSIONS (once the follow-ups are
+    outcomes need follow-ups (``pd``: the P/D state, ``pd.pd_off()`` without P/D; ``asc``: the
+    autoscaler's state, None for a fixed fleet). Returns (status, step log, heap); every other
+    result is written into the state groups in place. Call again after Status.SESSIONS (once the follow-ups are
     pushed) to continue."""
     status = _config_status(cfg, rt, hooks)
     if status != Status.OK:
         return status, lg, heap
     while True:
         lg.sizes[LogCursor.ENTRIES] += 1
-        status = _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, asc)
+        status = _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
         if status == Status.GROW_HEAP:
             heap = grow_event_heap(heap, 2 * heap.times.shape[0])
         elif status == Status.GROW_LOG:

@@ -206,6 +206,7 @@ def new_router_state(
     max_chunks: int = 1,
     table_size: int = 16,
     uses_cache_query: bool = False,
+    decider_reads_cache: bool = False,
 ) -> RouterState:
     """Allocate the router state (trace buffers only when tracing is on); ``routing``,
     ``cache_delay`` and ``counterfactual_k`` size it. The policy codes and parameters in
@@ -221,7 +222,8 @@ def new_router_state(
     rcfg[RouterCfg.HAS_TENANT_BUDGETS] = 1 if has_budgets else 0
     codes = [int(c) for c in scorer_codes]
     uses_pa = routing == Routing.WEIGHTED and StatefulScorer.PREFIX_AFFINITY in codes
-    uses_cq = routing == Routing.WEIGHTED and uses_cache_query
+    # the router's cache view is kept when a scorer or the P/D prefix-threshold decider reads it
+    uses_cq = (routing == Routing.WEIGHTED and uses_cache_query) or decider_reads_cache
     rcfg[RouterCfg.USES_CACHE_QUERY] = 1 if uses_cq else 0
     rfl = np.zeros(RouterParam.SIZE, np.float64)
     st = np.zeros(RouterVar.SIZE, np.int64)

@@ -203,9 +203,10 @@ def _route_weighted(rt, kv, r, input_len, clock, arrival, scorer_table, cand, n)
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def route(rt, kv, r, input_len, clock, inst_rank, arrival, scorer_table, cand, n):
-    """Choose the target instance for request ``r`` among the ``n`` candidates ``cand[:n]``
-    (instance ids in index order, n >= 1; CLU-3.11..3.16); records the trace."""
+def pick(rt, kv, r, input_len, clock, arrival, scorer_table, cand, n):
+    """The routing policy's choice for request ``r`` among the ``n`` candidates ``cand[:n]``
+    (instance ids in index order, n >= 1; CLU-3.11..3.16), without the trace record.
+    Returns (the chosen candidate's position, the policy's best value)."""
     code = rt.rcfg[RouterCfg.ROUTING]
     if code == Routing.ROUND_ROBIN:
         chosen = rt.st[RouterVar.RR] % n
@@ -216,8 +217,16 @@ def route(rt, kv, r, input_len, clock, inst_rank, arrival, scorer_table, cand, n
                                        cand, n)
     else:
         chosen, best = _route_by_load(rt, code, cand, n)
+    return chosen, best
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def route(rt, kv, r, input_len, clock, inst_rank, arrival, scorer_table, cand, n):
+    """Choose the target instance for request ``r`` among the ``n`` candidates ``cand[:n]``
+    (:func:`pick`) and record the decision in the trace."""
+    chosen, best = pick(rt, kv, r, input_len, clock, arrival, scorer_table, cand, n)
     if rt.rcfg[RouterCfg.TRACE] == 1:
-        _record_routing(rt, code, r, clock, chosen, best, inst_rank, cand, n)
+        record_routing(rt, r, clock, chosen, best, inst_rank, cand, n)
     return cand[chosen]
 
 
@@ -252,7 +261,7 @@ def _rank_candidates(rt, weighted, inst_rank, cand, n):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def _record_routing(rt, code, r, clock, chosen, best, inst_rank, cand, n):
+def record_routing(rt, r, clock, chosen, best, inst_rank, cand, n):
     """Append the routing decision (candidate ``chosen`` of ``cand[:n]``) to the trace, with
     the top-k counterfactual candidates and the regret of the choice (CLU-6). Scores are kept
     per instance; an instance that was not a candidate has NaN."""
@@ -262,7 +271,7 @@ def _record_routing(rt, code, r, clock, chosen, best, inst_rank, cand, n):
     rt.rt_clock[k] = clock
     rt.rt_target[k] = cand[chosen]
     rt.rt_best[k] = best
-    weighted = code == Routing.WEIGHTED
+    weighted = rt.rcfg[RouterCfg.ROUTING] == Routing.WEIGHTED
     if weighted:
         if n < rt.rt_scores.shape[1]:
             for i in range(rt.rt_scores.shape[1]):

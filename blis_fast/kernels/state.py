@@ -74,7 +74,8 @@ class InstanceSlotT(NamedTuple):
     between instances (pools of different GPUs or TP, instances added later)."""
 
     MAX_MODEL_LEN: int = 0  # 0 = unlimited
-    SIZE: int = 1
+    LATENCY_CLASS: int = 1  # row of SimConfig.latency_params its steps are timed with
+    SIZE: int = 2
 
 
 InstanceSlot = InstanceSlotT()
@@ -200,7 +201,7 @@ class SimConfig(NamedTuple):
     """The run's configuration as the kernels read it."""
 
     ints: np.ndarray  # int64 [ConfigSlot.SIZE]
-    latency_params: np.ndarray  # float64: the backend's layout (kernels/latency.py)
+    latency_params: np.ndarray  # float64 [classes, P]: the backend's layout (kernels/latency.py)
     alpha: np.ndarray  # float64 [3]
     instance_rank: np.ndarray  # int64 [n_instances]: rank of ``instance_<i>`` in string order
     inst: np.ndarray  # int64 [n_instances, InstanceSlot.SIZE]: per-instance configuration
@@ -240,6 +241,7 @@ class RequestArrays(NamedTuple):
     wq_next: np.ndarray
     run_head: np.ndarray  # first ITL run of the current attempt (-1 = none)
     sort_key: np.ndarray  # float64: the custom scheduler's key, computed each step
+    pd_sub: np.ndarray  # int8: 1 = a P/D decode sub-request (admitted for one token, PD-3.11)
 
 
 class InstanceArrays(NamedTuple):
@@ -328,6 +330,7 @@ def new_request_arrays(n: int, max_output_len: np.ndarray) -> RequestArrays:
         e2e=np.zeros(n, np.int64), registered=np.zeros(n, np.int8),
         wq_prev=np.full(n, -1, np.int64), wq_next=np.full(n, -1, np.int64),
         run_head=np.full(n, -1, np.int64), sort_key=np.zeros(n, np.float64),
+        pd_sub=np.zeros(n, np.int8),
     )
 
 

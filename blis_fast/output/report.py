@@ -20,13 +20,10 @@ import numpy as np
 
 from blis_fast.errors import BlisConfigError
 from blis_fast.output.anomalies import (
-    count_inversion_pairs,
     detect_hol_blocking,
     detect_priority_inversions,
 )
 from blis_fast.output.fitness import (
-    FITNESS_KEYS,
-    FitnessResult,
     RawMetrics,
     compute_fitness,
     parse_fitness_weights,
@@ -43,17 +40,9 @@ from blis_fast.output.summary import (
 __all__ = [
     "TraceSummary",
     "ClusterReport",
-    "RawMetrics",
-    "FitnessResult",
     "ModelMetrics",
     "TenantMetrics",
-    "FITNESS_KEYS",
-    "parse_fitness_weights",
-    "compute_fitness",
     "collect_raw_metrics",
-    "detect_priority_inversions",
-    "detect_hol_blocking",
-    "count_inversion_pairs",
     "per_slo_distributions",
     "per_model_metrics",
     "per_tenant_metrics",
@@ -117,6 +106,9 @@ class ClusterReport:
     """``run`` or ``replay`` (section set and anomaly variant)."""
     metrics_outputs: list[dict] | None = None
     """Precomputed ``build_metrics_output`` dicts: one per instance, then the cluster's."""
+    pd_section: str = ""
+    """The ``=== PD Metrics ===`` text of a P/D run (``output/pd.py``), printed before the
+    trace summary."""
 
 
 @dataclass
@@ -447,6 +439,7 @@ def render_report(report: ClusterReport) -> str:
     parts.append(_slo_section(report.requests))
     parts.append(_model_section(report.requests, agg.sim_ended_time_us))
     parts.append(_tenant_section(report.requests))
+    parts.append(report.pd_section)
     if report.trace_summary is not None:
         parts.append(_trace_section(report.trace_summary))
     return "".join(parts)

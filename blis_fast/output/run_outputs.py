@@ -154,13 +154,24 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
 
 def trace_outcome(res: SimulationResult, n: int | None = None) -> TraceOutcome:
     """Per-request status/TTFT/ITL sums for the trace v2 export (WL-9.5) of the first ``n``
-    requests (default: all)."""
+    requests (default: all). A disaggregated request is exported as the reference does: its
+    original request never ran, so it is incomplete with no first token (PD-6.6)."""
+    if n is None:
+        n = res.table.n
     state = res.state[:n]
     status = np.full(state.shape[0], 2, dtype=np.int8)
     status[state == RequestState.COMPLETED] = 0
     status[state == RequestState.TIMED_OUT] = 1
-    return TraceOutcome(status=status, ttft_us=res.ttft_us[:n].astype(np.int64),
-                        itl_sum_us=res.itl_sum_us[:n].astype(np.int64))
+    ttft = res.ttft_us[:n].astype(np.int64)
+    itl = res.itl_sum_us[:n].astype(np.int64)
+    if res.pd is not None:
+        from blis_fast.kernels.pd import ParentField
+
+        split = res.pd.par[:n, ParentField.FLAG] == 1
+        status[split] = 2
+        ttft[split] = -1
+        itl[split] = 0
+    return TraceOutcome(status=status, ttft_us=ttft, itl_sum_us=itl)
 
 
 def shed_by_tier(res: SimulationResult) -> dict[str, int]:
@@ -187,8 +198,22 @@ def trace_summary(res: SimulationResult):
 def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
     """The metrics and the stdout report of a simulated run (``opts``: its RunOptions)."""
     instances = instance_metrics(res)
-    requests = request_columns(res, res.table)  # pre-generated requests, then follow-ups
-    aggregate = aggregate_instances(instances)
+    pd_text = ""
+    if res.pd is not None:  # P/D: parents projected, counters corrected (output/pd.py)
+        from blis_fast.output.pd import (
+            cluster_aggregate_pd,
+            pd_section,
+            project,
+            request_columns_pd,
+        )
+
+        proj = project(res)
+        requests = request_columns_pd(res, proj)
+        aggregate = cluster_aggregate_pd(res, instances, proj)
+        pd_text = pd_section(res, instances)
+    else:
+        requests = request_columns(res, res.table)  # pre-generated requests, then follow-ups
+        aggregate = aggregate_instances(instances)
     per_instance = [build_metrics_output(res.instance_name(i), m) for i, m in enumerate(instances)]
     summary = build_metrics_output("cluster", aggregate)
     report = ClusterReport(
@@ -203,6 +228,7 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
         aggregate=aggregate,
         metrics_outputs=[*per_instance, summary],
         subcommand="replay" if replay else "run",
+        pd_section=pd_text,
     )
     cost = run_cost(res, int(aggregate.completed))
     stdout = render_report(report)

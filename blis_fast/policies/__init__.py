@@ -8,6 +8,7 @@
 | ``priority.py`` | ``PRIORITY`` | a waiting request's priority (and the SLO-class map) |
 | ``scheduler.py`` | ``SCHEDULER`` | the order of an instance's wait queue |
 | ``latency_backends.py`` | ``LATENCY_BACKENDS`` | the step-time model and how its parameters are packed |
+| ``deciders.py`` | ``DECIDERS``, ``ENCODE_DECIDERS`` | P/D: which requests are disaggregated / encoded |
 
 Each family module imports the kernel module holding its codes, so this package imports none
 of them itself: ``family(name)`` loads one when it is needed.
@@ -19,10 +20,12 @@ import importlib
 
 _REGISTRIES = {"admission": "ADMISSION", "routing": "ROUTING", "scorers": "SCORERS",
                "priority": "PRIORITY", "scheduler": "SCHEDULER",
-               "latency_backends": "LATENCY_BACKENDS"}
+               "latency_backends": "LATENCY_BACKENDS", "deciders": "DECIDERS",
+               "encode_deciders": "ENCODE_DECIDERS"}
+_MODULES = {"encode_deciders": "deciders"}  # registries that share another family's module
 
 
 def family(name: str):
     """The registry of the family module ``name`` (e.g. ``"admission"``)."""
-    module = importlib.import_module(f"blis_fast.policies.{name}")
+    module = importlib.import_module(f"blis_fast.policies.{_MODULES.get(name, name)}")
     return getattr(module, _REGISTRIES[name])

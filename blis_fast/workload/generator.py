@@ -14,9 +14,8 @@ Public entry points:
 * :func:`generate_workload` - the reference's ``GenerateWorkload``: closed-loop sessions are
   cut to round 0 and described by :class:`SessionBlueprint`\\ s, concurrency clients get their
   seed requests and blueprints, and the follow-up budget is computed;
-* re-exported for its callers: the result types and ``--timeout`` deadlines
-  (``generated.py``) and the seed / horizon / request-cap precedence of WL-1.2 - WL-1.4
-  (``precedence.py``).
+The result types and the ``--timeout`` deadlines are in ``generated.py``, the seed / horizon /
+request-cap precedence of WL-1.2 - WL-1.4 in ``precedence.py``.
 """
 
 from __future__ import annotations
@@ -41,16 +40,8 @@ from blis_fast.workload.expand import expand_cohorts, expand_sources
 from blis_fast.workload.generated import (
     GeneratedWorkload,
     SessionBlueprint,
-    apply_timeout,
-    apply_timeout_to_workload,
 )
 from blis_fast.workload.gofmt import go_quote
-from blis_fast.workload.precedence import (
-    check_generation_bounded,
-    resolve_horizon,
-    resolve_max_requests,
-    resolve_workload_seed,
-)
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import (
     SAMPLER_ABSENT,
@@ -464,16 +455,7 @@ def generate_workload(
 
 
 __all__ = [
-    "INT64_MAX",
-    "GeneratedWorkload",
-    "SessionBlueprint",
-    "apply_timeout",
-    "apply_timeout_to_workload",
-    "check_generation_bounded",
     "client_metadata",
     "generate_requests",
     "generate_workload",
-    "resolve_horizon",
-    "resolve_max_requests",
-    "resolve_workload_seed",
 ]

@@ -1,0 +1,250 @@
+"""What a P/D run reports (the reference at ``f90a1e3a``: ``cluster.go: Run``,
+``projectPDMetrics``, ``pd_metrics.go: CollectPDMetrics``, ``cmd/root.go: printPDMetrics``).
+
+* per-instance blocks are the sub-requests' own (not projected, PD-6.2);
+* the cluster block sums the instances, then corrects the counters (completed minus prefill
+  completions, drops at the decode side added to dropped, transfers in flight added to
+  running) and takes TTFT/E2E/scheduling delay from the parents' projection
+  (:func:`project`), ITL from every instance's samples;
+* ``=== PD Metrics ===`` (:func:`pd_section`).
+
+Reference behaviour kept as it is (README, "known reference behaviour"): dropped and timed-out
+parents are projected as if completed; "Dropped at Decode KV" prints 0; the cluster
+scheduling delay of a disaggregated request is its prefill's only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from blis_fast.engine.results import SimulationResult
+from blis_fast.kernels.enums import RequestState
+from blis_fast.kernels.pd import ParentField, PDCounter
+from blis_fast.output.stats import distribution, go_fixed
+from blis_fast.output.summary import InstanceMetrics, RequestColumns, aggregate_instances
+
+_F = ParentField
+
+
+@dataclass
+class Projection:
+    """The workload's requests as the cluster reports them: local requests with their own
+    values, disaggregated parents with projected ones (NaN / -1 = none)."""
+
+    rows: np.ndarray  # workload rows with a per-request record (local registered + parents)
+    ttft_us: np.ndarray  # float64
+    e2e_us: np.ndarray  # float64
+    sched_us: np.ndarray  # int64, -1 = none
+    itl_us: np.ndarray  # float64
+    handled_by: np.ndarray  # int32
+    capped: np.ndarray  # bool
+    parent_ttft_us: np.ndarray  # float64 projected TTFT of every projected parent (NaN = none)
+
+
+def _own_itl(res: SimulationResult, rows: np.ndarray, out_len: np.ndarray) -> np.ndarray:
+    """Per-request mean ITL of ``rows`` (ENG-7.2): NaN unless completed, 0 without outputs."""
+    capped = res.length_capped[rows] == 1
+    n_itl = np.where(capped, res.itl_count[rows], out_len)
+    itl = res.itl_sum_us[rows].astype(np.float64) / np.maximum(n_itl - 1, 1).astype(np.float64)
+    itl = np.where(out_len > 0, itl, 0.0)
+    return np.where(res.state[rows] == RequestState.COMPLETED, itl, np.nan)
+
+
+def project(res: SimulationResult) -> Projection:
+    """projectPDMetrics (PD-6.3): per disaggregated parent with a completion time (decode
+    done, decode timeout, or dropped at transfer start), E2E, TTFT, scheduling delay and ITL
+    from its sub-requests; local requests keep their own values."""
+    pd = res.pd
+    table = res.table
+    n = table.n
+    par = pd.par
+    otp = res.config.latency.output_token_time
+    flag = par[:, _F.FLAG] == 1
+    local = np.flatnonzero(~flag & (res.registered[:n] == 1))
+    parents = np.flatnonzero(flag & (par[:, _F.T_DONE] > 0))
+    r, p = parents, parents + n
+    arrival = table.arrival_us[r]
+    d_exists = res.sched_delay_us[r] >= 0
+    d = res.sched_delay_us[r]
+    e_exists = res.state[r] == RequestState.COMPLETED
+    e = res.e2e_us[r]
+    pre = pd.first_token_us[r] != 0
+    e2e_sub = np.where(pre, e, e + d).astype(np.float64)
+    e2e_sub = np.where(e2e_sub < 0, np.nan, e2e_sub)
+    e2e_done = (par[r, _F.T_DONE] - arrival).astype(np.float64)
+    e2e_done = np.where(e2e_done < 0, np.nan, e2e_done)
+    e2e = np.where(d_exists & e_exists, e2e_sub, e2e_done)
+    pf_ttft = res.ttft_us[p]
+    has_pf = pf_ttft >= 0
+    itl0 = pd.first_itl_step_us[r] + otp
+    with_decode = (has_pf & d_exists & (par[r, _F.ATTACHED] == 1)
+                   & (pd.first_itl_step_us[r] >= 0))
+    decode_ttft = d + itl0
+    ttft = np.where(with_decode & (decode_ttft >= 0), decode_ttft, pf_ttft).astype(np.float64)
+    ttft = np.where(has_pf, ttft, np.nan)
+    sched = res.sched_delay_us[p]
+    out_len = table.output_len[r]
+    itl = _own_itl(res, r, out_len)
+    local_ttft = res.ttft_us[local]
+    local_e2e = res.e2e_us[local]
+    return Projection(
+        rows=np.concatenate([local, r]),
+        ttft_us=np.concatenate([np.where(local_ttft >= 0, local_ttft.astype(np.float64),
+                                         np.nan), ttft]),
+        e2e_us=np.concatenate([np.where(local_e2e >= 0, local_e2e.astype(np.float64), np.nan),
+                               e2e]),
+        sched_us=np.concatenate([res.sched_delay_us[local], sched]).astype(np.int64),
+        itl_us=np.concatenate([_own_itl(res, local, table.output_len[local]), itl]),
+        handled_by=np.concatenate([res.instance[local], par[r, _F.DECODE]]).astype(np.int32),
+        capped=np.concatenate([res.length_capped[local] == 1, res.length_capped[r] == 1]),
+        parent_ttft_us=ttft,
+    )
+
+
+def request_columns_pd(res: SimulationResult, proj: Projection) -> RequestColumns:
+    """The results file's records: one per local request and per projected parent."""
+    table = res.table
+    rows = proj.rows
+    clients = table.clients
+    cidx = table.client_idx[rows]
+
+    def meta(key: str) -> np.ndarray:
+        values = np.array([str(c.get(key, "") or "") for c in clients] or [""], dtype=object)
+        return values[cidx] if len(clients) else np.full(len(rows), "", dtype=object)
+
+    return RequestColumns(
+        request_id=np.array(table.id_strings(), dtype=object)[rows],
+        arrival_us=table.arrival_us[rows],
+        num_prefill_tokens=table.input_len[rows],
+        num_decode_tokens=table.output_len[rows],
+        ttft_us=proj.ttft_us, itl_us=proj.itl_us, e2e_us=proj.e2e_us,
+        scheduling_delay_us=proj.sched_us, handled_by=proj.handled_by,
+        slo_class=meta("slo_class"), tenant_id=meta("tenant_id"), model=meta("model"),
+        length_capped=proj.capped,
+    )
+
+
+def cluster_aggregate_pd(res: SimulationResult, instances: list[InstanceMetrics],
+                         proj: Projection) -> InstanceMetrics:
+    """The cluster block of a P/D run: instance sums with the reference's corrections, the
+    projected per-request values (PD-6.1, PD-6.3)."""
+    agg = aggregate_instances(instances)
+    cnt = res.pd.counters
+    par = res.pd.par
+    n = res.table.n
+    agg.completed -= int(cnt[PDCounter.PREFILL_COMPLETED])
+    agg.dropped_unservable += int(cnt[PDCounter.DROPPED_AT_DECODE_KV])
+    queued_or_running = np.isin(res.state[:n], (RequestState.QUEUED, RequestState.RUNNING))
+    pending_decode = int(np.count_nonzero((par[:, _F.FLAG] == 1) & (res.pd.decode_sub[:n] == 1)
+                                          & queued_or_running
+                                          & (par[:, _F.T_DECODE_ENQUEUE] > 0)))
+    in_transfer = (int(cnt[PDCounter.PREFILL_COMPLETED]) - int(cnt[PDCounter.DECODE_COMPLETED])
+                   - int(cnt[PDCounter.DECODE_TIMED_OUT])
+                   - int(cnt[PDCounter.DROPPED_AT_DECODE_KV]) - pending_decode)
+    if in_transfer > 0:
+        agg.still_running += in_transfer
+    agg.ttft_us = proj.ttft_us[~np.isnan(proj.ttft_us)]
+    agg.e2e_us = proj.e2e_us[~np.isnan(proj.e2e_us)]
+    agg.scheduling_delay_us = proj.sched_us[proj.sched_us >= 0]
+    return agg
+
+
+def _dist_line(label: str, values: np.ndarray) -> str:
+    dist = distribution(values)
+    return (f"{label}: mean={go_fixed(dist.mean, 1)} p50={go_fixed(dist.p50, 1)} "
+            f"p95={go_fixed(dist.p95, 1)} p99={go_fixed(dist.p99, 1)}\n")
+
+
+def pd_section(res: SimulationResult, instances: list[InstanceMetrics]) -> str:
+    """``=== PD Metrics ===`` (PD-6.5), or "" when no request was disaggregated."""
+    pd = res.pd
+    par = pd.par
+    flag = par[:, _F.FLAG] == 1
+    if not flag.any():
+        return ""
+    cfg = res.config
+    roles = cfg.pd.roles(cfg.options.num_instances)
+    ended = max((m.sim_ended_time_us for m in instances), default=0)
+    seconds = float(ended) / 1e6
+
+    def throughput(bit: int) -> float:
+        if ended <= 0:
+            return 0.0
+        done = sum(int(m.completed) for i, m in enumerate(instances) if roles[i] & bit)
+        return float(done) / seconds
+
+    pre, dec = throughput(1), throughput(2)
+    if pre == 0 and dec == 0:
+        ratio = "1.0000"
+    elif pre == 0 or dec == 0:
+        ratio = "inf (one pool idle)"
+    else:
+        ratio = go_fixed(max(pre, dec) / min(pre, dec), 4)
+    lines = ["=== PD Metrics ===\n",
+             f"Disaggregated Requests: {int(np.count_nonzero(flag & (par[:, _F.T_XFER_DONE] > 0)))}\n",
+             "Dropped at Decode KV: 0\n",
+             f"Prefill Throughput: {go_fixed(pre, 4)} sub-req/s\n",
+             f"Decode Throughput: {go_fixed(dec, 4)} sub-req/s\n",
+             f"Load Imbalance Ratio: {ratio}\n"]
+    proj_ttft = project(res).parent_ttft_us
+    ttft = proj_ttft[proj_ttft > 0]
+    if ttft.size:
+        lines.append(_dist_line("Parent TTFT (us)", ttft))
+    start, done = par[:, _F.T_XFER_START], par[:, _F.T_XFER_DONE]
+    ok = flag & (start > 0) & (done >= start)
+    if ok.any():
+        lines.append(_dist_line("KV Transfer Duration (us)", (done - start)[ok]))
+    if cfg.pd.contention:
+        starts = int(pd.counters[PDCounter.STARTS])
+        depth = float(pd.counters[PDCounter.DEPTH_SUM]) / starts if starts else 0.0
+        lines.append(f"Peak Concurrent Transfers: {int(pd.counters[PDCounter.PEAK])}\n")
+        lines.append(f"Mean Transfer Queue Depth: {go_fixed(depth, 4)}\n")
+    return "".join(lines)
+
+
+def pd_warnings(res: SimulationResult, opts) -> list[str]:
+    """One line per reference behaviour this run actually ran into (README, "known reference
+    behaviour"), each at most once."""
+    pd = res.pd
+    cnt = pd.counters
+    par = pd.par
+    n = res.table.n
+    split = par[:, _F.FLAG] == 1
+    out: list[str] = []
+    ended_badly = int(cnt[PDCounter.DROPPED_AT_DECODE_KV] + cnt[PDCounter.DECODE_TIMED_OUT])
+    if ended_badly:
+        out.append(f"{ended_badly} disaggregated requests that were dropped at their decode "
+                   "instance or timed out are included in the TTFT/E2E/scheduling-delay "
+                   "statistics and the results file as if completed (reference behaviour, "
+                   "upstream #1511)")
+    dropped = int(cnt[PDCounter.DROPPED_AT_DECODE_KV])
+    if dropped:
+        out.append(f'"Dropped at Decode KV" in the P/D block is always 0 (reference behaviour); '
+                   f"the {dropped} requests dropped for lack of KV on their decode instance "
+                   "are in dropped_unservable")
+    projected = split & (par[:, _F.T_DONE] > 0)
+    if projected.any():
+        out.append("for disaggregated requests the cluster scheduling_delay_p99_ms covers only "
+                   "the wait before prefill, not the wait on the decode instance (reference "
+                   "behaviour)")
+    if opts.trace_output and split.any():
+        out.append(f"--trace-output writes the {int(split.sum())} disaggregated requests with "
+                   "status incomplete and no chunk times (reference behaviour); their outcomes "
+                   "are in --metrics-path")
+    late = int(cnt[PDCounter.PAST_DEADLINE])
+    if late:
+        out.append(f"{late} decode sub-requests reached their decode instance after their "
+                   "deadline; they are timed out at the deadline, before the transfer that "
+                   "delivered them ended (reference behaviour)")
+    proj = project(res)
+    parent_rows = proj.rows[len(proj.rows) - len(proj.parent_ttft_us):]
+    prefill_ttft = res.ttft_us[parent_rows + n].astype(np.float64)
+    early = int(np.count_nonzero((prefill_ttft >= 0)
+                                 & (proj.parent_ttft_us < prefill_ttft)))
+    if early:
+        out.append("KV transfers start at the beginning of the last prefill step (reference "
+                   f"behaviour), so decoding can begin before prefill ends: {early} "
+                   "disaggregated requests report a TTFT shorter than their own prefill")
+    return out
