@@ -223,16 +223,11 @@ node_pools:
     assert not alone.active
 
 
-def test_refused_with_prefill_decode_pools(tmp_path):
+
+def test_refused_with_prefill_decode_pools():
     """The reference gives autoscaled instances no P/D role: the combination is refused."""
-    from types import SimpleNamespace
+    import blis_fast
 
-    from blis_fast.config.policy_bundle import PolicyBundle
-
-    opts = build_options({"model": MODEL, "model_autoscaler_interval_us": "1e6"})
-    opts = opts.__class__(**{**opts.__dict__, "model": opts.model.lower()})
-    latency = resolve_latency(opts)
-    pd_opts = SimpleNamespace(**opts.__dict__, prefill_instances=1, given=opts.given)
-    with pytest.raises(BlisConfigError, match="cannot be combined with prefill/decode"):
-        resolve_autoscale(pd_opts, PolicyBundle(), latency)
-    assert resolve_autoscale(opts, PolicyBundle(), latency).enabled
+    with pytest.raises(BlisConfigError, match="cannot be combined with the autoscaler"):
+        blis_fast.run(model=MODEL, num_instances=4, prefill_instances=2, decode_instances=2,
+                      model_autoscaler_interval_us=1e6, num_requests=5, log="error")

@@ -29,8 +29,6 @@ from blis_fast.workload.gofmt import go_g, go_quote
 
 log = logging.getLogger("blis_fast")
 
-PD_POOL_FIELDS = ("prefill_instances", "decode_instances", "prefill_decode_instances")
-"""The P/D pool flags (issue 14's branch); the autoscaler refuses to run with any of them."""
 KV_AUTOCALC_BACKENDS = frozenset({"roofline", "trained-physics"})
 """Backends whose KV capacity the reference recomputes per placed instance (Go
 ``cmd/root.go``: ``KVAutoCalc.Enabled``)."""
@@ -144,12 +142,6 @@ def resolve_autoscale(opts: Any, bundle: Any, latency: Any, replay: bool = False
     setup.pools = pools
     setup.loading_delay = life.loading_delay
     setup.warm_start = life.warm_start_initial_instances
-    if (setup.enabled or pools or life.present) and any(
-            getattr(opts, name, 0) for name in PD_POOL_FIELDS):
-        raise BlisConfigError(
-            "the autoscaler and node pools cannot be combined with prefill/decode "
-            "disaggregation (--prefill-instances/--decode-instances/--prefill-decode-instances):"
-            " the reference gives autoscaled instances no P/D role")
     if life.present and not pools:
         warnings.append("instance_lifecycle has no effect without node_pools")
     if setup.enabled and not latency.gpu:
