@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from blis_fast.config.autoscale import resolve_autoscale
@@ -95,6 +95,12 @@ class RunResult:
     requests: RequestColumns
     simulation: SimulationResult
     prepared: Prepared
+    summary_extras: dict = field(default_factory=dict)  # cost and fleet columns (ours)
+
+    @property
+    def summary_row(self) -> dict:
+        """``summary.parquet``'s row: the reference's summary plus the cost/fleet columns."""
+        return {**self.summary, **self.summary_extras}
 
     def requests_table(self):
         """Per-request results as a pyarrow Table (schema ``schemas/requests.json``)."""
@@ -138,7 +144,7 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
     write_outputs(plan, opts, replay, prepared.table, res, outputs)
     return RunResult(stdout=outputs.stdout, summary=outputs.summary,
                      per_instance=outputs.per_instance, requests=outputs.requests,
-                     simulation=res, prepared=prepared)
+                     simulation=res, prepared=prepared, summary_extras=outputs.summary_extras)
 
 
 def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prepared:

@@ -142,8 +142,9 @@ def test_summary_parquet_values_equal_run_result(with_outputs, reference: dict) 
     frame = pl.read_parquet(out / "summary.parquet")
     assert frame.height == 1
     row = frame.row(0, named=True)
-    expected = dict(result.summary)
+    expected = dict(result.summary_row)  # the reference's summary + our cost/fleet columns
     expected.setdefault("kv_allocation_failures", 0)  # omitted from JSON when 0
+    assert row["gpu_seconds"] > 0 and row["cost_usd"] is None and row["peak_replicas"] is None
     assert set(row) == set(expected)
     assert {k: v for k, v in row.items() if v != expected[k]} == {}
     ref = {k: v for k, v in reference.items() if k != "requests"}

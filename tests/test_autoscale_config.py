@@ -190,3 +190,44 @@ def test_replay_refuses_the_interval_flag(tmp_path):
     opts = build_options({"model": MODEL, "model_autoscaler_interval_us": "0"})
     with pytest.raises(BlisConfigError, match="not supported in blis replay"):
         resolve_autoscale(opts, PolicyBundle(), None, replay=True)
+
+
+def test_config_time_warnings(tmp_path):
+    """Traps 2.8, 2.9, 2.11, 2.12, 2.16, 2.18: keys that do less than they seem, each named once."""
+    s = _setup(tmp_path, """\
+autoscaler:
+  scale_up_stabilization_window_us: 1e6
+node_pools:
+  - {name: a, gpu_type: H100, gpus_per_node: 1, gpu_memory_gib: 80, initial_nodes: 1,
+     max_nodes: 3}
+  - {name: b, gpu_type: A100, gpus_per_node: 1, gpu_memory_gib: 80, initial_nodes: 1,
+     max_nodes: 1}
+  - {name: c, gpu_type: H100, gpus_per_node: 1, gpu_memory_gib: 40, initial_nodes: 1,
+     max_nodes: 1}
+""")
+    w = s.warnings
+    assert ("autoscaler: --policy-config sets autoscaler.scale_up_stabilization_window_us but "
+            "autoscaler.interval_us is 0: the autoscaler is off") in w
+    assert ('node_pools[0] "a": max_nodes 3 has no effect: only the 1 initial node(s) exist '
+            "during a run") in w
+    assert any(m.startswith('node_pools[1] "b": gpu_type A100 differs from the hardware H100')
+               for m in w)
+    assert any(m.startswith('node_pools[2] "c" shares gpu_type H100 with node_pools[0]')
+               for m in w)
+    assert len(w) == 4
+    scrape = _setup(tmp_path, "autoscaler:\n  interval_us: 1e6\n  hpa_scrape_delay: {mean: 2}\n")
+    assert any("hpa_scrape_delay.mean 2.000 s exceeds the interval 1.000 s" in m
+               for m in scrape.warnings)
+    alone = _setup(tmp_path, "instance_lifecycle:\n  loading_delay: {mean: 1}\n")
+    assert alone.warnings == ["instance_lifecycle has no effect without node_pools"]
+    assert not alone.active
+
+
+
+def test_refused_with_prefill_decode_pools():
+    """The reference gives autoscaled instances no P/D role: the combination is refused."""
+    import blis_fast
+
+    with pytest.raises(BlisConfigError, match="cannot be combined with the autoscaler"):
+        blis_fast.run(model=MODEL, num_instances=4, prefill_instances=2, decode_instances=2,
+                      model_autoscaler_interval_us=1e6, num_requests=5, log="error")

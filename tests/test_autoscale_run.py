@@ -183,6 +183,11 @@ def test_scaling_timeline_and_cost_agree(tmp_path):
     assert ups.height >= 1
     assert ((ups["decision_time_us"] - ups["signal_since_us"]) >= 1_000_000).all()
     assert (ups["time_us"] >= ups["decision_time_us"]).all()
+    summary = pl.read_parquet(out / "summary.parquet").row(0, named=True)
+    assert summary["gpu_seconds"] == pytest.approx(lifetime / 1e6)
+    assert summary["peak_replicas"] == rows["routable_after"].max()
+    assert summary["scale_up_events"] == ups.height == res.simulation.fleet.var[AsVar.SCALE_UPS]
+    assert summary["scale_down_events"] == rows.filter(pl.col("state") == "draining").height
     cost = json.loads((tmp_path / "r.json").read_text())["cost"]
     assert cost["gpu_seconds"] == pytest.approx(lifetime / 1e6)
     assert cost["cost_usd"] == pytest.approx(lifetime / 1e6 / 3600 * 4.0)

@@ -33,6 +33,15 @@ def _files(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((out / "summary").glob("*.parquet"))}
 
 
+def _always(metrics: list[str]) -> list[str]:
+    """The metrics every run has (the cost and fleet columns are null where they do not
+    apply: an unpriced run, a fixed fleet)."""
+    from blis_fast.output.parquet import schema_fields
+
+    optional = {f["name"] for f in schema_fields("summary") if f.get("nullable")}
+    return [m for m in metrics if m not in optional]
+
+
 def test_rows_carry_typed_config_columns_and_the_run_summary(reference):
     spec, out = reference
     frame = summary(out)
@@ -43,7 +52,8 @@ def test_rows_carry_typed_config_columns_and_the_run_summary(reference):
     assert schema["num_instances"] == pl.Int64 and schema["error"] == pl.String
     metrics = [f.name for f in metric_fields()]
     assert "ttft_p99_ms" in metrics and "instance_id" not in frame.columns
-    assert frame.select(pl.col(metrics).null_count()).sum_horizontal().item() == 0
+    assert frame.select(pl.col(_always(metrics)).null_count()).sum_horizontal().item() == 0
+    assert frame["cost_usd"].null_count() == 8 and frame["gpu_seconds"].null_count() == 0
     assert frame["error"].null_count() == 8
     assert sorted(set(zip(frame["rate"], frame["routing_policy"], frame["seed"], strict=True))) \
         == sorted((r, p, s) for r in (10.0, 40.0) for p in ("least-loaded", "round-robin")
@@ -52,7 +62,7 @@ def test_rows_carry_typed_config_columns_and_the_run_summary(reference):
     row = frame.filter((pl.col("rate") == 40.0) & (pl.col("routing_policy") == "least-loaded")
                        & (pl.col("seed") == 43)).row(0, named=True)
     direct = blis_fast.run(model=MODEL, num_instances=2, num_requests=300, rate=40,
-                           routing_policy="least-loaded", seed=43, log="error").summary
+                           routing_policy="least-loaded", seed=43, log="error").summary_row
     for name in metrics:
         assert row[name] == direct.get(name, 0), name
     assert row["completed_requests"] == 300 and row["ttft_p99_ms"] > 0
@@ -119,7 +129,8 @@ def test_failed_configuration_is_a_row_with_its_error_and_the_sweep_goes_on(tmp_
     metrics = [f.name for f in metric_fields()]
     assert failed.select(pl.col(metrics).null_count()).row(0) == (2,) * len(metrics)
     ok = frame.filter(pl.col("error").is_null())
-    assert ok.height == 6 and ok.select(pl.col(metrics).null_count()).sum_horizontal().item() == 0
+    assert ok.height == 6
+    assert ok.select(pl.col(_always(metrics)).null_count()).sum_horizontal().item() == 0
     schemas = {str(pl.read_parquet_schema(p)) for p in (tmp_path / "out" / "summary").iterdir()}
     assert len(schemas) == 1
     # a failed configuration counts as done: resuming runs nothing

@@ -47,6 +47,27 @@ class CostReport:
         return "\n".join(lines) + "\n"
 
 
+def summary_columns(res, cost: CostReport) -> dict:
+    """The cost and fleet columns of ``summary.parquet`` (null where they do not apply)."""
+    cols: dict = {"gpu_seconds": cost.gpu_seconds, "cost_usd": cost.cost_usd,
+                  "cost_per_1k_completed_usd": cost.cost_per_1k_completed_usd,
+                  "peak_replicas": None, "scale_up_events": None, "scale_down_events": None}
+    if res.fleet is not None:
+        from blis_fast.kernels.autoscale import AsInst, AsVar
+
+        inst = res.fleet.inst[: res.counters.shape[0]]
+        ready, drained = inst[:, AsInst.READY], inst[:, AsInst.DRAINED]
+        starts = np.sort(ready[ready >= 0])
+        stops = np.sort(drained[drained >= 0])
+        # serving just after each activation: activated by then minus drained by then
+        alive = (np.arange(1, starts.size + 1)
+                 - np.searchsorted(stops, starts, side="right"))
+        cols["peak_replicas"] = int(alive.max(initial=0))
+        cols["scale_up_events"] = int(res.fleet.var[AsVar.SCALE_UPS])
+        cols["scale_down_events"] = int(res.fleet.var[AsVar.SCALE_DOWNS])
+    return cols
+
+
 def run_end_us(res) -> int:
     """The end of the run: the horizon or the last instance event, whichever is earlier."""
     last = int(res.counters[:, InstanceCounter.CLOCK].max(initial=0))

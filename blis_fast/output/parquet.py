@@ -78,10 +78,10 @@ def summary_table(summary_dict: dict) -> pa.Table:
     cols = []
     for f in schema:
         v = summary_dict.get(f.name)
-        if v is None:
-            if f.name != "kv_allocation_failures":
-                raise ValueError(f"summary is missing field {f.name!r}")
+        if v is None and f.name == "kv_allocation_failures":
             v = 0
+        elif v is None and not f.nullable:
+            raise ValueError(f"summary is missing field {f.name!r}")
         cols.append(pa.array([v], type=f.type))
     return pa.Table.from_arrays(cols, schema=schema)
 

@@ -9,7 +9,7 @@ them all or none (``files.OutputPlan``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from blis_fast.files import OutputPlan
 from blis_fast.kernels.enums import Registration, RequestState
 from blis_fast.kernels.state import InstanceCounter
 from blis_fast.options import RUN_OPTIONS
-from blis_fast.output.cost import CostReport, run_cost
+from blis_fast.output.cost import CostReport, run_cost, summary_columns
 from blis_fast.output.report import ClusterReport, render_report, summarize_trace
 from blis_fast.output.summary import (
     InstanceMetrics,
@@ -43,6 +43,7 @@ class RunOutputs:
     per_instance: list[dict]
     requests: RequestColumns
     cost: CostReport | None = None  # when a GPU-hour price was given (blis_fast's extension)
+    summary_extras: dict = field(default_factory=dict)  # summary.parquet's cost/fleet columns
 
 
 def plan_outputs(opts: Any, replay: bool) -> OutputPlan:
@@ -246,7 +247,8 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
     if cost.priced:
         stdout += cost.section()
     return RunOutputs(stdout=stdout, summary=summary, per_instance=per_instance,
-                      requests=requests, cost=cost if cost.priced else None)
+                      requests=requests, cost=cost if cost.priced else None,
+                      summary_extras=summary_columns(res, cost))
 
 
 def write_outputs(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
@@ -283,7 +285,8 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
 
         from blis_fast.output.parquet import requests_table, summary_table
 
-        tables = [("summary.parquet", summary_table(outputs.summary)),
+        tables = [("summary.parquet", summary_table({**outputs.summary,
+                                                     **outputs.summary_extras})),
                   ("requests.parquet", requests_table(outputs.requests))]
         if res.decisions is not None:
             from blis_fast.output.decisions import decision_columns

@@ -82,7 +82,7 @@ def run_chunk(task: ChunkTask) -> list[ConfigResult]:
             raise_if_interrupted(exc)
             results.append(ConfigResult(config_id, None, error_text(exc)))
             continue
-        metrics = summary_table(run.summary).to_pylist()[0]
+        metrics = summary_table(run.summary_row).to_pylist()[0]
         del metrics["instance_id"]
         results.append(ConfigResult(config_id, metrics, None,
                                     run.requests_table() if task.with_requests else None))
