@@ -110,7 +110,7 @@ class SimulationResult:
     # the fleet of an autoscaled run or a run on node pools (``engine/fleet.py``); None for
     # a fixed fleet (instances ``instance_0`` .. ``instance_<N-1>``)
     instance_names: list[str] | None = None
-    fleet: object | None = None  # kernels.autoscale.AutoscaleState at the end of the run
+    fleet: object | None = None  # kernels.autoscale_layout.AutoscaleState at the end of the run
 
     def instance_name(self, i: int) -> str:
         """The id of instance ``i`` as the reference prints it."""

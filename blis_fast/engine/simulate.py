@@ -35,7 +35,7 @@ from blis_fast.engine.packing import (
 )
 from blis_fast.engine.results import SimulationResult, raise_failure, read_result
 from blis_fast.engine.sessions import SessionDriver
-from blis_fast.kernels.autoscale import AsVar
+from blis_fast.kernels.autoscale_layout import AsVar
 from blis_fast.kernels.enums import Status
 from blis_fast.kernels.event_loop import push_cluster_arrivals, simulate
 from blis_fast.kernels.gomath import INT64_MAX

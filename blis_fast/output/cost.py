@@ -53,7 +53,7 @@ def summary_columns(res, cost: CostReport) -> dict:
                   "cost_per_1k_completed_usd": cost.cost_per_1k_completed_usd,
                   "peak_replicas": None, "scale_up_events": None, "scale_down_events": None}
     if res.fleet is not None:
-        from blis_fast.kernels.autoscale import AsInst, AsVar
+        from blis_fast.kernels.autoscale_layout import AsInst, AsVar
 
         inst = res.fleet.inst[: res.counters.shape[0]]
         ready, drained = inst[:, AsInst.READY], inst[:, AsInst.DRAINED]
@@ -72,7 +72,7 @@ def run_end_us(res) -> int:
     """The end of the run: the horizon or the last instance event, whichever is earlier."""
     last = int(res.counters[:, InstanceCounter.CLOCK].max(initial=0))
     if res.fleet is not None:
-        from blis_fast.kernels.autoscale import AsInst
+        from blis_fast.kernels.autoscale_layout import AsInst
 
         times = res.fleet.inst[: res.counters.shape[0], AsInst.PLACED:AsInst.TERMINATED + 1]
         last = max(last, int(times.max(initial=0)))
@@ -96,7 +96,7 @@ def run_cost(res, completed: int) -> CostReport:
         per_pool[DEFAULT_POOL] = (res.counters.shape[0] * max(1, int(res.config.latency.tp))
                                   * end / 1e6)
     else:
-        from blis_fast.kernels.autoscale import AsInst
+        from blis_fast.kernels.autoscale_layout import AsInst
         from blis_fast.output.scaling import node_names
 
         pool_of, _ = node_names(setup.pools)

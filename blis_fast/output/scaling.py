@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from blis_fast.kernels.autoscale import AsInst, Signal
+from blis_fast.kernels.autoscale_layout import AsInst, Signal
 from blis_fast.kernels.enums import InstanceKind
 from blis_fast.output.parquet import load_schema
 
