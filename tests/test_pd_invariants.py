@@ -24,9 +24,8 @@ REFERENCE_DEADLOCK: a decode instance's KV can fill with the prompts reserved fo
 sub-requests still waiting in its queue; a head that needs one more block (prompt length a
 multiple of the block size, or a preempted sub-request starting over) then never fits, the
 batch stays empty and the instance steps without work until the requests time out (the
-reference does the same: reservations ignore the queue). blis_fast stops such a run once it
-has taken more steps than its tokens can need (Status.NO_PROGRESS): those examples are
-rejected. Configurations under KV pressure always have a short timeout.
+reference does the same: reservations ignore the queue). Configurations under KV pressure
+therefore always have a timeout.
 """
 
 from __future__ import annotations
@@ -37,14 +36,13 @@ import math
 from unittest import mock
 
 import numpy as np
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_invariants import _KVCapture
 
 import blis_fast
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine import packing
-from blis_fast.errors import BlisRuntimeError
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.pd import ParentField, PDCounter
@@ -110,12 +108,7 @@ def _run(opts: dict):
 @settings(max_examples=200, **SETTINGS)
 @given(opts=pd_configs())
 def test_pd_invariants(opts: dict) -> None:
-    try:
-        res, kv = _run(opts)
-    except BlisRuntimeError as exc:  # REFERENCE_DEADLOCK under KV pressure: stopped, not spun
-        assert "more steps than its requests' tokens can need" in str(exc)
-        assert "total_kv_blocks" in opts
-        reject()
+    res, kv = _run(opts)
     sim = res.simulation
     pd = sim.pd
     assert pd is not None

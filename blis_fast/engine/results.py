@@ -27,12 +27,11 @@ KERNEL_FAILURES = {
                          f"({SEQ_LIMIT})",
     Status.NO_PROGRESS: "the run took more steps than its requests' tokens can need (16 per "
                         "token, plus a million) and was stopped: an instance keeps stepping "
-                        "without work (its step log would fill the memory before the deadlines "
-                        "end it). With P/D this is a decode instance whose KV is held by "
+                        "without work. With P/D this is a decode instance whose KV is held by "
                         "transfers reserved for its queue while the queue head needs one more "
-                        "block (the reference steps there until the requests time out); give "
-                        "the decode pool more KV blocks (--total-kv-blocks) or a shorter "
-                        "--timeout. No output was written",
+                        "block (the reference steps there until the requests time out, without "
+                        "end when there is no --timeout); set --timeout or give the decode pool "
+                        "more KV blocks (--total-kv-blocks). No output was written",
 }
 """Messages for the kernel's error statuses (the kernel returns codes, it never raises)."""
 

@@ -127,8 +127,7 @@ def step_budget(table, room: Capacity, block_size: int) -> int:
     """The most steps a run can need: every step that has work processes at least one token
     (prefill or decode), so 16 steps per token of every request, follow-ups' room included
     (preemption recomputes), plus a million, is far beyond any run that makes progress; a run
-    past it is stepping without work (Status.NO_PROGRESS) and would fill the memory with its
-    step log before its deadlines (300 s by default) end the spin."""
+    past it is stepping without work (Status.NO_PROGRESS)."""
     tokens = int(table.input_len.sum()) + int(np.maximum(table.output_len,
                                                           table.max_output_len).sum())
     tokens += room.chunks * block_size
