@@ -25,13 +25,6 @@ KERNEL_FAILURES = {
                                "instances",
     Status.SEQ_OVERFLOW: "the run pushed more events than the event key can number "
                          f"({SEQ_LIMIT})",
-    Status.NO_PROGRESS: "the run took more steps than its requests' tokens can need (16 per "
-                        "token, plus a million) and was stopped: an instance keeps stepping "
-                        "without work. With P/D this is a decode instance whose KV is held by "
-                        "transfers reserved for its queue while the queue head needs one more "
-                        "block (the reference steps there until the requests time out, without "
-                        "end when there is no --timeout); set --timeout or give the decode pool "
-                        "more KV blocks (--total-kv-blocks). No output was written",
 }
 """Messages for the kernel's error statuses (the kernel returns codes, it never raises)."""
 

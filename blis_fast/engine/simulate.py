@@ -41,7 +41,6 @@ from blis_fast.kernels.event_loop import push_cluster_arrivals, simulate
 from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.pd import pd_off
 from blis_fast.kernels.state import (
-    ConfigSlot,
     KernelHooks,
     LoopSlot,
     OutcomeField,
@@ -123,17 +122,6 @@ def _compiled_overload(dispatcher, args):
     return dispatcher if overload is None else overload.entry_point
 
 
-def step_budget(table, room: Capacity, block_size: int) -> int:
-    """The most steps a run can need: every step that has work processes at least one token
-    (prefill or decode), so 16 steps per token of every request, follow-ups' room included
-    (preemption recomputes), plus a million, is far beyond any run that makes progress; a run
-    past it is stepping without work (Status.NO_PROGRESS)."""
-    tokens = int(table.input_len.sum()) + int(np.maximum(table.output_len,
-                                                          table.max_output_len).sum())
-    tokens += room.chunks * block_size
-    return 16 * tokens + 1_000_000
-
-
 def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | None,
               room: Capacity, fleet_rows: int) -> SimulationResult:
     """One simulation with ``room`` for follow-ups and ``fleet_rows`` instance rows (the flag's
@@ -172,9 +160,7 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
         think = driver.think_times()
     sess = SessionBuffers(think, np.zeros((2 * max_batch + 64, OutcomeField.SIZE), np.int64))
     appended = FollowUpRows(n0, int(kv.pool.shape[0] - room.pool - 1))
-    ints = config_ints(cfg, rt)
-    ints[ConfigSlot.MAX_STEPS] = step_budget(table, room, opts.block_size_in_tokens)
-    sim_cfg = SimConfig(ints,
+    sim_cfg = SimConfig(config_ints(cfg, rt),
                         cfg.latency_params_by_class(),
                         np.ascontiguousarray(cfg.latency.alpha, np.float64),
                         instance_rank_of(n_inst), instance_config(cfg))

@@ -87,7 +87,6 @@ class StatusT(NamedTuple):
     SEQ_OVERFLOW: int = 8  # error: more events than the event key can number
     UNKNOWN_POLICY: int = 9  # error: an admission, routing, priority or scheduler code unknown
     GROW_FLEET: int = 10  # the autoscaler needs more instance rows: the run restarts bigger
-    NO_PROGRESS: int = 11  # error: more steps than the run's tokens can need (a livelock)
 
 
 Status = StatusT()

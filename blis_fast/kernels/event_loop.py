@@ -464,9 +464,8 @@ def simulate(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     """Run the simulation from the state in ``heap`` until it ends or closed-loop session
     outcomes need follow-ups (``pd``: the P/D state, ``pd.pd_off()`` without P/D; ``asc``: the
     autoscaler's state, None for a fixed fleet). Returns (status, step log, heap); every other
-    result is written into the state groups in place. Call again after Status.SESSIONS (once
-    the follow-ups are pushed) to continue. A log that must grow past ``MAX_STEPS`` steps ends
-    the run with Status.NO_PROGRESS (the step log would otherwise fill the memory)."""
+    result is written into the state groups in place. Call again after Status.SESSIONS (once the follow-ups are
+    pushed) to continue."""
     status = _config_status(cfg, rt, hooks)
     if status != Status.OK:
         return status, lg, heap
@@ -476,9 +475,6 @@ def simulate(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
         if status == Status.GROW_HEAP:
             heap = grow_event_heap(heap, 2 * heap.times.shape[0])
         elif status == Status.GROW_LOG:
-            cap = cfg.ints[ConfigSlot.MAX_STEPS]
-            if cap > 0 and lg.sizes[LogCursor.STEPS] >= cap:
-                return Status.NO_PROGRESS, lg, heap
             lg = grow_step_log(lg, 1, 2 * ins.batch.shape[1] + 1)
         else:
             if status != Status.SESSIONS:  # the run is over: marks become counts

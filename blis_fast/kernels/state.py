@@ -63,8 +63,7 @@ class ConfigSlotT(NamedTuple):
     BACKEND: int = 10  # latency Backend code
     OUTPUT_TOKEN_TIME: int = 11  # alpha2 as ticks
     POST_DECODE: int = 12  # fixed post-decode overhead (trained backends)
-    MAX_STEPS: int = 13  # steps after which the run is stopped as making no progress (0: none)
-    SIZE: int = 14
+    SIZE: int = 13
 
 
 ConfigSlot = _with_option_slots(ConfigSlotT, "ConfigSlot")()
