@@ -191,7 +191,10 @@ def go_pow(x: float, y: float) -> float:
         i >>= 1
     if y < 0:
         a1, ae = 1 / a1, -ae
-    return math.ldexp(a1, ae)
+    try:  # Go's Ldexp: ±Inf past the largest exponent, 0 below the smallest
+        return math.ldexp(a1, max(min(ae, 5000), -5000))
+    except OverflowError:
+        return math.inf
 
 
 def clamp64(v: float) -> int:
