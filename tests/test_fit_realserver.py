@@ -15,6 +15,10 @@ under 0.2 ms: the API process or the client was starved of CPU and vLLM merged i
 OpenMP thread, whatever the load) is
 a measurement of the machine's load, not of the server: it is observed again, up to three
 times, and the test is skipped, saying so, when the machine never lets a clean one through.
+The same holds for a segment during which other processes kept more than a quarter of a core
+busy (``blis_fast.testing.foreign_cpu``: the machine's busy time minus this process's and the
+server's): under a load average of ~6 one run here measured a held-out mean-E2E error of
+10.7 %, against 5-6 % on a quiet machine.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import time
 
 import pytest
 
+from blis_fast.testing.foreign_cpu import ForeignCpu
 from blis_fast.testing.vllm_server import MODEL_NAME, VllmServer, VllmUnavailable
 
 BURST_GAP_US = 200
 BURST_SHARE = 0.30
+FOREIGN_CORES = 0.25
 ATTEMPTS = 3
 
 pytestmark = pytest.mark.realserver
@@ -64,17 +70,22 @@ def observed(tmp_path_factory):
             )
             for attempt in range(1, ATTEMPTS + 1):
                 t0 = time.perf_counter()
+                foreign = ForeignCpu()
+                foreign.start()
                 run_observe(opts)
+                others = foreign.share()
                 share = _burst_share(paths[2])
                 print(f"\nobserved {name} ({count} requests at {rate:g}/s) in "
                       f"{time.perf_counter() - t0:.1f} s, {share * 100:.0f}% of gaps < "
-                      f"{BURST_GAP_US} us (attempt {attempt})")
-                if share <= BURST_SHARE or name == "warmup":
+                      f"{BURST_GAP_US} us, other processes {others:.2f} cores "
+                      f"(attempt {attempt})")
+                if (share <= BURST_SHARE and others <= FOREIGN_CORES) or name == "warmup":
                     break
             else:
                 pytest.skip(f"segment {name}: {share * 100:.0f}% of the inter-chunk gaps under "
-                            f"{BURST_GAP_US} us in {ATTEMPTS} attempts; the machine is too busy "
-                            f"for the client to time a server")
+                            f"{BURST_GAP_US} us and other processes busy {others:.2f} cores in "
+                            f"the last of {ATTEMPTS} attempts; the machine is too busy to time "
+                            f"a server")
             out[name] = paths
     finally:
         server.stop()

@@ -158,7 +158,14 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
     held = [load_fit_trace(p[0], p[1], p[2] if len(p) == 3 else None, warmup_requests=warm_up,
                            network_rtt_us=rtt) for p in holdouts]
     from blis_fast.fit.optimize import starting_point
-    from blis_fast.fit.problem import simulate
+    from blis_fast.fit.problem import ITL_BURST_FRACTION, simulate
+
+    for ft in traces + held:
+        if ft.itl_bursts:
+            sys.stderr.write(
+                f"fit: {ft.itl_path}: ITL of {len(ft.itl_bursts)} request(s) left out (chunks "
+                f"delivered in a burst: mean gap under {ITL_BURST_FRACTION:g} of the trace's "
+                f"median), e.g. request {ft.itl_bursts[0]}\n")
 
     guess = starting_point(FIT_MODELS[latency_model], traces, base)
     for ft in traces + held:  # refuses bad replay flags and traces before the fit starts

@@ -24,6 +24,7 @@ def build_fit_report(result: FitResult, traces: list[FitTrace], holdout: list[Fi
             figures.append((role, pairs))
             entries.append({"role": role, "trace_header": ft.header_path,
                             "trace_data": ft.data_path, "itl_data": ft.itl_path,
+                            "itl_bursts_left_out": list(ft.itl_bursts),
                             "calibration": build_report(pairs)})
     model = result.model
     coefficients = [
