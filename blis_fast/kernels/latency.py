@@ -24,9 +24,10 @@ backends). ``new_tokens[i]`` is the request's NumNewTokens of the step.
   ``PEAK_BW`` (bytes/s), ``MFU_PREFILL``, ``MFU_DECODE``.
 * CROSSMODEL (``CM_``, 8): ``BETA0..BETA3``, ``L`` layers, ``KV_DIM_SCALED`` = (L·HKV·(D/H)/TP)·1e-6,
   ``IS_MOE`` (1.0 when the model has experts), ``IS_TP`` (1.0 when TP > 1).
-* TRAINED_ROOFLINE (``TR_``, 19): ``BETA0..BETA6``, ``L``, ``D``, ``DKV`` (HKV·(D div H)), ``DH``
-  (D div H), ``DFF`` intermediate size, ``TP``, ``KEFF`` = max(1, experts per token), ``HPG`` = H/TP,
-  ``IS_MOE`` (experts > 0), ``E`` experts, ``FLOPS_US`` (TFlopsPeak·1e6), ``BW_US`` (BwPeakTBs·1e6).
+* TRAINED_ROOFLINE: the TRAINED_PHYSICS layout with BETA0..BETA6, ``N_MOE`` = L of width
+  ``DFF_MOE`` = intermediate size, ``KEFF`` = max(1, experts per token), ``IS_MOE`` (experts > 0),
+  ``WBPP`` 2, ``FLOPS_US`` TFlopsPeak·1e6, every other field 0 (its formula is trained-physics
+  without the split, MoE-scaling and all-reduce terms).
 * TRAINED_PHYSICS (``TP_``, 31): ``BETA0..BETA9`` (missing betas are 0), ``PREFILL_SPLIT`` /
   ``DECODE_SPLIT`` (1.0 when ≥ 9 / ≥ 10 betas were given), ``L``, ``D``, ``DKV``, ``DH``, ``TP``,
   ``KEFF``, ``HPG``, ``IS_MOE`` (experts > 1), ``E``, ``N_MOE``, ``N_DENSE``, ``DFF_MOE``,
@@ -86,13 +87,10 @@ CM_BETA0, CM_BETA1, CM_BETA2, CM_BETA3 = 0, 1, 2, 3
 CM_L, CM_KV_DIM_SCALED, CM_IS_MOE, CM_IS_TP = 4, 5, 6, 7
 CM_SIZE = 8
 
-# TRAINED_ROOFLINE layout
-TR_BETA0 = 0  # BETA0..BETA6 at 0..6
-TR_L, TR_D, TR_DKV, TR_DH, TR_DFF, TR_TP = 7, 8, 9, 10, 11, 12
-TR_KEFF, TR_HPG, TR_IS_MOE, TR_E, TR_FLOPS_US, TR_BW_US = 13, 14, 15, 16, 17, 18
-TR_SIZE = 19
-
-# TRAINED_PHYSICS layout
+# TRAINED_PHYSICS layout, also TRAINED_ROOFLINE's: trained-roofline is trained-physics with
+# every layer an "MoE" layer of the model's FFN width and k experts, 2-byte weights, no split
+# prefill/decode terms, β7..β9 = 0 and no all-reduce units (policies/latency_backends.py packs
+# it so; each extra term then adds an exact 0.0, so the step times are the same to the bit)
 TP_BETA0 = 0  # BETA0..BETA9 at 0..9
 TP_PREFILL_SPLIT, TP_DECODE_SPLIT = 10, 11
 TP_L, TP_D, TP_DKV, TP_DH, TP_TP, TP_KEFF, TP_HPG = 12, 13, 14, 15, 16, 17, 18
@@ -403,41 +401,6 @@ def _ffn_weight_bytes(layers, experts, d, dff, bpp, tp) -> float:
     return layers * experts * 3 * d * dff * bpp / tp
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _trained_roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
-    if n == 0:
-        return np.int64(1)
-    p = params
-    n_layers = p[TR_L]
-    d = p[TR_D]
-    d_kv = p[TR_DKV]
-    d_ff = p[TR_DFF]
-    tp = p[TR_TP]
-    k_eff = p[TR_KEFF]
-    sums = _trained_batch_sums(p[TR_HPG], p[TR_DH], n, progress, new_tokens, input_len,
-                               output_len)
-    total_prefill, total_decode = sums[0], sums[1]
-    t_pf_compute, t_pf_kv, t_dc_compute, t_dc_kv = _phase_times(
-        n_layers, d, d_kv, p[TR_DH], tp, p[TR_HPG], p[TR_FLOPS_US], p[TR_BW_US], sums,
-        _ffn_flops(n_layers, total_prefill, k_eff, d, d_ff, tp),
-        _ffn_flops(n_layers, total_decode, k_eff, d, d_ff, tp))
-    n_eff = _active_experts(p[TR_IS_MOE], p[TR_E], k_eff, total_prefill + total_decode)
-    bytes_attn = _attn_weight_bytes(n_layers, d, d_kv, 2.0, tp)
-    bytes_ffn = _ffn_weight_bytes(n_layers, n_eff, d, d_ff, 2.0, tp)
-    t_weight = (bytes_attn + bytes_ffn) / p[TR_BW_US]
-    t_tp = 0.0
-    t = (
-        p[TR_BETA0] * go_max(t_pf_compute, t_pf_kv)
-        + p[TR_BETA0 + 1] * go_max(t_dc_compute, t_dc_kv)
-        + p[TR_BETA0 + 2] * t_weight
-        + p[TR_BETA0 + 3] * t_tp
-        + p[TR_BETA0 + 4] * n_layers
-        + p[TR_BETA0 + 5] * float(n)
-        + p[TR_BETA0 + 6]
-    )
-    return max(np.int64(1), clamp_to_int64(t))
-
-
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _physics_ffn_flops(p, tokens) -> float:
     """trained-physics FFN FLOPs: MoE layers with k active experts, dense layers with one."""
@@ -525,9 +488,7 @@ def step_time(
         return _roofline_step(params, n, progress, new_tokens, input_len, output_len)
     if code == Backend.CROSSMODEL:
         return _crossmodel_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == Backend.TRAINED_ROOFLINE:
-        return _trained_roofline_step(params, n, progress, new_tokens, input_len, output_len)
-    if code == Backend.TRAINED_PHYSICS:
+    if code == Backend.TRAINED_ROOFLINE or code == Backend.TRAINED_PHYSICS:
         return _trained_physics_step(params, n, progress, new_tokens, input_len, output_len)
     return np.int64(-1)  # unknown backend: the engine refuses such a code before it runs
 

@@ -234,20 +234,23 @@ def _pack_trained_roofline(alpha: Sequence[float], beta: Sequence[float], mc: Mo
         )
     check_coefficients("--beta-coeffs", beta)
     head_dim = mc.hidden_dim // mc.num_heads
-    p = np.zeros(K.TR_SIZE, dtype=np.float64)
+    # the trained-physics layout (kernels/latency.py says why the step times are the same)
+    p = np.zeros(K.TP_SIZE, dtype=np.float64)
     p[0:7] = beta[:7]
-    p[K.TR_L] = float(mc.num_layers)
-    p[K.TR_D] = float(mc.hidden_dim)
-    p[K.TR_DKV] = float(kv_heads * head_dim)
-    p[K.TR_DH] = float(head_dim)
-    p[K.TR_DFF] = float(mc.intermediate_dim)
-    p[K.TR_TP] = float(tp)
-    p[K.TR_KEFF] = float(max(1, mc.num_experts_per_tok))
-    p[K.TR_HPG] = float(mc.num_heads) / float(tp)
-    p[K.TR_IS_MOE] = 1.0 if mc.num_local_experts > 0 else 0.0
-    p[K.TR_E] = float(mc.num_local_experts)
-    p[K.TR_FLOPS_US] = hc.tflops_peak * 1e6
-    p[K.TR_BW_US] = hc.bw_peak_tbs * 1e6
+    p[K.TP_L] = float(mc.num_layers)
+    p[K.TP_D] = float(mc.hidden_dim)
+    p[K.TP_DKV] = float(kv_heads * head_dim)
+    p[K.TP_DH] = float(head_dim)
+    p[K.TP_TP] = float(tp)
+    p[K.TP_KEFF] = float(max(1, mc.num_experts_per_tok))
+    p[K.TP_HPG] = float(mc.num_heads) / float(tp)
+    p[K.TP_IS_MOE] = 1.0 if mc.num_local_experts > 0 else 0.0
+    p[K.TP_E] = float(mc.num_local_experts)
+    p[K.TP_N_MOE] = float(mc.num_layers)
+    p[K.TP_DFF_MOE] = float(mc.intermediate_dim)
+    p[K.TP_WBPP] = 2.0
+    p[K.TP_FLOPS_US] = hc.tflops_peak * 1e6
+    p[K.TP_BW_US] = hc.bw_peak_tbs * 1e6
     return p
 
 
