@@ -114,8 +114,10 @@ def clamp_to_int64(v: float) -> np.int64:
 # ----------------------------------------------------------------------------- blackbox
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _blackbox_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _token_totals(n, progress, new_tokens, input_len, output_len):
+    """New prefill tokens and new decode tokens of the first ``n`` scheduled requests (a
+    request with no outputs never counts as decoding)."""
     prefill = np.int64(0)
     decode = np.int64(0)
     for i in range(n):
@@ -123,6 +125,12 @@ def _blackbox_step(params, n, progress, new_tokens, input_len, output_len) -> np
             prefill += new_tokens[i]
         elif output_len[i] > 0:
             decode += new_tokens[i]
+    return prefill, decode
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _blackbox_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
+    prefill, decode = _token_totals(n, progress, new_tokens, input_len, output_len)
     t = 0.0
     t += params[BB_BETA0]
     t += params[BB_BETA1] * float(prefill)
@@ -305,13 +313,7 @@ def _roofline_step(params, n, progress, new_tokens, input_len, output_len) -> np
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _crossmodel_step(params, n, progress, new_tokens, input_len, output_len) -> np.int64:
-    prefill = np.int64(0)
-    decode = np.int64(0)
-    for i in range(n):
-        if progress[i] < input_len[i]:
-            prefill += new_tokens[i]
-        elif output_len[i] > 0:
-            decode += new_tokens[i]
+    prefill, decode = _token_totals(n, progress, new_tokens, input_len, output_len)
     p = params
     t = (
         p[CM_BETA0] * p[CM_L]

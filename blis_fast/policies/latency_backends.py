@@ -225,6 +225,21 @@ def _check_trained_arch(name: str, mc: ModelConfig, hc: HardwareCalib, tp: int) 
     return kv_heads
 
 
+def _physics_layout(mc: ModelConfig, kv_heads: int, head_dim: int, tp: int) -> np.ndarray:
+    """A trained-physics parameter vector with the architecture fields both trained backends
+    share (layers, widths, heads per GPU, TP, experts); the caller sets the rest."""
+    p = np.zeros(K.TP_SIZE, dtype=np.float64)
+    p[K.TP_L] = float(mc.num_layers)
+    p[K.TP_D] = float(mc.hidden_dim)
+    p[K.TP_DKV] = float(kv_heads * head_dim)
+    p[K.TP_DH] = float(head_dim)
+    p[K.TP_TP] = float(tp)
+    p[K.TP_KEFF] = float(max(1, mc.num_experts_per_tok))
+    p[K.TP_HPG] = float(mc.num_heads) / float(tp)
+    p[K.TP_E] = float(mc.num_local_experts)
+    return p
+
+
 def _pack_trained_roofline(alpha: Sequence[float], beta: Sequence[float], mc: ModelConfig,
                            hc: HardwareCalib, tp: int, warnings: list[str]) -> np.ndarray:
     kv_heads = _check_trained_arch("trained-roofline", mc, hc, tp)
@@ -235,17 +250,9 @@ def _pack_trained_roofline(alpha: Sequence[float], beta: Sequence[float], mc: Mo
     check_coefficients("--beta-coeffs", beta)
     head_dim = mc.hidden_dim // mc.num_heads
     # the trained-physics layout (kernels/latency.py says why the step times are the same)
-    p = np.zeros(K.TP_SIZE, dtype=np.float64)
+    p = _physics_layout(mc, kv_heads, head_dim, tp)
     p[0:7] = beta[:7]
-    p[K.TP_L] = float(mc.num_layers)
-    p[K.TP_D] = float(mc.hidden_dim)
-    p[K.TP_DKV] = float(kv_heads * head_dim)
-    p[K.TP_DH] = float(head_dim)
-    p[K.TP_TP] = float(tp)
-    p[K.TP_KEFF] = float(max(1, mc.num_experts_per_tok))
-    p[K.TP_HPG] = float(mc.num_heads) / float(tp)
     p[K.TP_IS_MOE] = 1.0 if mc.num_local_experts > 0 else 0.0
-    p[K.TP_E] = float(mc.num_local_experts)
     p[K.TP_N_MOE] = float(mc.num_layers)
     p[K.TP_DFF_MOE] = float(mc.intermediate_dim)
     p[K.TP_WBPP] = 2.0
@@ -276,20 +283,12 @@ def _pack_trained_physics(alpha: Sequence[float], beta: Sequence[float], mc: Mod
     peak = hc.tflops_peak * 1e6
     if wbpp == 1.0 and hc.tflops_fp8 > 0:
         peak = hc.tflops_fp8 * 1e6
-    p = np.zeros(K.TP_SIZE, dtype=np.float64)
+    p = _physics_layout(mc, kv_heads, head_dim, tp)
     nb = min(10, len(beta))
     p[0:nb] = beta[:nb]
     p[K.TP_PREFILL_SPLIT] = 1.0 if len(beta) >= 9 else 0.0
     p[K.TP_DECODE_SPLIT] = 1.0 if len(beta) >= 10 else 0.0
-    p[K.TP_L] = float(mc.num_layers)
-    p[K.TP_D] = float(mc.hidden_dim)
-    p[K.TP_DKV] = float(kv_heads * head_dim)
-    p[K.TP_DH] = float(head_dim)
-    p[K.TP_TP] = float(tp)
-    p[K.TP_KEFF] = float(max(1, mc.num_experts_per_tok))
-    p[K.TP_HPG] = float(mc.num_heads) / float(tp)
     p[K.TP_IS_MOE] = 1.0 if mc.num_local_experts > 1 else 0.0
-    p[K.TP_E] = float(mc.num_local_experts)
     p[K.TP_N_MOE] = float(n_moe)
     p[K.TP_N_DENSE] = float(n_dense)
     p[K.TP_DFF_MOE] = float(d_ff_moe)
