@@ -113,8 +113,10 @@ def test_transfers_match_the_twin(opts, tmp_path_factory):
         bandwidth_gbps=opts["pd_transfer_bandwidth"],
         base_ms=opts["pd_transfer_base_latency"], contention=contention)
     assert sum(sum(c.values()) for c in expected.values()) > 0 or "horizon" in opts
-    if contention:
+    # with a horizon, requests.parquet leaves out parents still in flight, so transfers the
+    # twin cannot see may be counted in the others' concurrency: only durations are compared
+    if contention and "horizon" not in opts:
         assert observed == expected
-    else:
+    if not contention:
         assert all(set(c) == {-1} or set(c) == {None} for c in observed.values()), observed
     assert mismatches == []

@@ -81,6 +81,7 @@ from blis_fast.kernels.step import (
     itl_counts_from_marks,
     record_completion,
     run_step,
+    skip_idle_steps,
 )
 
 SEQ_LIMIT = MAX_EVENT_SEQ - (1 << 20)
@@ -238,10 +239,11 @@ def _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, done_at):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t):
+def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t, may_skip):
     """StepEvent: the step, processCompletions (ENG-2.4, DELTA-8; skipped when nothing
     finishes), then scheduleNextStep while the instance has work; in P/D mode the
     sub-requests that finished are then detected (``pd.detect``)."""
+    idle_before = ins.batch_len[i] == 0
     d = run_step(cfg, ins, rs, kv, lg, inp, i, t, work, hooks.sort_key, rt.req_priority)
     if d < 0:
         return
@@ -258,7 +260,9 @@ def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t):
                 keep += 1
         ins.batch_len[i] = keep
     if ins.batch_len[i] > 0 or ins.wq[i, QueueField.LEN] > 0:
-        _schedule_step(heap, ins, i, t + d)
+        idle = may_skip and idle_before and ins.batch_len[i] == 0
+        _schedule_step(heap, ins, i, skip_idle_steps(cfg, ins, kv, heap, i, t, d) if idle
+                       else t + d)
     else:
         ins.cnt[i, InstanceCounter.STEP_PENDING] = 0
     if pd.conf[pdk.PDConf.ON] == 1:
@@ -407,7 +411,9 @@ def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
         elif kind == Event.QUEUED:
             _on_queued(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
         elif kind == Event.STEP:
-            _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t)
+            # the autoscaler samples every instance event: no step may go untaken
+            _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t,
+                     asc is None)
         elif kind == Event.TIMEOUT:
             _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, x)
         # a request-left event only moves the instance's clock

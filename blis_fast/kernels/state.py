@@ -99,7 +99,8 @@ class InstanceCounterT(NamedTuple):
     LAST_STEP: int = 12  # the instance's last step-log entry (-1 = none)
     STEP_PENDING: int = 13  # 1 while a step event of the instance is in the heap
     DONE_IN_STEP: int = 14  # requests the last step will finish (0: skip completions)
-    SIZE: int = 15
+    IDLE_SKIPPED: int = 15  # steps without work counted but not logged (step.skip_idle_steps)
+    SIZE: int = 16
 
 
 InstanceCounter = InstanceCounterT()

@@ -19,7 +19,8 @@ import numpy as np
 
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels.batch import form_batch, order_wait_queue
-from blis_fast.kernels.enums import RequestState
+from blis_fast.kernels.enums import Priority, RequestState, Scheduler
+from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.jit import njit
 from blis_fast.kernels.latency import step_time
 from blis_fast.kernels.state import (
@@ -29,6 +30,7 @@ from blis_fast.kernels.state import (
     InstanceCounter,
     InstanceSlot,
     LogCursor,
+    LoopSlot,
     QueueField,
     QueueStat,
 )
@@ -192,6 +194,51 @@ def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority):
     ins.kv_integral[i] += np.float64(used) * np.float64(d)
     kvc.mirror_to_cpu(kv, i, ins.batch[i], ins.batch_len[i])  # MirrorToCPU
     return d
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def skip_idle_steps(cfg, ins, kv, heap, i, t, d):
+    """The time of instance ``i``'s next step after its step at ``t`` (duration ``d``), for a
+    step whose batch was empty before and after batch formation (one that emptied its batch by
+    preemption changed the cache, and the next step may well admit).
+
+    A step that formed an empty batch while requests wait (their KV does not fit: e.g. a P/D
+    decode instance whose blocks are reserved for transfers) changes nothing but counters, and
+    so does every later step until another event happens: the reference takes them all, one
+    empty step after another, up to ~3e8 one-microsecond steps until a 300 s deadline. Those
+    steps are counted here instead of taken: the same step counts, queue-length sums, KV-time
+    integral (added step by step, so bit-identical) and clock, with the next step on the same
+    grid (``t + (k + 1) d``, the first at or after the next event, the horizon or a pending
+    closed-loop follow-up). They are not logged (``IDLE_SKIPPED`` counts them). Only where the
+    queue's order cannot change with time: constant priorities, no user scheduler, no CPU tier.
+    """
+    if (ins.batch_len[i] != 0 or ins.wq[i, QueueField.LEN] == 0
+            or cfg.ints[ConfigSlot.PRIORITY] != Priority.CONSTANT
+            or cfg.ints[ConfigSlot.SCHEDULER] == Scheduler.CUSTOM
+            or kv.cfg[kvc.KVConfig.TIERED] != 0):
+        return t + d
+    loop = heap.loop
+    limit = INT64_MAX
+    if loop[LoopSlot.HEAP_SIZE] > 0:
+        limit = heap.times[0]
+    horizon = cfg.ints[ConfigSlot.HORIZON]
+    if horizon < limit:
+        limit = horizon + 1
+    if loop[LoopSlot.PENDING_OUTCOMES] > 0 and loop[LoopSlot.FOLLOW_UP_TICK] < limit:
+        limit = loop[LoopSlot.FOLLOW_UP_TICK]
+    if limit == INT64_MAX or limit - t <= d:  # nothing else ever happens: step as the reference
+        return t + d
+    k = (limit - t - 1) // d  # the steps at t + j d < limit, j = 1..k
+    queued = ins.wq[i, QueueField.LEN]
+    ins.cnt[i, InstanceCounter.STEPS] += k
+    ins.cnt[i, InstanceCounter.IDLE_SKIPPED] += k
+    ins.wq_sum[i, QueueStat.LENGTH_SUM] += k * queued
+    ins.wq_sum[i, QueueStat.STEPS] += k
+    area = np.float64(kvc.used_blocks(kv, i)) * np.float64(d)
+    for _ in range(k):
+        ins.kv_integral[i] += area
+    ins.cnt[i, InstanceCounter.CLOCK] = t + k * d
+    return t + (k + 1) * d
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
