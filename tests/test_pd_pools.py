@@ -32,13 +32,18 @@ def _steps(sim, instance: int) -> np.ndarray:
     return np.stack([sim.step_time[mine], sim.step_duration[mine]], axis=1)
 
 
-def test_a_decode_pool_backend_times_its_requests_as_a_plain_run_of_that_backend():
-    # decider never: every request runs whole on the one decode instance, so its figures are a
-    # one-instance run's; the decode pool's roofline must give exactly the plain roofline run's
+@pytest.mark.parametrize("layout", [
+    ONE_PLUS_ONE,
+    # a shared-role pod takes the decode pool's backend ("decode wins", PD-1.7)
+    {"num_instances": 2, "prefill_instances": 1, "prefill_decode_instances": 1},
+], ids=["decode-pod", "shared-pod"])
+def test_a_decode_pool_backend_times_its_requests_as_a_plain_run_of_that_backend(layout):
+    # decider never: every request runs whole on the one decode-capable instance, so its
+    # figures are a one-instance run's; the pool's roofline must give the plain roofline run's
     plain = _run(num_instances=1, latency_model="roofline")
-    pooled = _run(**ONE_PLUS_ONE, **TRAINED_ZERO_ALPHA, pd_decider="never",
+    pooled = _run(**layout, **TRAINED_ZERO_ALPHA, pd_decider="never",
                   decode_latency_model="roofline")
-    unpooled = _run(**ONE_PLUS_ONE, **TRAINED_ZERO_ALPHA, pd_decider="never")
+    unpooled = _run(**layout, **TRAINED_ZERO_ALPHA, pd_decider="never")
     n = WORKLOAD["num_requests"]
     assert (plain.e2e_us > 0).all()
     assert np.array_equal(pooled.ttft_us[:n], plain.ttft_us)
