@@ -190,7 +190,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
             _fail("closed-loop sessions are not supported yet with P/D disaggregation")
         pd = with_transfer_sizing(pd, opts, latency)
         pools = resolve_pools(pd, opts, latency)
-        pd = replace(pd, warnings=pd.warnings + tuple(config_warnings(opts, pd)))
+    pd = replace(pd, warnings=pd.warnings + tuple(config_warnings(opts, pd, latency.backend)))
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(

@@ -1,8 +1,9 @@
 """Property tests of prefill/decode disaggregation (issue 14, item 5) on random P/D
 configurations: pool splits (prefill, decode, shared, role-0 instances), the three deciders
 (prefix-threshold with shared prefixes), KV pressure on the decode side, short timeouts,
-horizons, contention on/off, link bandwidths from 0.05 to 50 GB/s, routing policies and
-per-pool TP.
+horizons, contention on/off, link bandwidths from 0.05 to 50 GB/s, routing policies, per-pool
+TP, per-pool latency backends (under a roofline or trained-physics global backend) and per-pool
+scorer lists (stateless and stateful scorers).
 
 Properties, per disaggregated parent (``res.simulation.pd.par``):
 
@@ -54,6 +55,12 @@ SETTINGS = dict(deadline=None, database=None, print_blob=True,
 F = ParentField
 
 
+POOL_BACKENDS = ["roofline", "trained-physics", "trained-roofline", "crossmodel", "blackbox"]
+POOL_SCORERS = ["queue-depth:1", "precise-prefix-cache:2,queue-depth:1",
+                "prefix-affinity:1,load-balance:1", "no-hit-lru:1,kv-utilization:1",
+                "active-requests:1,running-requests:2"]
+
+
 @st.composite
 def pd_configs(draw) -> dict:
     """A small valid P/D run (at most 60 requests on at most 6 instances)."""
@@ -79,11 +86,23 @@ def pd_configs(draw) -> dict:
     if opts["pd_decider"] == "prefix-threshold":
         opts["pd_prefix_threshold"] = draw(st.integers(0, 400))
         opts["prefix_tokens"] = draw(st.sampled_from([0, 128, 256]))
+    if draw(st.booleans()):
+        opts["latency_model"] = "trained-physics"
     if p > 0:
         opts["pd_transfer_bandwidth"] = draw(st.sampled_from([0.05, 1.0, 25.0, 50.0]))
         opts["pd_transfer_base_latency"] = draw(st.sampled_from([0.0, 0.05, 2.0]))
         if draw(st.booleans()):
             opts["prefill_tp"] = 2
+        # a pool's backend takes the global coefficients: roofline's (all zero) serve only
+        # roofline and blackbox, trained-physics' serve every backend
+        backends = (POOL_BACKENDS if opts.get("latency_model") == "trained-physics"
+                    else ["roofline", "blackbox"])
+        for pool in ("prefill", "decode"):
+            if draw(st.booleans()):
+                opts[f"{pool}_latency_model"] = draw(st.sampled_from(backends))
+    for pool in ("prefill", "decode"):  # scorer lists route shared pods too
+        if draw(st.booleans()):
+            opts[f"{pool}_routing_scorers"] = draw(st.sampled_from(POOL_SCORERS))
     opts["pd_transfer_contention"] = draw(st.booleans())
     pressure = draw(st.booleans())
     if pressure:  # decode-side drops and preemption

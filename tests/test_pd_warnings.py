@@ -13,6 +13,7 @@ import blis_fast
 BASE = {"model": "meta-llama/llama-3.1-8b-instruct", "num_instances": 2,
         "prefill_instances": 1, "decode_instances": 1, "pd_decider": "always",
         "num_requests": 40, "rate": 10.0}
+NO_POOLS = {"model": BASE["model"], "num_instances": 2, "num_requests": 40, "rate": 10.0}
 KV_DROPS = {**BASE, "num_instances": 4, "prefill_instances": 3, "rate": 40.0,
             "num_requests": 150, "total_kv_blocks": 900}
 
@@ -34,6 +35,13 @@ CASES = [
      {**BASE, "pd_transfer_bandwidth": 2.0, "pd_transfer_base_latency": 1.5}),
     ("D8-pool-hardware", "--decode-hardware L40S changes the decode pool's KV capacity",
      {**BASE, "decode_hardware": "L40S"}, BASE),
+    ("D10-pool-backend", "--decode-latency-model roofline times the decode pool with the "
+     "coefficients resolved for --latency-model trained-physics",
+     {**BASE, "latency_model": "trained-physics", "decode_latency_model": "roofline"},
+     {**BASE, "latency_model": "trained-physics", "decode_latency_model": "trained-physics"}),
+    ("D11-pool-scorers-without-pools", "--decode-routing-scorers has no effect without P/D pools",
+     {**NO_POOLS, "decode_routing_scorers": "queue-depth:1"},
+     {**BASE, "decode_routing_scorers": "queue-depth:1"}),
 ]
 
 

@@ -210,12 +210,18 @@ def validate_pd(opts: Any, replay: bool = False, allow_custom: bool = False,
         warnings=tuple(warnings))
 
 
-def config_warnings(opts: Any, pd: PDConfig) -> list[str]:
+def config_warnings(opts: Any, pd: PDConfig, global_backend: str = "") -> list[str]:
     """Warnings about reference behaviour a P/D configuration runs into (README, "known
     reference behaviour"): the shared round-robin counter (D1), per-pool GPUs that change only
-    the KV capacity (D8)."""
+    the KV capacity (D8), per-pool backends that reuse the global coefficients (D10), per-pool
+    scorers without pools (D11)."""
     out: list[str] = []
     if not pd.on:
+        for pool in ("prefill", "decode"):
+            if getattr(pd, f"{pool}_scorers"):
+                out.append(f"--{pool}-routing-scorers has no effect without P/D pools "
+                           "(--prefill-instances, --decode-instances or "
+                           "--prefill-decode-instances)")
         return out
     roles = pd.roles(opts.num_instances)
     pools = (int(np.count_nonzero(roles & ROLE_PREFILL)),
@@ -231,6 +237,12 @@ def config_warnings(opts: Any, pd: PDConfig) -> list[str]:
             out.append(f"--{pool}-hardware {gpu} changes the {pool} pool's KV capacity and "
                        "GPU label only; its step times use the --hardware calibration "
                        "(reference behaviour)")
+    for pool in ("prefill", "decode"):
+        backend = pool_backend(opts, pd, pool, global_backend)
+        if global_backend and backend != global_backend:
+            out.append(f"--{pool}-latency-model {backend} times the {pool} pool with the "
+                       f"coefficients resolved for --latency-model {global_backend} (alpha "
+                       "and beta), not coefficients of its own (reference behaviour)")
     return out
 
 
@@ -246,11 +258,6 @@ def check_construction(opts: Any, pd: PDConfig) -> None:
     if not pd.on:
         return
     # parts of the reference's P/D that blis_fast does not run yet: refused, never ignored
-    given = [f"--{flag}" for flag in ("prefill-latency-model", "decode-latency-model",
-                                      "prefill-routing-scorers", "decode-routing-scorers")
-             if opts.given(flag.replace("-", "_")) and pd.prefill > 0]
-    if given:
-        _fail(f"{given[0]} is not supported yet with P/D disaggregation")
     if pd.encode > 0:
         _fail("--encode-instances is not supported yet with P/D disaggregation")
 
@@ -279,11 +286,12 @@ def with_transfer_sizing(pd: PDConfig, opts: Any, latency: Any) -> PDConfig:
 
 @dataclass(frozen=True)
 class PoolClasses:
-    """Per-instance configuration of a P/D run (PD-2.8): latency parameters per class (0 =
-    global, 1 = prefill pool, 2 = decode and shared pods), each instance's class, KV blocks
-    and max model length."""
+    """Per-instance configuration of a P/D run (PD-1.7): latency backend and parameters per
+    class (0 = global, 1 = prefill pool, 2 = decode and shared pods), each instance's class,
+    KV blocks and max model length."""
 
     params: np.ndarray  # float64 [classes, P]: each class's packed latency parameters
+    codes: tuple[int, ...]  # each class's latency backend code
     instance_class: tuple[int, ...]
     kv_blocks: tuple[int, ...]
     max_model_len: tuple[int, ...]
@@ -292,17 +300,29 @@ class PoolClasses:
     def engine_fields(self) -> dict[str, Any]:
         """The ``EngineConfig`` fields these overrides set."""
         return {"latency_class_params": self.params,
+                "latency_class_codes": self.codes,
                 "instance_latency_class": self.instance_class,
                 "instance_kv_blocks": self.kv_blocks,
                 "instance_max_model_len": self.max_model_len}
 
 
+def pool_backend(opts: Any, pd: PDConfig, pool: str, global_backend: str) -> str:
+    """A pool's latency backend: ``--<pool>-latency-model`` when given (not empty) with a
+    prefill pool, else the global one."""
+    backend = getattr(opts, f"{pool}_latency_model")
+    if pd.prefill > 0 and opts.given(f"{pool}_latency_model") and backend:
+        return str(backend)
+    return global_backend
+
+
 def resolve_pools(pd: PDConfig, opts: Any, latency: Any) -> PoolClasses:
     """The per-pool overrides (``deployment.go: resolveConfigForRole``, ``cmd/root.go``'s
     per-pool KV calculation): a pool whose TP or GPU differs from the global one gets the KV
-    blocks computed for it (roofline and trained-physics only; its GPU changes nothing else:
-    step times keep the global hardware calibration) and, unless set, a max model length
-    capped by them; its TP repacks its latency parameters."""
+    blocks computed for it (when the *global* backend is roofline or trained-physics; its GPU
+    changes nothing else: step times keep the global hardware calibration) and, unless set, a
+    max model length capped by them. A pool's TP or backend repacks its latency parameters
+    from the global coefficients, model and hardware (a pool backend looks up no
+    coefficients of its own, ``resolve.go: ResolvePoolConfig``)."""
     from blis_fast.config.hardware import get_hw_config
     from blis_fast.config.kv_capacity import calculate_kv_blocks, extract_kv_capacity_params
     from blis_fast.config.latency import pack_latency_params
@@ -310,6 +330,8 @@ def resolve_pools(pd: PDConfig, opts: Any, latency: Any) -> PoolClasses:
 
     warnings: list[str] = []
     rows = [np.asarray(latency.params, np.float64)]
+    codes = [int(latency.code)]
+    pack_warnings: list[str] = []
     blocks = [latency.total_kv_blocks]
     max_len = [latency.max_model_len]
     kv_params = None
@@ -355,12 +377,21 @@ def resolve_pools(pd: PDConfig, opts: Any, latency: Any) -> PoolClasses:
                         n_len = cap
         if pd.prefill > 0 and opts.given(f"{pool}_max_model_len"):
             n_len = int(getattr(opts, f"{pool}_max_model_len"))
-        params = rows[0]
-        if tp != latency.tp:
-            _code, _alpha, params = pack_latency_params(
-                latency.backend, latency.alpha, latency.beta, latency.model_config,
-                latency.hardware, tp)
+        backend = pool_backend(opts, pd, pool, latency.backend)
+        params, code = rows[0], latency.code
+        if tp != latency.tp or backend != latency.backend:
+            try:
+                code, _alpha, params = pack_latency_params(
+                    backend, latency.alpha, latency.beta, latency.model_config,
+                    latency.hardware, tp, pack_warnings)
+            except BlisConfigError as exc:
+                if backend == latency.backend:
+                    raise
+                raise BlisConfigError(
+                    f"--{pool}-latency-model {backend}: {exc} (a pool's backend takes the "
+                    f"coefficients resolved for --latency-model {latency.backend})") from None
         rows.append(np.asarray(params, np.float64))
+        codes.append(int(code))
         blocks.append(int(n_blocks))
         max_len.append(int(n_len))
     width = max(len(r) for r in rows)
@@ -370,6 +401,7 @@ def resolve_pools(pd: PDConfig, opts: Any, latency: Any) -> PoolClasses:
     roles = pd.roles(opts.num_instances)
     cls = [0 if role == 0 or role == ROLE_ENCODE else (1 if role == ROLE_PREFILL else 2)
            for role in roles.tolist()]
-    return PoolClasses(params=params, instance_class=tuple(cls),
+    warnings += dict.fromkeys(w for w in pack_warnings if w not in latency.warnings)
+    return PoolClasses(params=params, codes=tuple(codes), instance_class=tuple(cls),
                        kv_blocks=tuple(blocks[c] for c in cls),
                        max_model_len=tuple(max_len[c] for c in cls), warnings=tuple(warnings))

@@ -48,9 +48,10 @@ class EngineConfig:
     instance_kv_blocks: tuple[int, ...] | None = None
     instance_max_model_len: tuple[int, ...] | None = None
     pd: Any = None  # blis_fast.config.pd.PDConfig: P/D pools and link (None or off: no P/D)
-    # latency parameters per class ([classes, P], row 0 = the global ones) and each
-    # instance's class; None = one class, latency.params
+    # latency backend code and parameters per class ([classes, P], row 0 = the global ones)
+    # and each instance's class; None = one class, latency.code and latency.params
     latency_class_params: np.ndarray | None = None
+    latency_class_codes: tuple[int, ...] | None = None
     instance_latency_class: tuple[int, ...] | None = None
     autoscale: AutoscaleSetup | None = None  # autoscaler / node pools; None: a fixed fleet
 
@@ -86,6 +87,21 @@ class EngineConfig:
     def latency_class_per_instance(self) -> np.ndarray:
         """Each instance's latency class (int64 [num_instances])."""
         return self._per_instance(self.instance_latency_class, 0)
+
+    def backend_per_instance(self) -> np.ndarray:
+        """Each instance's latency backend code, its class's (int64 [num_instances])."""
+        codes = self.latency_class_codes or (self.latency.code,)
+        return np.array(codes, np.int64)[self.latency_class_per_instance()]
+
+    def post_decode_per_instance(self) -> np.ndarray:
+        """Each instance's fixed post-decode overhead (ticks) under its backend: the
+        coefficients are the global ones whatever the backend (PD-1.8)."""
+        from blis_fast.kernels.latency import post_decode_fixed_overhead
+
+        alpha = np.ascontiguousarray(self.latency.alpha, np.float64)
+        codes = self.latency_class_codes or (self.latency.code,)
+        per_class = np.array([post_decode_fixed_overhead(c, alpha) for c in codes], np.int64)
+        return per_class[self.latency_class_per_instance()]
 
     def _per_instance(self, values: tuple[int, ...] | None, default: int) -> np.ndarray:
         n = self.options.num_instances

@@ -31,9 +31,18 @@ def rank_of_ids(id_list) -> np.ndarray:
     return rank
 
 
+def _pool_scorers(cfg: EngineConfig) -> list[tuple[tuple[str, float], ...]]:
+    """The P/D pools' own scorer lists (prefill, decode) that a run routes with."""
+    if not cfg.pd_on:
+        return []
+    return [s for s in (cfg.pd.prefill_scorers, cfg.pd.decode_scorers) if s]
+
+
 def _decider_reads_cache(cfg: EngineConfig) -> bool:
-    """True when the P/D prefix-threshold decider reads the router's cache view."""
-    return cfg.pd_on and cfg.pd.decider == "prefix-threshold"
+    """True when the P/D prefix-threshold decider or a pool's scorers read the router's
+    cache view."""
+    return cfg.pd_on and (cfg.pd.decider == "prefix-threshold" or any(
+        SCORERS.reads_cache(name for name, _ in s) for s in _pool_scorers(cfg)))
 
 
 def _delayed_cache_signal(cfg: EngineConfig) -> bool:
@@ -118,7 +127,18 @@ def instance_config(cfg: EngineConfig) -> np.ndarray:
     inst = np.zeros((cfg.options.num_instances, InstanceSlot.SIZE), np.int64)
     inst[:, InstanceSlot.MAX_MODEL_LEN] = cfg.max_model_len_per_instance()
     inst[:, InstanceSlot.LATENCY_CLASS] = cfg.latency_class_per_instance()
+    inst[:, InstanceSlot.BACKEND] = cfg.backend_per_instance()
+    inst[:, InstanceSlot.POST_DECODE] = cfg.post_decode_per_instance()
     return inst
+
+
+def _scorer_arrays(scorers) -> tuple[np.ndarray, np.ndarray]:
+    """A weighted policy's scorer codes and weights normalised to sum 1."""
+    total_weight = 0.0
+    for _, weight in scorers:
+        total_weight += weight
+    return (np.array([SCORERS.code(name) for name, _ in scorers], np.int64),
+            np.array([weight / total_weight for _, weight in scorers], np.float64))
 
 
 def router_state(cfg: EngineConfig, n: int, meta: RequestMeta, kv, room: Capacity):
@@ -126,21 +146,20 @@ def router_state(cfg: EngineConfig, n: int, meta: RequestMeta, kv, room: Capacit
     codes and parameters are packed into its slots by ``config_ints``."""
     opts = cfg.options
     scorers = cfg.scorers
-    total_weight = 0.0
-    for _, weight in scorers:
-        total_weight += weight
+    codes, weights = _scorer_arrays(scorers)
     prio, sheddable, tenant, model_bad = (pad(a, n, a.dtype) for a in meta.per_request)
     return new_router_state(
         opts.num_instances, n,
         routing=ROUTING.code(cfg.policies.routing),
         cache_delay=opts.cache_signal_delay,
         counterfactual_k=opts.counterfactual_k,
-        scorer_codes=np.array([SCORERS.code(name) for name, _ in scorers], np.int64),
+        scorer_codes=codes,
         uses_cache_query=SCORERS.reads_cache(name for name, _ in scorers),
         decider_reads_cache=_decider_reads_cache(cfg),
-        scorer_weights=np.array([weight / total_weight for _, weight in scorers], np.float64),
+        scorer_weights=weights,
         rng_state=new_source(subsystem_seed(opts.seed, "router")),
         trace=cfg.trace_decisions,
+        trace_scores=cfg.pd_on and bool(cfg.pd.decode_scorers),
         req_priority=prio, req_sheddable=sheddable, req_tenant=tenant, req_model_bad=model_bad,
         tenant_budget=meta.tenant_budget,
         max_chunks=room.max_chunks,
@@ -196,9 +215,30 @@ def with_prefill_rows(table):
         extra_ids=[f"{rid}_prefill" for rid in table.id_strings()])
 
 
-def pd_state(cfg: EngineConfig, parents, max_batch: int, inp: RequestInputs, ranked: bool):
+def pool_routers(cfg: EngineConfig, rt) -> tuple:
+    """The prefill and decode pools' policies (PD-2.3, PD-2.9, PD-2.11): a weighted policy
+    of the pool's own scorers with its own Go-rand stream (``prefill-router`` /
+    ``decode-router``), or the main router ``rt`` (packed already) when it has none."""
+    from blis_fast.kernels.router_state import pool_router
+
+    out = []
+    for pool in ("prefill", "decode"):
+        scorers = getattr(cfg.pd, f"{pool}_scorers")
+        if not scorers:
+            out.append(rt)
+            continue
+        codes, weights = _scorer_arrays(scorers)
+        out.append(pool_router(
+            rt, codes, weights, new_source(subsystem_seed(cfg.options.seed, f"{pool}-router")),
+            SCORERS.reads_cache(name for name, _ in scorers)))
+    return tuple(out)
+
+
+def pd_state(cfg: EngineConfig, parents, max_batch: int, inp: RequestInputs, ranked: bool,
+             rt):
     """The kernel's P/D state for the workload ``parents`` (rows ``[0, n)``, prefill rows
-    after them in ``inp``); with a ranked scheduler, the id ranks of all three kinds of rows
+    after them in ``inp``), its pools routed by ``pool_routers`` over the main router ``rt``
+    (packed already); with a ranked scheduler, the id ranks of all three kinds of rows
     (request, ``_prefill``, ``_decode``) are made one order and written into ``inp``."""
     from blis_fast.kernels.pd import new_pd_state
     from blis_fast.policies.deciders import DECIDERS
@@ -219,4 +259,4 @@ def pd_state(cfg: EngineConfig, parents, max_batch: int, inp: RequestInputs, ran
         DECIDERS.code(pdc.decider), pdc.threshold, pdc.contention, opts.block_size_in_tokens,
         pdc.bandwidth_gbps * 1000.0, pdc.base_latency_ms * 1000.0, pdc.block_bytes,
         rank_of_ids([f"{rid}_prefill" for rid in ids]),
-        rank_of_ids([f"{rid}_decode" for rid in ids]), dec_id_rank)
+        rank_of_ids([f"{rid}_decode" for rid in ids]), dec_id_rank, *pool_routers(cfg, rt))

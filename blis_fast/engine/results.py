@@ -163,7 +163,8 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
         thrashing_rate=thrash,
         still_queued=ins.wq[:, QueueField.LEN].copy(),
         still_running=ins.batch_len.copy(),
-        decisions=decision_trace(rt) if cfg.trace_decisions else None,
+        decisions=(decision_trace(rt, pd.rt_decode if pd is not None else rt)
+                   if cfg.trace_decisions else None),
         rejected_admission=int(ins.rejected[Rejection.ADMISSION]),
         rejected_routing=int(ins.rejected[Rejection.ROUTING]),
         step_time=lg.time[:steps].copy(),
@@ -185,11 +186,13 @@ def _pd_data(pd, rs, lg, used) -> PDRunData:
                      first_itl_step_us=first.astype(np.int64), decode_sub=rs.pd_sub[used].copy())
 
 
-def decision_trace(rt) -> DecisionTrace:
-    """Slice the kernel's trace buffers to the records actually written."""
+def decision_trace(rt, policy=None) -> DecisionTrace:
+    """Slice the kernel's trace buffers to the records actually written; ``policy`` made the
+    routing records (P/D: the decode pool's; default ``rt``), scores come with a weighted one."""
     na = int(rt.st[RouterVar.N_ADMISSION_RECORDS])
     nr = int(rt.st[RouterVar.N_ROUTING_RECORDS])
-    weighted = rt.rcfg[RouterCfg.ROUTING] == Routing.WEIGHTED
+    policy = rt if policy is None else policy
+    weighted = policy.rcfg[RouterCfg.ROUTING] == Routing.WEIGHTED
     return DecisionTrace(
         admission_request=rt.adm_req[:na].copy(), admission_clock=rt.adm_clock[:na].copy(),
         admitted=rt.adm_ok[:na].astype(bool), admission_reason=rt.adm_reason[:na].copy(),

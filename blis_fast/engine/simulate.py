@@ -145,7 +145,6 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     lg = new_step_log(max(1024, 4 * n_req), max(1024, 2 * n_req))
     meta = request_metadata(table, given, model)  # tenant capacity: --num-instances (AS-7.3)
     rt = router_state(cfg, n, meta, kv, room)
-    pd = pd_state(cfg, parents, max_batch, inp, ranked) if cfg.pd_on else pd_off()
     heap = push_cluster_arrivals(new_event_heap(3 * n_req + 4 * n_inst + 16), inp.arrival,
                                  np.arange(parents.n, dtype=np.int64),
                                  np.full(parents.n, -1, np.int64))
@@ -164,6 +163,8 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
                         cfg.latency_params_by_class(),
                         np.ascontiguousarray(cfg.latency.alpha, np.float64),
                         instance_rank_of(n_inst), instance_config(cfg))
+    # after config_ints: a pool's policy copies the main router's packed slots
+    pd = pd_state(cfg, parents, max_batch, inp, ranked, rt) if cfg.pd_on else pd_off(rt)
     asc = None
     if cfg.autoscale is not None:
         fleet.check_rows(fleet_rows)

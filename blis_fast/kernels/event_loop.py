@@ -229,7 +229,7 @@ def _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, done_at):
     kvc.release(kv, i, r)
     rs.fin_step[r] = ins.cnt[i, InstanceCounter.STEPS]
     _push(heap, done_at, _INSTANCE, i, EventPriority.REQUEST_LEFT, Event.REQUEST_LEFT, r)
-    record_completion(ins, rs, lg, inp, i, r, cfg.ints[ConfigSlot.POST_DECODE])
+    record_completion(ins, rs, lg, inp, i, r, cfg.inst[i, InstanceSlot.POST_DECODE])
     adm.on_done(rt, r)
     if inp.session[r] >= 0:
         seq = heap.loop[LoopSlot.NEXT_SEQ]
@@ -302,7 +302,7 @@ def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, r):
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _on_arrival(cfg, inp, heap, i, t, r):
     """ArrivalEvent: the request is queued after the backend's queueing delay."""
-    delay = queueing_time(cfg.ints[ConfigSlot.BACKEND], cfg.alpha, inp.input_len[r])
+    delay = queueing_time(cfg.inst[i, InstanceSlot.BACKEND], cfg.alpha, inp.input_len[r])
     _push(heap, t + delay, _INSTANCE, i, EventPriority.QUEUED, Event.QUEUED, r)
 
 
@@ -446,12 +446,24 @@ def push_cluster_arrivals(heap, arrival, rows, seqs):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _config_status(cfg, rt, hooks):
+def _scorers_known(rt, hooks):
+    """True when every scorer code of the policy ``rt`` is one the kernel implements."""
+    for s in range(rt.scorer_codes.shape[0]):
+        if not is_known_scorer(rt.scorer_codes[s], len(hooks.scorer_table)):
+            return False
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _config_status(cfg, rt, hooks, pd):
     """Status.OK, or the error status of a code no kernel implements (the codes are checked
     before the run, never fallen through)."""
     ints = cfg.ints
     if not is_known_backend(ints[ConfigSlot.BACKEND]):
         return Status.UNKNOWN_BACKEND
+    for i in range(cfg.inst.shape[0]):
+        if not is_known_backend(cfg.inst[i, InstanceSlot.BACKEND]):
+            return Status.UNKNOWN_BACKEND
     if ints[ConfigSlot.N_INSTANCES] > MAX_INSTANCES:
         return Status.TOO_MANY_INSTANCES
     if not (0 <= ints[ConfigSlot.PRIORITY] < len(Priority)
@@ -459,9 +471,9 @@ def _config_status(cfg, rt, hooks):
             and adm.is_known_policy(rt.rcfg[RouterCfg.ADMISSION])
             and rtk.is_known_policy(rt.rcfg[RouterCfg.ROUTING])):
         return Status.UNKNOWN_POLICY
-    for s in range(rt.scorer_codes.shape[0]):
-        if not is_known_scorer(rt.scorer_codes[s], len(hooks.scorer_table)):
-            return Status.UNKNOWN_POLICY
+    if not (_scorers_known(rt, hooks) and _scorers_known(pd.rt_prefill, hooks)
+            and _scorers_known(pd.rt_decode, hooks)):
+        return Status.UNKNOWN_POLICY
     return Status.OK
 
 
@@ -472,7 +484,7 @@ def simulate(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     autoscaler's state, None for a fixed fleet). Returns (status, step log, heap); every other
     result is written into the state groups in place. Call again after Status.SESSIONS (once the follow-ups are
     pushed) to continue."""
-    status = _config_status(cfg, rt, hooks)
+    status = _config_status(cfg, rt, hooks, pd)
     if status != Status.OK:
         return status, lg, heap
     while True:

@@ -31,11 +31,24 @@ from blis_fast.kernels import admission as adm
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels import routing as rtk
 from blis_fast.kernels.batch import wq_push_back
-from blis_fast.kernels.enums import Decider, Event, EventPriority, Registration, RequestState
+from blis_fast.kernels.enums import (
+    Decider,
+    Event,
+    EventPriority,
+    Registration,
+    RequestState,
+    Routing,
+)
 from blis_fast.kernels.events import CLUSTER, INSTANCE, push_event, schedule_step
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.router_state import RouterCfg, RouterVar
-from blis_fast.kernels.state import ConfigSlot, HotField, InstanceCounter, Rejection
+from blis_fast.kernels.router_state import RouterCfg, RouterState, RouterVar
+from blis_fast.kernels.state import (
+    ConfigSlot,
+    HotField,
+    InstanceCounter,
+    InstanceSlot,
+    Rejection,
+)
 
 
 class PDConfT(NamedTuple):
@@ -128,13 +141,19 @@ class PDState(NamedTuple):
     dec_id_rank: np.ndarray  # int64 [cap] scheduler id rank of "<id>_decode" (RANKED)
     cnt: np.ndarray  # int64 [PDCounter.SIZE]
     buf: np.ndarray  # int64 [2, max_batch] completions of the step at hand
+    # the policies that pick a prefill / a decode instance (PD-2.3, PD-2.9): a pool's own
+    # weighted policy (router_state.pool_router) or the main router state itself
+    rt_prefill: RouterState
+    rt_decode: RouterState
 
 
 def new_pd_state(cap: int, max_batch: int, cand_prefill: np.ndarray, cand_decode: np.ndarray,
                  decider: int, threshold: int, contention: bool, block_size: int,
                  bandwidth: float, base: float, block_bytes: float, pfx_rank: np.ndarray,
-                 dec_rank: np.ndarray, dec_id_rank: np.ndarray | None) -> PDState:
-    """The P/D state of a run (``cap`` workload rows, prefill rows after them)."""
+                 dec_rank: np.ndarray, dec_id_rank: np.ndarray | None,
+                 rt_prefill: RouterState, rt_decode: RouterState) -> PDState:
+    """The P/D state of a run (``cap`` workload rows, prefill rows after them) whose pools
+    are routed by ``rt_prefill`` and ``rt_decode``."""
     n_inst = max(len(cand_prefill), len(cand_decode), 1)
     conf = np.zeros(PDConf.SIZE, np.int64)
     conf[PDConf.ON] = 1
@@ -166,17 +185,20 @@ def new_pd_state(cap: int, max_batch: int, cand_prefill: np.ndarray, cand_decode
                    dec_id_rank=np.ascontiguousarray(
                        dec_id_rank if dec_id_rank is not None else np.zeros(cap), np.int64),
                    cnt=np.zeros(PDCounter.SIZE, np.int64),
-                   buf=np.zeros((2, max_batch + 1), np.int64))
+                   buf=np.zeros((2, max_batch + 1), np.int64),
+                   rt_prefill=rt_prefill, rt_decode=rt_decode)
 
 
-def pd_off() -> PDState:
-    """The state of a run without P/D (``ON`` = 0; nothing reads the rest)."""
+def pd_off(rt: RouterState) -> PDState:
+    """The state of a run without P/D (``ON`` = 0; nothing reads the rest; the pool
+    policies are the main router ``rt``)."""
     one = np.zeros(1, np.int64)
     return PDState(conf=np.zeros(PDConf.SIZE, np.int64), rate=np.zeros(PDRate.SIZE),
                    cand_prefill=one, cand_decode=one.copy(),
                    par=np.zeros((1, ParentField.SIZE), np.int64), pfx_rank=one.copy(),
                    dec_rank=one.copy(), dec_id_rank=one.copy(),
-                   cnt=np.zeros(PDCounter.SIZE, np.int64), buf=np.zeros((2, 1), np.int64))
+                   cnt=np.zeros(PDCounter.SIZE, np.int64), buf=np.zeros((2, 1), np.int64),
+                   rt_prefill=rt, rt_decode=rt)
 
 
 # ------------------------------------------------------------------ routing
@@ -200,9 +222,9 @@ def _disaggregate(pd, rt, kv, r, input_len, target):
 @njit(cache=True, _nrt=False, error_model="numpy")
 def route_decode_first(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r):
     """The routing event in P/D mode (PD-3.1): snapshots of every routable instance, the
-    routing policy over the decode pool (no model filter), then the decider. A local request
-    is recorded and arrives at its instance as usual; a disaggregated one schedules its
-    prefill routing."""
+    decode pool's policy (``pd.rt_decode``) over the decode pool (no model filter), then the
+    decider. A local request is recorded and arrives at its instance as usual; a
+    disaggregated one schedules its prefill routing."""
     n_dec = pd.conf[PDConf.N_DECODE]
     if n_dec == 0:
         ins.rejected[Rejection.ROUTING] += 1
@@ -210,12 +232,14 @@ def route_decode_first(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r):
         return
     rtk.take_snapshots(rt, ins, kv, t, rt.routable, rt.st[RouterVar.N_ROUTABLE])
     n_in = inp.input_len[r]
-    chosen, best = rtk.pick(rt, kv, r, n_in, t, inp.arrival[r], hooks.scorer_table,
+    policy = pd.rt_decode
+    chosen, best = rtk.pick(policy, kv, r, n_in, t, inp.arrival[r], hooks.scorer_table,
                             pd.cand_decode, n_dec)
     target = pd.cand_decode[chosen]
     if not _disaggregate(pd, rt, kv, r, n_in, target):
         if rt.rcfg[RouterCfg.TRACE] == 1:
-            rtk.record_routing(rt, r, t, chosen, best, cfg.instance_rank, pd.cand_decode, n_dec)
+            rtk.record_routing(rt, r, t, chosen, best, cfg.instance_rank, pd.cand_decode, n_dec,
+                               policy.rcfg[RouterCfg.ROUTING] == Routing.WEIGHTED)
         ins.cnt[target, InstanceCounter.IN_FLIGHT] += 1
         adm.on_routed(rt, r)
         rs.inst[r] = target
@@ -232,13 +256,13 @@ def route_decode_first(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r):
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def on_prefill_routing(inp, rs, ins, kv, rt, heap, hooks, pd, t, r):
-    """PrefillRoutingEvent (PD-3.6): the routing policy picks a prefill-pool instance for the
-    prefill sub-request, which arrives there at once."""
+    """PrefillRoutingEvent (PD-3.6): the prefill pool's policy (``pd.rt_prefill``) picks a
+    prefill-pool instance for the prefill sub-request, which arrives there at once."""
     rtk.refresh_cache_signal(rt, kv, t)
     rtk.take_snapshots(rt, ins, kv, t, rt.routable, rt.st[RouterVar.N_ROUTABLE])
     n_pre = pd.conf[PDConf.N_PREFILL]
     p = r + pd.conf[PDConf.CAP]
-    chosen, _best = rtk.pick(rt, kv, p, inp.input_len[p], t, inp.arrival[p],
+    chosen, _best = rtk.pick(pd.rt_prefill, kv, p, inp.input_len[p], t, inp.arrival[p],
                              hooks.scorer_table, pd.cand_prefill, n_pre)
     target = pd.cand_prefill[chosen]
     pd.par[r, ParentField.PREFILL] = target
@@ -294,7 +318,8 @@ def detect(cfg, pd, heap, t):
     _sort_by_rank(pd.buf[1], n_dec, pd.dec_rank, 0)
     for k in range(n_dec):
         r = pd.buf[1, k]
-        pd.par[r, ParentField.T_DONE] = t + cfg.ints[ConfigSlot.POST_DECODE]
+        pd.par[r, ParentField.T_DONE] = t + cfg.inst[pd.par[r, ParentField.DECODE],
+                                                     InstanceSlot.POST_DECODE]
         pd.cnt[PDCounter.DECODE_COMPLETED] += 1
     pd.cnt[PDCounter.NOTED_PREFILL] = 0
     pd.cnt[PDCounter.NOTED_DECODE] = 0

@@ -207,10 +207,14 @@ def new_router_state(
     table_size: int = 16,
     uses_cache_query: bool = False,
     decider_reads_cache: bool = False,
+    trace_scores: bool = False,
 ) -> RouterState:
     """Allocate the router state (trace buffers only when tracing is on); ``routing``,
-    ``cache_delay`` and ``counterfactual_k`` size it. The policy codes and parameters in
-    ``rcfg``/``rfl`` are packed by the caller from the declared slots (engine/engine_config.py)."""
+    ``cache_delay`` and ``counterfactual_k`` size it. ``decider_reads_cache``: something
+    besides this policy reads the cache view (the P/D decider, a pool's scorers);
+    ``trace_scores``: traced decisions carry scores even when ``routing`` is not weighted (a
+    pool's weighted policy makes them). The policy codes and parameters in ``rcfg``/``rfl`` are
+    packed by the caller from the declared slots (engine/engine_config.py)."""
     n = n_instances
     rcfg = np.zeros(RouterCfg.SIZE, np.int64)
     rcfg[RouterCfg.ROUTING] = routing
@@ -272,10 +276,30 @@ def new_router_state(
         rt_req=np.zeros(rec, np.int64), rt_clock=np.zeros(rec, np.int64),
         rt_target=np.zeros(rec, np.int64), rt_regret=np.zeros(rec, np.float64),
         rt_best=np.zeros(rec, np.float64),
-        rt_scores=np.zeros((rec if trace and routing == Routing.WEIGHTED else 1, n), np.float64),
+        rt_scores=np.zeros((rec if trace and (routing == Routing.WEIGHTED or trace_scores)
+                            else 1, n), np.float64),
         cf_inst=np.full((rec, k), -1, np.int64), cf_score=np.zeros((rec, k), np.float64),
         cf_int=np.zeros((rec, k, CandidateCount.SIZE), np.int64),
         cf_kv=np.zeros((rec, k), np.float64),
         hook_snap=np.zeros((n, hk.SNAP_COLS), np.float64),
         hook_req=np.zeros(hk.REQ_COLS, np.float64),
     )
+
+
+def pool_router(main: RouterState, scorer_codes: np.ndarray, scorer_weights: np.ndarray,
+                rng_state: np.ndarray, uses_cache_query: bool) -> RouterState:
+    """A P/D pool's own weighted policy (PD-2.3, PD-2.9): its scorers, weights, Go-rand stream,
+    prefix-affinity index and no-hit LRU, over the snapshots, cache view, scratch and trace
+    buffers of ``main`` (whose ``rcfg`` is already packed). Only ``routing.pick`` runs on it:
+    the trace records, snapshots and cache refresh stay with ``main``."""
+    n = main.routable.shape[0]
+    own = new_router_state(n, 1, routing=Routing.WEIGHTED, scorer_codes=scorer_codes,
+                           scorer_weights=scorer_weights, rng_state=rng_state)
+    rcfg = main.rcfg.copy()
+    rcfg[RouterCfg.ROUTING] = Routing.WEIGHTED
+    rcfg[RouterCfg.N_SCORERS] = len(scorer_codes)
+    rcfg[RouterCfg.USES_CACHE_QUERY] = 1 if uses_cache_query else 0
+    return main._replace(
+        rcfg=rcfg, st=own.st, scorer_codes=own.scorer_codes, scorer_weights=own.scorer_weights,
+        rng=own.rng, pa_hash=own.pa_hash, pa_prev=own.pa_prev, pa_next=own.pa_next,
+        pa_table=own.pa_table, pa_meta=own.pa_meta, nh_order=own.nh_order, nh_set=own.nh_set)

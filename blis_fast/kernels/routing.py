@@ -226,7 +226,8 @@ def route(rt, kv, r, input_len, clock, inst_rank, arrival, scorer_table, cand, n
     (:func:`pick`) and record the decision in the trace."""
     chosen, best = pick(rt, kv, r, input_len, clock, arrival, scorer_table, cand, n)
     if rt.rcfg[RouterCfg.TRACE] == 1:
-        record_routing(rt, r, clock, chosen, best, inst_rank, cand, n)
+        record_routing(rt, r, clock, chosen, best, inst_rank, cand, n,
+                       rt.rcfg[RouterCfg.ROUTING] == Routing.WEIGHTED)
     return cand[chosen]
 
 
@@ -261,17 +262,18 @@ def _rank_candidates(rt, weighted, inst_rank, cand, n):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def record_routing(rt, r, clock, chosen, best, inst_rank, cand, n):
+def record_routing(rt, r, clock, chosen, best, inst_rank, cand, n, weighted):
     """Append the routing decision (candidate ``chosen`` of ``cand[:n]``) to the trace, with
-    the top-k counterfactual candidates and the regret of the choice (CLU-6). Scores are kept
-    per instance; an instance that was not a candidate has NaN."""
+    the top-k counterfactual candidates and the regret of the choice (CLU-6); ``weighted``:
+    the deciding policy was a weighted one (its scores are in ``rt.scores``), else the
+    candidates rank by load. Scores are kept per instance; an instance that was not a
+    candidate has NaN."""
     k = rt.st[RouterVar.N_ROUTING_RECORDS]
     rt.st[RouterVar.N_ROUTING_RECORDS] = k + 1
     rt.rt_req[k] = r
     rt.rt_clock[k] = clock
     rt.rt_target[k] = cand[chosen]
     rt.rt_best[k] = best
-    weighted = rt.rcfg[RouterCfg.ROUTING] == Routing.WEIGHTED
     if weighted:
         if n < rt.rt_scores.shape[1]:
             for i in range(rt.rt_scores.shape[1]):

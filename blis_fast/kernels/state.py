@@ -60,9 +60,9 @@ class ConfigSlotT(NamedTuple):
     ROUTING_LATENCY: int = 7
     PRIORITY: int = 8  # Priority code
     SCHEDULER: int = 9  # Scheduler code
-    BACKEND: int = 10  # latency Backend code
+    BACKEND: int = 10  # the global latency Backend code; instances read InstanceSlot.BACKEND
     OUTPUT_TOKEN_TIME: int = 11  # alpha2 as ticks
-    POST_DECODE: int = 12  # fixed post-decode overhead (trained backends)
+    POST_DECODE: int = 12  # the global post-decode overhead; instances read InstanceSlot's
     SIZE: int = 13
 
 
@@ -75,7 +75,9 @@ class InstanceSlotT(NamedTuple):
 
     MAX_MODEL_LEN: int = 0  # 0 = unlimited
     LATENCY_CLASS: int = 1  # row of SimConfig.latency_params its steps are timed with
-    SIZE: int = 2
+    BACKEND: int = 2  # latency Backend code of its steps, queueing delay and post-decode time
+    POST_DECODE: int = 3  # fixed post-decode overhead (ticks) of its latency backend
+    SIZE: int = 4
 
 
 InstanceSlot = InstanceSlotT()

@@ -112,7 +112,7 @@ def _step_duration(cfg, ins, rs, kv, inp, i, work):
             work.input_len[g] = inp.input_len[r]
             work.output_len[g] = inp.output_len[r]
             g += 1
-    d = step_time(cfg.ints[ConfigSlot.BACKEND],
+    d = step_time(cfg.inst[i, InstanceSlot.BACKEND],
                   cfg.latency_params[cfg.inst[i, InstanceSlot.LATENCY_CLASS]], g, work.progress,
                   work.new_tokens, work.input_len, work.output_len)
     d += kvc.consume_pending_transfer(kv, i)
