@@ -204,3 +204,67 @@ def test_pool_invariants(prefill, decode, shared, extra, decider, contention, re
                         pd_transfer_contention=contention, routing_policy=policy,
                         num_requests=requests, rate=20.0, log="error")
     _check_against_counters(res)
+
+
+def test_sweep_over_splits_carries_pd_columns(tmp_path):
+    """``blis sweep`` varies the split (zip of pool sizes) and the link; its summary rows carry
+    the P/D columns, its ``--requests`` output each configuration's pools."""
+    from _sweep import invoke, summary, write_spec
+
+    spec = write_spec(tmp_path, f"""\
+base:
+  model: {MODEL}
+  num_instances: 4
+  num_requests: 120
+  rate: 40
+  pd_decider: always
+  routing_policy: least-loaded
+zip:
+  prefill_instances: [1, 2]
+  decode_instances: [3, 2]
+grid:
+  pd_transfer_bandwidth: [25, 2]
+""")
+    out = tmp_path / "out"
+    result = invoke(["sweep", str(spec), "--out", str(out), "--workers", "1", "--requests"])
+    assert result.code == 0, result.stderr
+    frame = summary(out)
+    assert frame.height == 4 and frame["error"].null_count() == 4
+    assert frame.select("prefill_instances", "decode_instances",
+                        "pd_transfer_bandwidth").rows() == [
+        (1, 3, 25.0), (2, 2, 25.0), (1, 3, 2.0), (2, 2, 2.0)]  # grid outside zip
+    assert (frame["pd_disaggregated_requests"] == 120).all()
+    assert (frame["pd_decode_completed"] == frame["completed_requests"]).all()
+    # a slower link: longer transfers and a later first token, for either split
+    for split in frame.partition_by("prefill_instances"):
+        fast, slow = split.sort("pd_transfer_bandwidth", descending=True).rows(named=True)
+        assert slow["pd_kv_transfer_mean_ms"] > 5 * fast["pd_kv_transfer_mean_ms"] > 0
+        assert slow["pd_parent_ttft_mean_ms"] > fast["pd_parent_ttft_mean_ms"]
+    # goodput per GPU against the split, from the sweep's own rows
+    goodput = frame.with_columns(
+        (pl.col("pd_decode_completed") / pl.col("gpu_seconds")).alias("per_gpu_s"))
+    assert (goodput["per_gpu_s"] > 0).all()
+    for row in frame.iter_rows(named=True):
+        pools = pl.read_parquet(out / "pools" / f"config_id={row['config_id']}" /
+                                "pools.parquet")
+        assert pools["instances"].to_list() == [row["prefill_instances"],
+                                                row["decode_instances"]]
+        assert pools["transfers_received"].sum() == row["pd_disaggregated_requests"]
+        assert pools["gpu_seconds"].sum() == pytest.approx(row["gpu_seconds"])
+
+
+def test_per_pool_tp_counts_gpus(tmp_path):
+    """--decode-tp 2: the decode and shared pools hold two GPUs an instance, in pools.parquet
+    and in the run's GPU-seconds and cost; an instance outside the pools keeps --tp."""
+    res = blis_fast.run(model=MODEL, num_instances=5, prefill_instances=1, decode_instances=2,
+                        prefill_decode_instances=1, decode_tp=2, pd_decider="always",
+                        routing_policy="least-loaded", num_requests=40, rate=20.0,
+                        gpu_hour_cost=3.6, output_dir=str(tmp_path), log="error")
+    pools = pl.read_parquet(tmp_path / "pools.parquet")
+    assert pools.select("pool", "tp", "gpus").rows() == [
+        ("prefill", 1, 1), ("decode", 2, 4), ("shared", 2, 2)]
+    end_s = pools["gpu_seconds"][0]
+    summary = pl.read_parquet(tmp_path / "summary.parquet").row(0, named=True)
+    assert summary["gpu_seconds"] == pytest.approx((1 + 4 + 2 + 1) * end_s)  # + the idle one
+    assert summary["cost_usd"] == pytest.approx(summary["gpu_seconds"] / 1000)
+    assert f"GPU-Seconds: {summary['gpu_seconds']:.1f}\n" in res.stdout

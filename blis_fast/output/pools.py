@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL, pool_tp
+from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine.results import SimulationResult
 from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.pd import ParentField
 from blis_fast.kernels.state import InstanceCounter
-from blis_fast.output.cost import run_end_us
+from blis_fast.output.cost import instance_gpus, run_end_us
 from blis_fast.output.parquet import load_schema
 from blis_fast.output.stats import (
     distribution,
@@ -71,6 +71,7 @@ def pool_rows(res: SimulationResult, instances: list[InstanceMetrics]) -> list[d
     ended = max((m.sim_ended_time_us for m in instances), default=0)
     end_us = run_end_us(res)
     blocks = cfg.kv_blocks_per_instance()
+    gpus_of = instance_gpus(res)
     flag = par[:, _F.FLAG] == 1
     prefill_inst, decode_inst = par[:, _F.PREFILL], par[:, _F.DECODE]
     start, done = par[:, _F.T_XFER_START], par[:, _F.T_XFER_DONE]
@@ -85,8 +86,7 @@ def pool_rows(res: SimulationResult, instances: list[InstanceMetrics]) -> list[d
         if idx.size == 0:
             continue
         members = [instances[i] for i in idx.tolist()]
-        tp = max(1, pool_tp(opts, pd, "prefill" if bits == ROLE_PREFILL else "decode",
-                            int(cfg.latency.tp)))
+        tp = int(gpus_of[idx[0]])
         gpu = cfg.latency.gpu
         given = "prefill_hardware" if bits == ROLE_PREFILL else "decode_hardware"
         if pd.prefill > 0 and opts.given(given):
