@@ -20,6 +20,7 @@ from blis_fast.kernels.pd import ParentField
 from blis_fast.kernels.state import InstanceCounter
 from blis_fast.output.cost import instance_gpus, run_end_us
 from blis_fast.output.parquet import load_schema
+from blis_fast.output.pd import run_ended_us
 from blis_fast.output.stats import (
     distribution,
     sorted_weighted,
@@ -68,7 +69,7 @@ def pool_rows(res: SimulationResult, instances: list[InstanceMetrics]) -> list[d
     par = res.pd.par
     n = res.table.n
     roles = pd.roles(opts.num_instances)
-    ended = max((m.sim_ended_time_us for m in instances), default=0)
+    ended = run_ended_us(instances)
     end_us = run_end_us(res)
     blocks = cfg.kv_blocks_per_instance()
     gpus_of = instance_gpus(res)
