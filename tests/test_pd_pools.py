@@ -74,6 +74,17 @@ def _check_against_counters(res) -> pl.DataFrame:
             (by.get("prefill", 0) + by.get("shared", 0)) / seconds, rel=1e-12)
         assert summary["pd_decode_throughput"] == pytest.approx(
             (by.get("decode", 0) + by.get("shared", 0)) / seconds, rel=1e-12)
+    if (par[split, ParentField.T_DONE] > 0).all():  # every parent in requests.parquet
+        reqs = res.requests_frame()
+        pool_of = {i: row["pool"] for row in pools.iter_rows(named=True)
+                   for i in row["instance_ids"]}
+        for column, key in (("decode_sub_requests", "decode_instance"),
+                            ("prefill_sub_requests", "prefill_instance"),
+                            ("local_requests", "handled_by")):
+            rows = reqs if key != "handled_by" else reqs.filter(pl.col("pd_outcome") == "local")
+            counted = rows[key].drop_nulls().replace_strict(pool_of).value_counts()
+            assert dict(counted.iter_rows()) == {
+                p: c for p, c in zip(pools["pool"], pools[column], strict=True) if c}, column
     if split.any():
         block = _block(res.stdout)
         assert int(block["Disaggregated Requests"]) == summary["pd_disaggregated_requests"]
