@@ -95,12 +95,29 @@ class RunResult:
     requests: RequestColumns
     simulation: SimulationResult
     prepared: Prepared
-    summary_extras: dict = field(default_factory=dict)  # cost and fleet columns (ours)
+    summary_extras: dict = field(default_factory=dict)  # cost, fleet and P/D columns (ours)
+    pools: list[dict] | None = None  # pools.parquet's rows; None without P/D
 
     @property
     def summary_row(self) -> dict:
-        """``summary.parquet``'s row: the reference's summary plus the cost/fleet columns."""
+        """``summary.parquet``'s row: the reference's summary plus the cost/fleet/P/D columns."""
         return {**self.summary, **self.summary_extras}
+
+    def pools_table(self):
+        """A P/D run's pools as a pyarrow Table (schema ``schemas/pools.json``); None without
+        P/D."""
+        if self.pools is None:
+            return None
+        from blis_fast.output.pools import pools_table
+
+        return pools_table(self.pools)
+
+    def pools_frame(self):
+        """A P/D run's pools as a polars DataFrame; None without P/D."""
+        import polars as pl
+
+        table = self.pools_table()
+        return None if table is None else pl.from_arrow(table)
 
     def requests_table(self):
         """Per-request results as a pyarrow Table (schema ``schemas/requests.json``)."""
@@ -144,7 +161,8 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
     write_outputs(plan, opts, replay, prepared.table, res, outputs)
     return RunResult(stdout=outputs.stdout, summary=outputs.summary,
                      per_instance=outputs.per_instance, requests=outputs.requests,
-                     simulation=res, prepared=prepared, summary_extras=outputs.summary_extras)
+                     simulation=res, prepared=prepared, summary_extras=outputs.summary_extras,
+                     pools=outputs.pools)
 
 
 def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prepared:

@@ -68,6 +68,23 @@ def summary_columns(res, cost: CostReport) -> dict:
     return cols
 
 
+def instance_gpus(res) -> np.ndarray:
+    """GPUs of each instance of a fixed fleet: its TP (at least 1), a P/D pool's own
+    (``--prefill-tp``, ``--decode-tp``; shared pods take the decode pool's) where given."""
+    cfg = res.config
+    n = res.counters.shape[0]
+    tp = max(1, int(cfg.latency.tp))
+    gpus = np.full(n, tp, np.int64)
+    if cfg.pd_on:
+        from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL, pool_tp
+
+        roles = cfg.pd.roles(n)
+        for pool, mask in (("prefill", roles == ROLE_PREFILL),
+                           ("decode", (roles & ROLE_DECODE) > 0)):
+            gpus[mask] = max(1, pool_tp(cfg.options, cfg.pd, pool, tp))
+    return gpus
+
+
 def run_end_us(res) -> int:
     """The end of the run: the horizon or the last instance event, whichever is earlier."""
     last = int(res.counters[:, InstanceCounter.CLOCK].max(initial=0))
@@ -93,8 +110,7 @@ def run_cost(res, completed: int) -> CostReport:
         for p in setup.pools:
             price_of[p.name] = p.gpu_hour_cost if p.gpu_hour_cost is not None else flag_price
     if res.fleet is None:
-        per_pool[DEFAULT_POOL] = (res.counters.shape[0] * max(1, int(res.config.latency.tp))
-                                  * end / 1e6)
+        per_pool[DEFAULT_POOL] = float(instance_gpus(res).sum()) * end / 1e6
     else:
         from blis_fast.kernels.autoscale_layout import AsInst
         from blis_fast.output.scaling import node_names

@@ -6,7 +6,8 @@
   completions, drops at the decode side added to dropped, transfers in flight added to
   running) and takes TTFT/E2E/scheduling delay from the parents' projection
   (:func:`project`), ITL from every instance's samples;
-* ``=== PD Metrics ===`` (:func:`pd_section`).
+* ``=== PD Metrics ===`` (:func:`pd_section`) and its figures as ``summary.parquet`` columns
+  (:func:`pd_summary_columns`), both from :func:`pd_figures`.
 
 Reference behaviour kept as it is (README, "known reference behaviour"): dropped and timed-out
 parents are projected as if completed; "Dropped at Decode KV" prints 0; the cluster
@@ -15,15 +16,17 @@ scheduling delay of a disaggregated request is its prefill's only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine.results import SimulationResult
 from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.pd import ParentField, PDCounter
 from blis_fast.output.run_outputs import client_meta, mean_itl
-from blis_fast.output.stats import distribution, go_fixed
+from blis_fast.output.stats import Distribution, distribution, go_fixed
 from blis_fast.output.summary import InstanceMetrics, RequestColumns, aggregate_instances
 
 _F = ParentField
@@ -174,22 +177,41 @@ def cluster_aggregate_pd(res: SimulationResult, instances: list[InstanceMetrics]
     return agg
 
 
-def _dist_line(label: str, values: np.ndarray) -> str:
-    dist = distribution(values)
+def _dist_line(label: str, dist: Distribution) -> str:
     return (f"{label}: mean={go_fixed(dist.mean, 1)} p50={go_fixed(dist.p50, 1)} "
             f"p95={go_fixed(dist.p95, 1)} p99={go_fixed(dist.p99, 1)}\n")
 
 
-def pd_section(res: SimulationResult, instances: list[InstanceMetrics]) -> str:
-    """``=== PD Metrics ===`` (PD-6.5), or "" when no request was disaggregated."""
+@dataclass(frozen=True)
+class PDFigures:
+    """The ``=== PD Metrics ===`` figures of a P/D run (PD-6.10), computed once for stdout
+    and ``summary.parquet``; distributions in µs, None when empty (their line is omitted)."""
+
+    any_disaggregated: bool  # some request was split: the block is printed
+    disaggregated: int  # parents whose transfer completed
+    decode_completed: int
+    decode_timed_out: int
+    dropped_at_decode_kv: int  # the real count (the block prints 0, reference behaviour)
+    prefill_throughput: float  # sub-request completions per second, prefill-role instances
+    decode_throughput: float
+    imbalance: float  # max/min of the two; 1.0 when both are 0, inf when one is
+    parent_ttft: Distribution | None
+    transfer: Distribution | None
+    contention: bool
+    peak_transfers: int
+    mean_queue_depth: float
+
+
+def pd_figures(res: SimulationResult, instances: list[InstanceMetrics],
+               proj: Projection | None = None) -> PDFigures:
+    """The P/D block's figures (``proj``: the run's :func:`project`, computed when None)."""
     pd = res.pd
     par = pd.par
+    cnt = pd.counters
     flag = par[:, _F.FLAG] == 1
-    if not flag.any():
-        return ""
     cfg = res.config
     roles = cfg.pd.roles(cfg.options.num_instances)
-    ended = max((m.sim_ended_time_us for m in instances), default=0)
+    ended = run_ended_us(instances)
     seconds = float(ended) / 1e6
 
     def throughput(bit: int) -> float:
@@ -198,33 +220,95 @@ def pd_section(res: SimulationResult, instances: list[InstanceMetrics]) -> str:
         done = sum(int(m.completed) for i, m in enumerate(instances) if roles[i] & bit)
         return float(done) / seconds
 
-    pre, dec = throughput(1), throughput(2)
+    pre, dec = throughput(ROLE_PREFILL), throughput(ROLE_DECODE)
     if pre == 0 and dec == 0:
-        ratio = "1.0000"
+        ratio = 1.0
     elif pre == 0 or dec == 0:
-        ratio = "inf (one pool idle)"
+        ratio = math.inf
     else:
-        ratio = go_fixed(max(pre, dec) / min(pre, dec), 4)
-    lines = ["=== PD Metrics ===\n",
-             f"Disaggregated Requests: {int(np.count_nonzero(flag & (par[:, _F.T_XFER_DONE] > 0)))}\n",
-             "Dropped at Decode KV: 0\n",
-             f"Prefill Throughput: {go_fixed(pre, 4)} sub-req/s\n",
-             f"Decode Throughput: {go_fixed(dec, 4)} sub-req/s\n",
-             f"Load Imbalance Ratio: {ratio}\n"]
-    proj_ttft = project(res).parent_ttft_us
+        ratio = max(pre, dec) / min(pre, dec)
+    proj_ttft = (proj or project(res)).parent_ttft_us
     ttft = proj_ttft[proj_ttft > 0]
-    if ttft.size:
-        lines.append(_dist_line("Parent TTFT (us)", ttft))
     start, done = par[:, _F.T_XFER_START], par[:, _F.T_XFER_DONE]
     ok = flag & (start > 0) & (done >= start)
-    if ok.any():
-        lines.append(_dist_line("KV Transfer Duration (us)", (done - start)[ok]))
-    if cfg.pd.contention:
-        starts = int(pd.counters[PDCounter.STARTS])
-        depth = float(pd.counters[PDCounter.DEPTH_SUM]) / starts if starts else 0.0
-        lines.append(f"Peak Concurrent Transfers: {int(pd.counters[PDCounter.PEAK])}\n")
-        lines.append(f"Mean Transfer Queue Depth: {go_fixed(depth, 4)}\n")
+    starts = int(cnt[PDCounter.STARTS])
+    return PDFigures(
+        any_disaggregated=bool(flag.any()),
+        disaggregated=int(np.count_nonzero(flag & (done > 0))),
+        decode_completed=int(cnt[PDCounter.DECODE_COMPLETED]),
+        decode_timed_out=int(cnt[PDCounter.DECODE_TIMED_OUT]),
+        dropped_at_decode_kv=int(cnt[PDCounter.DROPPED_AT_DECODE_KV]),
+        prefill_throughput=pre, decode_throughput=dec, imbalance=ratio,
+        parent_ttft=distribution(ttft) if ttft.size else None,
+        transfer=distribution((done - start)[ok]) if ok.any() else None,
+        contention=bool(cfg.pd.contention),
+        peak_transfers=int(cnt[PDCounter.PEAK]),
+        mean_queue_depth=float(cnt[PDCounter.DEPTH_SUM]) / starts if starts else 0.0,
+    )
+
+
+def run_ended_us(instances: list[InstanceMetrics]) -> int:
+    """The run's SimEndedTime: the latest instance's (the P/D throughputs' denominator)."""
+    return max((m.sim_ended_time_us for m in instances), default=0)
+
+
+def pd_section(res: SimulationResult, instances: list[InstanceMetrics],
+               figures: PDFigures | None = None) -> str:
+    """``=== PD Metrics ===`` (PD-6.9), or "" when no request was disaggregated."""
+    f = figures or pd_figures(res, instances)
+    if not f.any_disaggregated:
+        return ""
+    ratio = ("inf (one pool idle)" if math.isinf(f.imbalance) else go_fixed(f.imbalance, 4))
+    lines = ["=== PD Metrics ===\n",
+             f"Disaggregated Requests: {f.disaggregated}\n",
+             "Dropped at Decode KV: 0\n",
+             f"Prefill Throughput: {go_fixed(f.prefill_throughput, 4)} sub-req/s\n",
+             f"Decode Throughput: {go_fixed(f.decode_throughput, 4)} sub-req/s\n",
+             f"Load Imbalance Ratio: {ratio}\n"]
+    if f.parent_ttft is not None:
+        lines.append(_dist_line("Parent TTFT (us)", f.parent_ttft))
+    if f.transfer is not None:
+        lines.append(_dist_line("KV Transfer Duration (us)", f.transfer))
+    if f.contention:
+        lines.append(f"Peak Concurrent Transfers: {f.peak_transfers}\n")
+        lines.append(f"Mean Transfer Queue Depth: {go_fixed(f.mean_queue_depth, 4)}\n")
     return "".join(lines)
+
+
+PD_SUMMARY_COLUMNS = (
+    "pd_disaggregated_requests", "pd_decode_completed", "pd_decode_timed_out",
+    "pd_dropped_at_decode_kv", "pd_prefill_throughput", "pd_decode_throughput",
+    "pd_load_imbalance_ratio",
+    "pd_parent_ttft_mean_ms", "pd_parent_ttft_p50_ms", "pd_parent_ttft_p95_ms",
+    "pd_parent_ttft_p99_ms",
+    "pd_kv_transfer_mean_ms", "pd_kv_transfer_p50_ms", "pd_kv_transfer_p95_ms",
+    "pd_kv_transfer_p99_ms",
+    "pd_peak_concurrent_transfers", "pd_mean_transfer_queue_depth",
+)
+"""summary.parquet's P/D columns (schemas/summary.json), null for a run without P/D."""
+
+
+def pd_summary_columns(figures: PDFigures | None) -> dict:
+    """summary.parquet's P/D columns from the block's figures (ms, not the block's µs); all
+    null without P/D, distributions null when empty, transfer queue figures null without
+    ``--pd-transfer-contention``."""
+    cols: dict = dict.fromkeys(PD_SUMMARY_COLUMNS)
+    if figures is None:
+        return cols
+    f = figures
+    cols.update(pd_disaggregated_requests=f.disaggregated,
+                pd_decode_completed=f.decode_completed, pd_decode_timed_out=f.decode_timed_out,
+                pd_dropped_at_decode_kv=f.dropped_at_decode_kv,
+                pd_prefill_throughput=f.prefill_throughput,
+                pd_decode_throughput=f.decode_throughput, pd_load_imbalance_ratio=f.imbalance)
+    for name, dist in (("parent_ttft", f.parent_ttft), ("kv_transfer", f.transfer)):
+        if dist is not None:
+            for stat in ("mean", "p50", "p95", "p99"):
+                cols[f"pd_{name}_{stat}_ms"] = getattr(dist, stat) / 1e3
+    if f.contention:
+        cols["pd_peak_concurrent_transfers"] = f.peak_transfers
+        cols["pd_mean_transfer_queue_depth"] = f.mean_queue_depth
+    return cols
 
 
 def pd_warnings(res: SimulationResult, opts) -> list[str]:

@@ -43,7 +43,8 @@ class RunOutputs:
     per_instance: list[dict]
     requests: RequestColumns
     cost: CostReport | None = None  # when a GPU-hour price was given (blis_fast's extension)
-    summary_extras: dict = field(default_factory=dict)  # summary.parquet's cost/fleet columns
+    summary_extras: dict = field(default_factory=dict)  # summary.parquet's cost/fleet/P/D columns
+    pools: list[dict] | None = None  # pools.parquet's rows (output/pools.py), P/D runs only
 
 
 def plan_outputs(opts: Any, replay: bool) -> OutputPlan:
@@ -72,7 +73,7 @@ def plan_outputs(opts: Any, replay: bool) -> OutputPlan:
         plan.check_dir(opts.output_dir, "--output-dir")
         if os.path.isdir(opts.output_dir):
             for name in ("summary.parquet", "requests.parquet", "decisions.parquet",
-                         "scaling.parquet"):
+                         "scaling.parquet", "pools.parquet"):
                 plan.check_file(os.path.join(opts.output_dir, name), "--output-dir")
     return plan
 
@@ -211,18 +212,23 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
     """The metrics and the stdout report of a simulated run (``opts``: its RunOptions)."""
     instances = instance_metrics(res)
     pd_text = ""
+    figures = pools = None
     if res.pd is not None:  # P/D: parents projected, counters corrected (output/pd.py)
         from blis_fast.output.pd import (
             cluster_aggregate_pd,
+            pd_figures,
             pd_section,
             project,
             request_columns_pd,
         )
+        from blis_fast.output.pools import pool_rows
 
         proj = project(res)
         requests = request_columns_pd(res, proj)
         aggregate = cluster_aggregate_pd(res, instances, proj)
-        pd_text = pd_section(res, instances)
+        figures = pd_figures(res, instances, proj)
+        pd_text = pd_section(res, instances, figures)
+        pools = pool_rows(res, instances)
     else:
         requests = request_columns(res, res.table)  # pre-generated requests, then follow-ups
         aggregate = aggregate_instances(instances)
@@ -243,12 +249,15 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
         pd_section=pd_text,
     )
     cost = run_cost(res, int(aggregate.completed))
+    from blis_fast.output.pd import pd_summary_columns  # imports this module
     stdout = render_report(report)
     if cost.priced:
         stdout += cost.section()
     return RunOutputs(stdout=stdout, summary=summary, per_instance=per_instance,
                       requests=requests, cost=cost if cost.priced else None,
-                      summary_extras=summary_columns(res, cost))
+                      summary_extras={**summary_columns(res, cost),
+                                      **pd_summary_columns(figures)},
+                      pools=pools)
 
 
 def write_outputs(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
@@ -299,6 +308,10 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
             from blis_fast.output.scaling import scaling_table
 
             tables.append(("scaling.parquet", scaling_table(res)))
+        if outputs.pools is not None:
+            from blis_fast.output.pools import pools_table
+
+            tables.append(("pools.parquet", pools_table(outputs.pools)))
         out_dir = plan.make_dir(opts.output_dir, "--output-dir")
         for name, tab in tables:
             plan.stage(out_dir / name, "--output-dir",

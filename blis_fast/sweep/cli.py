@@ -31,7 +31,8 @@ def _backend_options(func):
 @_backend_options
 @click.option("--resume", is_flag=True, help="Run only the configurations not yet in --out")
 @click.option("--requests", "with_requests", is_flag=True,
-              help="Also write per-request rows, partitioned by configuration id")
+              help="Also write per-request rows (and a P/D configuration's pools), "
+                   "partitioned by configuration id")
 @click.option("--chunk-size", type=GO_INT, default=None,
               help="Configurations per task [default: about 64 tasks, at most 32 each]")
 def sweep_command(spec: str, out_dir: str, workers: int | None, backend: str,

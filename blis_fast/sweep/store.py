@@ -5,6 +5,7 @@ Layout under ``--out DIR``::
     manifest.json                                  the spec, versions, runs (start/end, counts)
     summary/part-<first config id>.parquet         one row per configuration of a chunk
     requests/config_id=<id>/requests.parquet       per-request rows (``--requests``)
+    pools/config_id=<id>/pools.parquet             a P/D configuration's pools (``--requests``)
 
 Every summary file has the same Arrow schema (:func:`summary_schema`): ``config_id``, the
 configuration's option columns (typed from the options table), the metric columns of
@@ -69,6 +70,7 @@ class SweepStore:
         self.schema = summary_schema(plan.columns)
         self.summary_dir = self.root / "summary"
         self.requests_dir = self.root / "requests"
+        self.pools_dir = self.root / "pools"
         self.manifest_path = self.root / "manifest.json"
         self._values = {c.config_id: c.values for c in plan.configs}
         self._manifest: dict[str, Any] = {}
@@ -155,12 +157,15 @@ class SweepStore:
                           flag="--out")
 
     def write(self, results: list[ConfigResult]) -> None:
-        """Write a chunk's requests files, then its summary rows (which mark it done)."""
+        """Write a chunk's requests (and P/D pools) files, then its summary rows (which mark
+        it done)."""
         for res in results:
-            if res.requests is not None:
-                part = self.requests_dir / f"config_id={res.config_id}"
-                part.mkdir(parents=True, exist_ok=True)
-                atomic_write_table(part / "requests.parquet", res.requests, flag="--out")
+            for folder, name, table in ((self.requests_dir, "requests.parquet", res.requests),
+                                        (self.pools_dir, "pools.parquet", res.pools)):
+                if table is not None:
+                    part = folder / f"config_id={res.config_id}"
+                    part.mkdir(parents=True, exist_ok=True)
+                    atomic_write_table(part / name, table, flag="--out")
         ordered = sorted(results, key=lambda r: r.config_id)
         atomic_write_table(self.summary_dir / f"part-{ordered[0].config_id}.parquet",
                            self.rows_table(ordered), flag="--out")

@@ -29,6 +29,7 @@ class ConfigResult:
     metrics: dict[str, Any] | None
     error: str | None = None
     requests: pa.Table | None = None
+    pools: pa.Table | None = None  # a P/D configuration's pools.parquet (with the requests)
 
 
 @dataclass
@@ -85,7 +86,8 @@ def run_chunk(task: ChunkTask) -> list[ConfigResult]:
         metrics = summary_table(run.summary_row).to_pylist()[0]
         del metrics["instance_id"]
         results.append(ConfigResult(config_id, metrics, None,
-                                    run.requests_table() if task.with_requests else None))
+                                    run.requests_table() if task.with_requests else None,
+                                    run.pools_table() if task.with_requests else None))
     return results
 
 
