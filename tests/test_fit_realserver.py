@@ -4,10 +4,13 @@ predict the other.
 Marker ``realserver`` (CI's real-server command). Skipped with the reason when vLLM cannot be
 installed or started. One server serves every observation.
 
-The design keeps the machine's own drift out of the comparison: the two loads are observed in
-alternating segments (8, 2, 8, 2 requests/s, after a discarded warm-up segment), the fit uses
-both 8 requests/s segments and the held-out figures pool both 2 requests/s segments, so a
-background job that slows the server for a while weighs on both loads alike.
+The design keeps the server's own drift out of the comparison: the two loads are observed in
+four alternations of short segments (8, 2, 8, 2, ... requests/s, after a discarded warm-up
+segment), the fit uses every 8 requests/s segment and the held-out figures pool every
+2 requests/s one. The CPU server's speed wanders by ±5-10 % from one segment to the next (its
+median ITL, same load, quiet machine: 1698-2118 µs across runs, up to 19 % apart within one
+run), and with two segments per load that alone decided whether the held-out error passed
+10 % (runs at 4.9-7.3 % and at 12.8-13.7 %); four per load average it out.
 
 A segment whose chunks reached the client in bursts (more than 30 % of the inter-chunk gaps
 under 0.2 ms: the API process or the client was starved of CPU and vLLM merged its outputs;
@@ -19,12 +22,9 @@ The same holds for a segment during which other processes kept more than a quart
 busy (``blis_fast.testing.foreign_cpu``: the machine's busy time minus this process's and the
 server's): under a load average of ~6 one run here measured a held-out mean-E2E error of
 10.7 %, against 5-6 % on a quiet machine.
-
-Finally the server itself must hold still: on a quiet machine one server run measured a median
-ITL 19 % higher in one 2 requests/s segment than in the other (2435 against 2047 µs, and
-1950-2120 µs at 8 requests/s), which no latency model fitted on one load can follow. When the
-two segments of either load differ by more than 10 % in median ITL, the whole round is
-observed again (up to three rounds), and the test is skipped, saying so, if none holds still.
+A check that the segments of one load agree was tried and dropped: the server drifts smoothly
+(2070 → 1720 µs over one minute), so same-load segments spread by 20-40 % while interleaving
+still puts both loads on the same footing (eight such rounds: held-out mean E2E error 4.8-8.8 %).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from blis_fast.testing.vllm_server import MODEL_NAME, VllmServer, VllmUnavailabl
 BURST_GAP_US = 200
 BURST_SHARE = 0.30
 FOREIGN_CORES = 0.25
-DRIFT_MAX = 0.10
 ATTEMPTS = 3
 
 pytestmark = pytest.mark.realserver
@@ -48,31 +47,24 @@ REPLAY_MODEL = "meta-llama/llama-3.1-8b-instruct"
 WORKLOAD = dict(prompt_tokens=64, prompt_tokens_stdev=24, prompt_tokens_min=16,
                 prompt_tokens_max=128, output_tokens=24, output_tokens_stdev=8,
                 output_tokens_min=8, output_tokens_max=48)
-SEGMENTS = (("warmup", 8.0, 12), ("rate8a", 8.0, 80), ("rate2a", 2.0, 40), ("rate8b", 8.0, 80),
-            ("rate2b", 2.0, 40))
+ROUNDS = 4  # alternations of the two loads: a segment's own speed level averages out
+SEGMENTS = (("warmup", 8.0, 12),
+            *((name, rate, count) for k in range(ROUNDS)
+              for name, rate, count in ((f"rate8-{k}", 8.0, 40), (f"rate2-{k}", 2.0, 20))))
+FIT_SEGMENTS = tuple(f"rate8-{k}" for k in range(ROUNDS))
+HELD_SEGMENTS = tuple(f"rate2-{k}" for k in range(ROUNDS))
 
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory):
-    """Traces (header, data, itl) of each segment, observed one after another on one server;
-    a set whose same-load segments disagree is observed again (module docstring)."""
+    """Traces (header, data, itl) of each segment, observed one after another on one server."""
     server = VllmServer()
     try:
         server.start()
     except VllmUnavailable as exc:
         pytest.skip(f"real vLLM server unavailable: {exc}")
     try:
-        for round_index in range(1, ATTEMPTS + 1):
-            out = _observe_set(server, tmp_path_factory.mktemp(f"fit-real-{round_index}"))
-            drift = max(_drift(out, "rate8a", "rate8b"), _drift(out, "rate2a", "rate2b"))
-            print(f"\nround {round_index}: same-load segments differ by {drift * 100:.0f}% in "
-                  f"median ITL")
-            if drift <= DRIFT_MAX:
-                return out
-        pytest.skip(f"the server's median ITL moved by {drift * 100:.0f}% between segments of "
-                    f"the same load in the last of {ATTEMPTS} rounds (at most "
-                    f"{DRIFT_MAX * 100:.0f}% allowed): it did not hold still long enough to "
-                    f"compare two loads")
+        return _observe_set(server, tmp_path_factory.mktemp("fit-real"))
     finally:
         server.stop()
 
@@ -126,12 +118,6 @@ def _median_itl(data_path: str) -> float:
     return statistics.median(itls) if itls else 0.0
 
 
-def _drift(out: dict[str, tuple[str, str, str]], a: str, b: str) -> float:
-    """Relative difference of two segments' median ITL (over the smaller)."""
-    itl_a, itl_b = _median_itl(out[a][1]), _median_itl(out[b][1])
-    return abs(itl_a - itl_b) / max(min(itl_a, itl_b), 1.0)
-
-
 def _burst_share(itl_path: str) -> float:
     """Share of consecutive-chunk gaps under ``BURST_GAP_US`` in an ITL file."""
     import csv
@@ -177,8 +163,8 @@ def test_fit_on_one_load_predicts_the_other(observed):
     def load(name):
         return load_fit_trace(*observed[name], warmup_requests=0)
 
-    train = [load("rate8a"), load("rate8b")]
-    held = [load("rate2a"), load("rate2b")]
+    train = [load(name) for name in FIT_SEGMENTS]
+    held = [load(name) for name in HELD_SEGMENTS]
     base = {"model": REPLAY_MODEL}
     weights = {"ttft": 1.0, "itl": 1.0, "e2e": 1.0}
     result = fit(train, base, weights, max_evaluations=2000, time_limit_s=120, seed=0)
