@@ -37,7 +37,7 @@ from blis_fast.engine.results import SimulationResult, raise_failure, read_resul
 from blis_fast.engine.sessions import SessionDriver
 from blis_fast.kernels.autoscale_layout import AsVar
 from blis_fast.kernels.enums import Status
-from blis_fast.kernels.event_loop import config_status, push_cluster_arrivals, run_events
+from blis_fast.kernels.event_loop import push_cluster_arrivals, run_events
 from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.pd import pd_off
 from blis_fast.kernels.state import (
@@ -138,9 +138,6 @@ class KernelRun:
 
     def __call__(self, cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
         """Returns (status, step log, heap) like the loop's state after the last call."""
-        status = config_status(cfg, rt, hooks, pd)
-        if status != Status.OK:
-            return status, lg, heap
         while True:
             lg.sizes[LogCursor.ENTRIES] += 1
             args = (cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
@@ -152,7 +149,8 @@ class KernelRun:
             elif status == Status.GROW_LOG:
                 lg = grow_step_log(lg, 1, 2 * ins.batch.shape[1] + 1)
             else:
-                if status != Status.SESSIONS:  # the run is over: marks become counts
+                if status in (Status.OK, Status.SEQ_OVERFLOW, Status.KV_LIST_OVERFLOW):
+                    # the run is over (or stopped on a limit): marks become counts
                     itl_counts_from_marks(lg, np.zeros(cfg.ints[ConfigSlot.N_INSTANCES],
                                                        np.int64))
                 return status, lg, heap

@@ -359,8 +359,11 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     """Process events until the heap drains, the horizon is passed, or the loop must stop
     (a Status: a buffer to grow, closed-loop outcomes that must become follow-ups first,
     ``inp.session[r]`` >= 0 marking a request of a closed-loop session, CLU-1.15; or an
-    error). ``asc`` is the autoscaler's state (``kernels/autoscale.py``), None for a fixed
-    fleet."""
+    error, before the first event, for a code no kernel implements). ``asc`` is the
+    autoscaler's state (``kernels/autoscale.py``), None for a fixed fleet."""
+    status = _config_status(cfg, rt, hooks, pd)
+    if status != Status.OK:
+        return status
     horizon = cfg.ints[ConfigSlot.HORIZON]
     while True:
         status = _stop_status(horizon, ins, kv, lg, heap, sess)
@@ -453,8 +456,8 @@ def _scorers_known(rt, hooks):
     return True
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
-def config_status(cfg, rt, hooks, pd):
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _config_status(cfg, rt, hooks, pd):
     """Status.OK, or the error status of a code no kernel implements (the codes are checked
     before the run, never fallen through)."""
     ints = cfg.ints
@@ -476,4 +479,4 @@ def config_status(cfg, rt, hooks, pd):
     return Status.OK
 
 
-__all__ = ["SEQ_LIMIT", "EventHeap", "config_status", "push_cluster_arrivals", "run_events"]
+__all__ = ["SEQ_LIMIT", "EventHeap", "push_cluster_arrivals", "run_events"]

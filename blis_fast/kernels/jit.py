@@ -44,7 +44,7 @@ if "NUMBA_LOOP_VECTORIZE" not in os.environ:
 
 PYTHON_CALLABLE: dict[str, frozenset[str]] = {
     # module (under blis_fast.kernels): kernels called from Python
-    "event_loop": frozenset({"run_events", "config_status", "push_cluster_arrivals"}),
+    "event_loop": frozenset({"run_events", "push_cluster_arrivals"}),
     "state": frozenset({"grow_event_heap", "grow_step_log"}),
     "step": frozenset({"itl_counts_from_marks"}),
     "generation": frozenset({"generate_kernel"}),
