@@ -27,10 +27,10 @@ def notify_if_compiling() -> None:
     and start compiling the engine in a second process (it is independent of the workload
     kernels this process compiles next)."""
     global _engine_warmup
-    from blis_fast.kernels.event_loop import simulate
+    from blis_fast.kernels.event_loop import run_events
     from blis_fast.kernels.generation import generate_kernel
 
-    engine_ready = _has_cached_overload(simulate)
+    engine_ready = _has_cached_overload(run_events)
     if engine_ready and _has_cached_overload(generate_kernel):
         return
     log.warning("compiling the simulation kernels (first run after install or upgrade; "

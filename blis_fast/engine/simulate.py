@@ -37,21 +37,26 @@ from blis_fast.engine.results import SimulationResult, raise_failure, read_resul
 from blis_fast.engine.sessions import SessionDriver
 from blis_fast.kernels.autoscale_layout import AsVar
 from blis_fast.kernels.enums import Status
-from blis_fast.kernels.event_loop import push_cluster_arrivals, simulate
+from blis_fast.kernels.event_loop import push_cluster_arrivals, run_events
 from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.pd import pd_off
 from blis_fast.kernels.state import (
+    ConfigSlot,
     KernelHooks,
+    LogCursor,
     LoopSlot,
     OutcomeField,
     SessionBuffers,
     SimConfig,
+    grow_event_heap,
+    grow_step_log,
     new_event_heap,
     new_instance_arrays,
     new_request_arrays,
     new_step_log,
     new_work,
 )
+from blis_fast.kernels.step import itl_counts_from_marks
 from blis_fast.policies.scorers import SCORERS
 
 __all__ = ["EngineConfig", "Hooks", "SessionPlan", "SimulationResult", "hook_errors",
@@ -122,6 +127,35 @@ def _compiled_overload(dispatcher, args):
     return dispatcher if overload is None else overload.entry_point
 
 
+class KernelRun:
+    """Calls of the event loop (``kernels/event_loop.py: run_events``) until the run ends or
+    closed-loop outcomes wait for their follow-ups, growing the heap and the step log between
+    calls. After the first call the compiled entry point is called directly: resolving the
+    argument types (the function-pointer table especially) costs more than a short re-entry."""
+
+    def __init__(self) -> None:
+        self.entry = run_events
+
+    def __call__(self, cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
+        """Returns (status, step log, heap) like the loop's state after the last call."""
+        while True:
+            lg.sizes[LogCursor.ENTRIES] += 1
+            args = (cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
+            status = self.entry(*args)
+            if self.entry is run_events:
+                self.entry = _compiled_overload(run_events, args)
+            if status == Status.GROW_HEAP:
+                heap = grow_event_heap(heap, 2 * heap.times.shape[0])
+            elif status == Status.GROW_LOG:
+                lg = grow_step_log(lg, 1, 2 * ins.batch.shape[1] + 1)
+            else:
+                if status in (Status.OK, Status.SEQ_OVERFLOW, Status.KV_LIST_OVERFLOW):
+                    # the run is over (or stopped on a limit): marks become counts
+                    itl_counts_from_marks(lg, np.zeros(cfg.ints[ConfigSlot.N_INSTANCES],
+                                                       np.int64))
+                return status, lg, heap
+
+
 def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | None,
               room: Capacity, fleet_rows: int) -> SimulationResult:
     """One simulation with ``room`` for follow-ups and ``fleet_rows`` instance rows (the flag's
@@ -177,18 +211,14 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
         hooks = _kernel_hooks(cfg.hooks)
-        run = simulate
+        run = KernelRun()
         while True:
-            args = (sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
-            status, lg, heap = run(*args)
+            status, lg, heap = run(sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess,
+                                   pd, asc)
             if status == Status.GROW_FLEET:
                 raise fleet.FleetTooSmall
             if status != Status.SESSIONS:
                 break
-            if run is simulate:
-                # re-entries call the compiled overload directly: resolving the argument types
-                # (the function-pointer table especially) costs more than a short re-entry
-                run = _compiled_overload(simulate, args)
             pending = heap.loop[LoopSlot.PENDING_OUTCOMES]
             rows, seqs = appended.take(driver, sess.outcomes[:pending], rs, inp, kv, rt, meta,
                                        room)

@@ -1,7 +1,9 @@
 """The simulation kernel: the reference's cluster loop over N vLLM-style instances (CLU-1).
 
-One call of :func:`simulate` runs a whole simulation (or up to a pause for closed-loop
-follow-ups). All state is in the NamedTuple groups of ``kernels/state.py``, the KV caches
+One call of :func:`run_events` runs the simulation until it ends, a buffer must grow, or
+closed-loop follow-ups are due (``engine/simulate.py: run_kernel`` grows the buffers and calls
+it again: the loop of re-entries is Python, so no compiled function sits above this one and
+the engine is not optimized and linked a second time one level up; a cold compile's cost). All state is in the NamedTuple groups of ``kernels/state.py``, the KV caches
 (``kernels/kv_layout.py``) and the router state (``kernels/router_state.py``); see
 ``blis_fast/engine/`` (``packing.py``, ``results.py``) for how they are built and read back.
 
@@ -15,8 +17,7 @@ completes, is dropped or times out (DELTA-1), and leaves.
 
 Rules implemented: CLU-1, ENG-1..ENG-5 and ENG-7 with the adopted upstream fixes DELTA-1..8
 and DELTA-13. Everything the loop calls compiles without reference counting and touches only
-preallocated arrays; a buffer that must grow makes the loop return a status, and
-:func:`simulate` grows it and re-enters.
+preallocated arrays; a buffer that must grow makes the loop return a status.
 
 The handlers are inlined into the loop (``inline="always"``, Numba-IR inlining; each has one
 call site): Numba passes a NamedTuple of arrays as all of its arrays' fields, so a call handing
@@ -73,12 +74,10 @@ from blis_fast.kernels.state import (
     QueueField,
     Rejection,
     grow_event_heap,
-    grow_step_log,
 )
 from blis_fast.kernels.step import (
     count_done,
     finishes,
-    itl_counts_from_marks,
     record_completion,
     run_step,
     skip_idle_steps,
@@ -356,12 +355,15 @@ def _autoscale_stop_status(heap, asc):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
+def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     """Process events until the heap drains, the horizon is passed, or the loop must stop
     (a Status: a buffer to grow, closed-loop outcomes that must become follow-ups first,
     ``inp.session[r]`` >= 0 marking a request of a closed-loop session, CLU-1.15; or an
-    error). ``asc`` is the autoscaler's state (``kernels/autoscale.py``), None for a fixed
-    fleet."""
+    error, before the first event, for a code no kernel implements). ``asc`` is the
+    autoscaler's state (``kernels/autoscale.py``), None for a fixed fleet."""
+    status = _config_status(cfg, rt, hooks, pd)
+    if status != Status.OK:
+        return status
     horizon = cfg.ints[ConfigSlot.HORIZON]
     while True:
         status = _stop_status(horizon, ins, kv, lg, heap, sess)
@@ -477,27 +479,4 @@ def _config_status(cfg, rt, hooks, pd):
     return Status.OK
 
 
-@njit(cache=True)
-def simulate(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
-    """Run the simulation from the state in ``heap`` until it ends or closed-loop session
-    outcomes need follow-ups (``pd``: the P/D state, ``pd.pd_off()`` without P/D; ``asc``: the
-    autoscaler's state, None for a fixed fleet). Returns (status, step log, heap); every other
-    result is written into the state groups in place. Call again after Status.SESSIONS (once the follow-ups are
-    pushed) to continue."""
-    status = _config_status(cfg, rt, hooks, pd)
-    if status != Status.OK:
-        return status, lg, heap
-    while True:
-        lg.sizes[LogCursor.ENTRIES] += 1
-        status = _event_loop(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
-        if status == Status.GROW_HEAP:
-            heap = grow_event_heap(heap, 2 * heap.times.shape[0])
-        elif status == Status.GROW_LOG:
-            lg = grow_step_log(lg, 1, 2 * ins.batch.shape[1] + 1)
-        else:
-            if status != Status.SESSIONS:  # the run is over: marks become counts
-                itl_counts_from_marks(lg, np.zeros(cfg.ints[ConfigSlot.N_INSTANCES], np.int64))
-            return status, lg, heap
-
-
-__all__ = ["SEQ_LIMIT", "EventHeap", "push_cluster_arrivals", "simulate"]
+__all__ = ["SEQ_LIMIT", "EventHeap", "push_cluster_arrivals", "run_events"]

@@ -44,7 +44,9 @@ if "NUMBA_LOOP_VECTORIZE" not in os.environ:
 
 PYTHON_CALLABLE: dict[str, frozenset[str]] = {
     # module (under blis_fast.kernels): kernels called from Python
-    "event_loop": frozenset({"simulate", "push_cluster_arrivals"}),
+    "event_loop": frozenset({"run_events", "push_cluster_arrivals"}),
+    "state": frozenset({"grow_event_heap", "grow_step_log"}),
+    "step": frozenset({"itl_counts_from_marks"}),
     "generation": frozenset({"generate_kernel"}),
     "session_seeds": frozenset({"concurrency_kernel", "gather_two", "int63_sequence"}),
     "replay_tokens": frozenset({"replay_digests"}),
