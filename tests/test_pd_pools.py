@@ -99,16 +99,23 @@ def test_pool_scorers_route_their_pool_with_their_own_stream():
     assert own[:, ParentField.DECODE].tolist() == [2, 3, 4] * (n // 3)
 
 
-def test_shared_pods_follow_the_decode_scorers_and_the_trace_carries_their_scores():
+def test_shared_pods_follow_the_decode_scorers_and_the_trace_carries_their_scores(tmp_path):
+    import polars as pl
+
     n = WORKLOAD["num_requests"]
     res = blis_fast.run(**WORKLOAD, num_instances=3, prefill_decode_instances=3,
                         pd_decider="never", routing_policy="least-loaded",
-                        decode_routing_scorers="queue-depth:1", trace_level="decisions")
+                        decode_routing_scorers="queue-depth:1", trace_level="decisions",
+                        output_dir=str(tmp_path))
     sim = res.simulation
     assert sim.instance[:n].tolist() == _draws("decode-router", 3, n)
     scores = sim.decisions.routing_scores
     assert scores is not None and scores.shape == (n, 3)
     assert (scores == 1.0).all()  # queue-depth of idle queues, weight 1
+    # decisions.parquet says which policy decided: the pool's weighted one, not least-loaded
+    reasons = pl.read_parquet(tmp_path / "decisions.parquet").filter(
+        pl.col("kind") == "routing")["reason"]
+    assert reasons.len() == n and reasons.str.starts_with("weighted-scoring (score=1.000)").all()
 
 
 def _cli(args: list[str], tmp_path, capsys) -> list[str]:

@@ -96,14 +96,30 @@ def _typed_without_literals(kernel: Any) -> Any:
     return kernel
 
 
+def _cache_named_for_wrapper(fn: Callable[..., Any], wrapper_options: dict[str, bool]
+                             ) -> Callable[..., Any]:
+    """``fn`` with a qualified name that tells its cache files apart by wrapper: Numba names a
+    kernel's cache files after its qualified name and keys the entries by signature only, so a
+    kernel that became Python-callable (a new entry in ``PYTHON_CALLABLE``, its own source
+    unchanged) would load the wrapper-less machine code cached before, and calling it from
+    Python crashes the process. Python-callable kernels cache under ``<name>.py``."""
+    if wrapper_options is _WITHOUT_C_WRAPPER and not fn.__qualname__.endswith(".py"):
+        fn.__qualname__ = f"{fn.__qualname__}.py"
+    return fn
+
+
 def njit(*args: Any, **options: Any) -> Any:
     """``numba.njit`` with the kernel defaults above; used exactly like ``numba.njit``
     (``@njit``, ``@njit(cache=True, ...)``, ``@njit("sig", cache=True, ...)``)."""
     if len(args) == 1 and callable(args[0]) and not options:  # bare @njit
-        return _typed_without_literals(numba.njit(**_options_for(args[0]))(args[0]))
+        wrappers = _options_for(args[0])
+        fn = _cache_named_for_wrapper(args[0], wrappers)
+        return _typed_without_literals(numba.njit(**wrappers)(fn))
 
     def decorate(fn: Callable[..., Any]) -> Any:
-        return _typed_without_literals(numba.njit(*args, **options, **_options_for(fn))(fn))
+        wrappers = _options_for(fn)
+        fn = _cache_named_for_wrapper(fn, wrappers)
+        return _typed_without_literals(numba.njit(*args, **options, **wrappers)(fn))
 
     return decorate
 

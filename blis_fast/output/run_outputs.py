@@ -302,7 +302,7 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
             from blis_fast.output.parquet import decisions_table
 
             tables.append(("decisions.parquet", decisions_table(
-                decision_columns(res.decisions, res.config.policies.routing,
+                decision_columns(res.decisions, _deciding_policy(res.config),
                                  res.instance_name))))
         if res.fleet is not None:
             from blis_fast.output.scaling import scaling_table
@@ -316,3 +316,11 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
         for name, tab in tables:
             plan.stage(out_dir / name, "--output-dir",
                        lambda tmp, tab=tab: pq.write_table(tab, tmp))
+
+
+def _deciding_policy(cfg: Any) -> str:
+    """The routing policy whose decisions the trace holds: in a P/D run the decode pool's
+    (a weighted policy of ``--decode-routing-scorers`` when given), else ``--routing-policy``."""
+    if cfg.pd_on and cfg.pd.decode_scorers:
+        return "weighted"
+    return cfg.policies.routing
