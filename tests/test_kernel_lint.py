@@ -248,3 +248,24 @@ def test_the_wrapper_check_sees_each_mismatch():
     found = wrapper_mismatches(refs)
     assert any("heap._less is called from ['somewhere.py']" in v for v in found)
     assert any("event_loop.run_events has a Python wrapper nobody" in v for v in found)
+
+
+def test_python_callable_kernels_cache_apart_from_internal_ones():
+    """A kernel's cache files are named after its qualified name and keyed by signature only:
+    a Python-callable kernel must never load machine code cached without the wrapper (a
+    crash), so the two kinds cache under different names (``kernels/jit.py``)."""
+    from numba.core.dispatcher import Dispatcher
+
+    from blis_fast.kernels.jit import has_python_wrapper
+
+    kinds = {True: 0, False: 0}
+    for path in KERNEL_MODULES:
+        module = importlib.import_module(f"blis_fast.kernels.{path.stem}")
+        for value in vars(module).values():
+            if isinstance(value, Dispatcher) and value.py_func.__module__ == module.__name__:
+                wrapped = has_python_wrapper(value)
+                kinds[wrapped] += 1
+                assert value.py_func.__qualname__.endswith(".py") == wrapped, value
+                assert value._cache._cache_file._index_name.split("-")[0].endswith(".py") \
+                    == wrapped, value._cache._cache_file._index_name
+    assert kinds[True] > 20 and kinds[False] > 100
