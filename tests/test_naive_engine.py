@@ -315,7 +315,7 @@ def test_queue_order_of_every_scheduler(scheduler: str, priority: str) -> None:
     assert order == QUEUE_ORDERS.get((scheduler, priority), order)
 
 
-@settings(max_examples=200, **SETTINGS)
+@settings(max_examples=200, derandomize=True, **SETTINGS)
 @given(case=cases())
 @example(case=(naive.InstanceConfig(block_size=4, total_blocks=4, beta=(100.0, 1.0, 1.0)),
                [_row(0, 6, 6), _row(0, 6, 6), _row(10, 2, 3, deadline=400)]))
@@ -325,9 +325,34 @@ def test_engine_matches_the_twin(case) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=300, derandomize=True, **SETTINGS)
 @given(case=cases(max_requests=30))
 def test_engine_matches_the_twin_longer_lists(case) -> None:
+    """Derandomized (a fixed example set) since a random draw found the known divergence
+    below: CI must not pass or fail by luck while it is open."""
     cfg, rows = case
+    assert_same(rows, cfg)
+
+
+# Found 2026-11-25 by a random draw of the test above, not resolved: with a 5-token shared
+# prefix over 3-token blocks and one request without outputs (input 21), the kernel counts
+# one more prefix-cache hit than the twin (10 vs 9 of 153 lookups) on this 10-request list;
+# under KV pressure (22 blocks, two more 62-token requests) it becomes one more preemption.
+# Removing any one request, the output-0 request's outputs, or the prefix's partial block
+# makes the two agree. Which side is right is open: the kernel passes every parity case,
+# none of which has this combination.
+KNOWN_DIVERGENCE = [(7, 51), (11, 44), (8, 19), (21, 0), (10, 12), (13, 28), (17, 10), (2, 51),
+                    (30, 10), (1, 57)]
+
+
+@pytest.mark.xfail(strict=True, reason="kernel and twin disagree on one prefix-cache hit "
+                   "(output-0 request, partial prefix block); open, see the comment above")
+def test_known_divergence_output0_partial_prefix_block():
+    cfg = naive.InstanceConfig(block_size=3, total_blocks=200, max_running=5,
+                               max_scheduled_tokens=24, long_prefill_threshold=0,
+                               max_model_len=0, alpha=(0.0, 2.75, 0.0), beta=(1.0, 0.0, 0.0),
+                               scheduler="fcfs", priority_policy="constant")
+    rows = [dict(group=0, prefix=5, input=i, output=o, arrival=0, deadline=0)
+            for i, o in KNOWN_DIVERGENCE]
     assert_same(rows, cfg)
 
