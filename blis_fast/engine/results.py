@@ -181,7 +181,7 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
 def _pd_data(pd, rs, lg, used) -> PDRunData:
     head = rs.run_head[used]
     first = np.where(head >= 0, lg.dur[lg.run_start[np.maximum(head, 0)]], -1)
-    return PDRunData(par=pd.par.copy(), counters=pd.cnt.copy(),
+    return PDRunData(par=pd.par, counters=pd.cnt.copy(),  # the run's own: nothing else keeps it
                      first_token_us=rs.first_token[used].copy(),
                      first_itl_step_us=first.astype(np.int64), decode_sub=rs.pd_sub[used].copy())
 

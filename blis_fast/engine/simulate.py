@@ -199,6 +199,8 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
                         instance_rank_of(n_inst), instance_config(cfg))
     # after config_ints: a pool's policy copies the main router's packed slots
     pd = pd_state(cfg, parents, max_batch, inp, ranked, rt) if cfg.pd_on else pd_off(rt)
+    if cfg.pd_on:  # no follow-ups with P/D: nothing reads the kernel rows' table or ids again
+        table, ids = None, []  # (the prefill rows' copies: ~15 MB per 100k requests)
     asc = None
     if cfg.autoscale is not None:
         fleet.check_rows(fleet_rows)
