@@ -227,3 +227,7 @@ def test_a_burst_delivered_request_is_left_out_of_the_itl_metric(traces, tmp_pat
     assert "ITL of 1 request(s) left out" in res.stderr and "request 17" in res.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["traces"][0]["itl_bursts_left_out"] == [17]
+    # a refused run still prints one line only: the notice comes after the checks
+    bad = invoke(["fit", "--trace-header", bh, "--trace-data", bd, "--itl-data", str(itl),
+                  "--model", MODEL, "--total-kv-blocks", "-5"])
+    assert bad.code == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -160,16 +160,15 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
     from blis_fast.fit.optimize import starting_point
     from blis_fast.fit.problem import ITL_BURST_FRACTION, simulate
 
-    for ft in traces + held:
+    guess = starting_point(FIT_MODELS[latency_model], traces, base)
+    for ft in traces + held:  # refuses bad replay flags and traces before the fit starts
+        simulate(ft, base, latency_model, guess[:3], guess[3:])
+    for ft in traces + held:  # after the checks: a refused run prints its one line only
         if ft.itl_bursts:
             sys.stderr.write(
                 f"fit: {ft.itl_path}: ITL of {len(ft.itl_bursts)} request(s) left out (chunks "
                 f"delivered in a burst: mean gap under {ITL_BURST_FRACTION:g} of the trace's "
                 f"median), e.g. request {ft.itl_bursts[0]}\n")
-
-    guess = starting_point(FIT_MODELS[latency_model], traces, base)
-    for ft in traces + held:  # refuses bad replay flags and traces before the fit starts
-        simulate(ft, base, latency_model, guess[:3], guess[3:])
     from blis_fast.fit.optimize import fit
     from blis_fast.fit.report import build_fit_report
 

@@ -1,9 +1,10 @@
 """The simulation kernel: the reference's cluster loop over N vLLM-style instances (CLU-1).
 
 One call of :func:`run_events` runs the simulation until it ends, a buffer must grow, or
-closed-loop follow-ups are due (``engine/simulate.py: run_kernel`` grows the buffers and calls
+closed-loop follow-ups are due (``engine/simulate.py: KernelRun`` grows the buffers and calls
 it again: the loop of re-entries is Python, so no compiled function sits above this one and
-the engine is not optimized and linked a second time one level up; a cold compile's cost). All state is in the NamedTuple groups of ``kernels/state.py``, the KV caches
+the engine is not optimized and linked a second time one level up, a cold compile's cost).
+All state is in the NamedTuple groups of ``kernels/state.py``, the KV caches
 (``kernels/kv_layout.py``) and the router state (``kernels/router_state.py``); see
 ``blis_fast/engine/`` (``packing.py``, ``results.py``) for how they are built and read back.
 
@@ -259,9 +260,8 @@ def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t, m
                 keep += 1
         ins.batch_len[i] = keep
     if ins.batch_len[i] > 0 or ins.wq[i, QueueField.LEN] > 0:
-        idle = may_skip and idle_before and ins.batch_len[i] == 0
-        _schedule_step(heap, ins, i, skip_idle_steps(cfg, ins, kv, heap, i, t, d) if idle
-                       else t + d)
+        _schedule_step(heap, ins, i, skip_idle_steps(cfg, ins, kv, heap, i, t, d)
+                       if may_skip and idle_before else t + d)
     else:
         ins.cnt[i, InstanceCounter.STEP_PENDING] = 0
     if pd.conf[pdk.PDConf.ON] == 1:
