@@ -61,10 +61,14 @@ def _progress(stream):
 @click.option("--latency-model", default="blackbox", show_default=True,
               help="Backend to fit: blackbox or trained-physics (needs the model's config and "
               "the hardware, like blis run)")
-@click.option("--weight-ttft", default="1", show_default=True, help="Loss weight of TTFT MAPE")
+@click.option("--loss", "loss_function", default="mape", show_default=True,
+              help="Per-metric error to minimize: mape (calibrate's request-level MAPE) or "
+              "rms-log (root mean square of ln(sim/real); symmetric: for a server whose speed "
+              "wanders, where MAPE settles on its fastest periods)")
+@click.option("--weight-ttft", default="1", show_default=True, help="Loss weight of TTFT")
 @click.option("--weight-itl", default="1", show_default=True,
-              help="Loss weight of ITL MAPE (used with --itl-data)")
-@click.option("--weight-e2e", default="1", show_default=True, help="Loss weight of E2E MAPE")
+              help="Loss weight of ITL (used with --itl-data)")
+@click.option("--weight-e2e", default="1", show_default=True, help="Loss weight of E2E")
 @click.option("--warmup-requests", default="-1", show_default=True,
               help="Exclude request ids below this (-1: each header's warm_up_requests)")
 @click.option("--network-rtt-us", default="-1", show_default=True,
@@ -84,7 +88,8 @@ def _progress(stream):
 @click.option("--report", default="", metavar="FILE", help="Write the fit report JSON")
 @click.option("--plot", "plot_path", default="", metavar="FILE",
               help="Draw the loss curve and observed vs predicted per metric (.png, .svg, .pdf)")
-def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_model, weight_ttft,
+def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_model, loss_function,
+                weight_ttft,
                 weight_itl, weight_e2e, warmup_requests, network_rtt_us, max_evaluations,
                 time_limit, seed, starts, workers, backend, out_coeffs, report, plot_path,
                 **replay) -> None:
@@ -107,6 +112,10 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
     if latency_model not in FIT_MODELS:
         _fail(f"--latency-model: {latency_model!r} cannot be fitted; choose one of "
               f"{', '.join(FIT_MODELS)}")
+    from blis_fast.fit.problem import LOSSES
+
+    if loss_function not in LOSSES:
+        _fail(f"--loss: unknown value {loss_function!r}. Valid: {', '.join(LOSSES)}")
     weights = {m: _number(f"weight-{m}", v) for m, v in
                (("ttft", weight_ttft), ("itl", weight_itl), ("e2e", weight_e2e))}
     for m, w in weights.items():
@@ -174,7 +183,7 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
 
     result = fit(traces, base, weights, latency_model=latency_model, max_evaluations=max_evals,
                  time_limit_s=limit, seed=seed_value, starts=n_starts, workers=n_workers,
-                 backend=backend, on_evaluation=_progress(sys.stderr))
+                 backend=backend, loss=loss_function, on_evaluation=_progress(sys.stderr))
     if _progress(sys.stderr) is not None:
         sys.stderr.write("\n")
     fit_report, figures = build_fit_report(result, traces, held, base, weights)
@@ -209,7 +218,8 @@ def paste_flags(latency_model: str, alpha, beta) -> str:
 def summary_lines(fit_report: dict) -> list[str]:
     """One line for the fit, one per trace with its MAPE per metric."""
     lines = [f"fit: {len(fit_report['losses'])} evaluations in {fit_report['seconds']:.1f} s "
-             f"({fit_report['stopped']}), loss {fit_report['loss']:.4f}"]
+             f"({fit_report['stopped']}), loss ({fit_report['loss_function']}) "
+             f"{fit_report['loss']:.4f}"]
     for entry in fit_report["traces"] + fit_report["holdout"]:
         figures = ", ".join(f"{m} MAPE {v['request_level']['mape'] * 100:.1f}%"
                             for m, v in entry["calibration"]["metrics"].items())

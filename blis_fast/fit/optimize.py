@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from blis_fast.fit.problem import FitTrace, metric_mapes, pair_trace, simulate, trace_loss
+from blis_fast.fit.problem import FitTrace, metric_errors, pair_trace, simulate, trace_loss
 
 __all__ = ["BLACKBOX_BOUNDS", "BLACKBOX_NAMES", "FIT_MODELS", "FitModel", "FitResult", "fit",
            "initial_guess"]
@@ -92,6 +92,7 @@ class FitResult:
     seconds: float = 0.0
     latency_model: str = "blackbox"
     search_losses: list[float] = field(default_factory=list)  # the best loss of each search
+    loss_function: str = "mape"  # the per-metric error minimized (problem.LOSSES)
 
     @property
     def alpha(self) -> tuple[float, float, float]:
@@ -188,6 +189,7 @@ class _Search:
     max_evaluations: int
     time_limit_s: float
     seed: int
+    loss: str = "mape"  # the per-metric error (problem.LOSSES)
 
 
 @dataclass
@@ -200,8 +202,8 @@ class _SearchResult:
 
 
 class _Objective:
-    """The loss of a coefficient vector (mean weighted MAPE over the traces), with the budget
-    check and the bookkeeping of every evaluation."""
+    """The loss of a coefficient vector (mean over the traces of the weighted per-metric error),
+    with the budget check and the bookkeeping of every evaluation."""
 
     def __init__(self, search: _Search, on_evaluation) -> None:
         self.search = search
@@ -220,10 +222,10 @@ class _Objective:
         total = stage_total = 0.0
         for ft in s.traces:
             sims = simulate(ft, s.base_options, self.model.latency_model, coeffs[:3], coeffs[3:])
-            mapes = metric_mapes(pair_trace(ft, sims))
-            value = trace_loss(mapes, s.weights)
+            errors = metric_errors(pair_trace(ft, sims), s.loss)
+            value = trace_loss(errors, s.weights)
             total += value if math.isfinite(value) else 1e9
-            value = trace_loss(mapes, stage_weights)
+            value = trace_loss(errors, stage_weights)
             stage_total += value if math.isfinite(value) else 1e9
         value = total / len(s.traces)
         self.losses.append(value)
@@ -302,9 +304,10 @@ def _spread_start(model: FitModel, start: tuple[float, ...], seed: int, index: i
 def fit(traces: list[FitTrace], base_options: dict[str, Any], weights: dict[str, float], *,
         latency_model: str = "blackbox", max_evaluations: int = 2000,
         time_limit_s: float = 60.0, seed: int = 0, starts: int = 1, workers: int = 1,
-        backend: str = "local",
+        backend: str = "local", loss: str = "mape",
         on_evaluation: Callable[[int, float, float], None] | None = None) -> FitResult:
-    """Minimize the mean over ``traces`` of the weighted MAPE by replaying them.
+    """Minimize the mean over ``traces`` of the weighted per-metric error (``loss``: MAPE or
+    the RMS log ratio, ``problem.LOSSES``) by replaying them.
 
     ``starts`` independent searches (the first from the starting point, the others from seeded
     moves of it) share ``max_evaluations``; with ``workers`` > 1 they run at once on the sweep's
@@ -319,7 +322,7 @@ def fit(traces: list[FitTrace], base_options: dict[str, Any], weights: dict[str,
     per_search = max(max_evaluations // starts, 1)
     searches = [_Search(k, latency_model, traces, base_options, weights,
                         _spread_start(model, start, seed, k), per_search, time_limit_s,
-                        seed + k) for k in range(starts)]
+                        seed + k, loss) for k in range(starts)]
     if workers > 1 and starts > 1:
         from blis_fast.sweep.execute import TaskRunner
 
@@ -341,4 +344,4 @@ def fit(traces: list[FitTrace], base_options: dict[str, Any], weights: dict[str,
     return FitResult(coefficients=best.coefficients, initial=start, loss=best.loss,
                      losses=losses, stopped=stopped, seconds=time.monotonic() - started,
                      latency_model=latency_model,
-                     search_losses=[r.loss for r in results])
+                     search_losses=[r.loss for r in results], loss_function=loss)

@@ -27,7 +27,7 @@ def plot_fit(result: FitResult, figures: list[tuple[str, CalibrationPairs]]) -> 
         out.series["loss"] = (x.astype(np.float64), losses)
     ax.set_yscale("log")
     ax.set_xlabel("evaluation")
-    ax.set_ylabel("weighted MAPE")
+    ax.set_ylabel("weighted MAPE" if result.loss_function == "mape" else "weighted RMS log ratio")
     ax.set_title(f"fit loss ({result.stopped}, best {result.loss:.4f})")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)

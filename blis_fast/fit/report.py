@@ -39,6 +39,7 @@ def build_fit_report(result: FitResult, traces: list[FitTrace], holdout: list[Fi
         "beta_coeffs": list(result.beta),
         "coefficients": coefficients,
         "weights": weights,
+        "loss_function": result.loss_function,
         "loss": result.loss,
         "stopped": result.stopped,
         "seconds": result.seconds,
