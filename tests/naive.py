@@ -371,6 +371,29 @@ def distribution_tokens(prefix_tokens: int, lengths: Sequence[tuple[float, float
     return out
 
 
+def replay_token_ids(records: Sequence[tuple[str, int, int, int]],
+                     seed: int) -> list[tuple[list[int], list[int]]]:
+    """(input ids with the group prefix in front, output ids) of each trace record without a
+    session, as ``blis replay`` draws them (WL-9.6 with DELTA-63) from one stream seeded with
+    ``seed``: first each group's prefix, in the order the groups first appear among records
+    with a group and a positive prefix length, as long as that first record says; then per
+    record its input ids and its output ids. ``records`` holds (prefix group, "" for none,
+    prefix length, input tokens, output tokens)."""
+    from blis_fast.kernels import gorand
+
+    s = gorand.new_source(seed)
+    prefixes: dict[str, list[int]] = {}
+    for group, plen, _inp, _out in records:
+        if group and plen > 0 and group not in prefixes:
+            prefixes[group] = [gorand.intn(s, VOCAB) for _ in range(plen)]
+    out = []
+    for group, _plen, inp, n_out in records:
+        ids_in = [gorand.intn(s, VOCAB) for _ in range(inp)]
+        ids_out = [gorand.intn(s, VOCAB) for _ in range(n_out)]
+        out.append((prefixes.get(group, []) + ids_in, ids_out))
+    return out
+
+
 def sampled_length(s, dist) -> int:
     """One length draw of a spec distribution (gaussian, exponential, constant; WL-4)."""
     from blis_fast.kernels import gorand
