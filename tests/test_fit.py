@@ -182,10 +182,12 @@ def test_parallel_searches_do_not_depend_on_the_worker_count(traces):
     assert here.losses[:30] != here.losses[30:]
 
 
-def _write_itl(header: str, data: str, path, burst_request: int) -> None:
+def _write_itl(header: str, data: str, path, burst_request: int,
+               usage_chunk: bool = False) -> None:
     """An ITL file for a synthetic trace: each request's chunks evenly spaced from its first
     to its last chunk time, except ``burst_request``, whose chunks arrive 5 µs apart at the end
-    (what a client starved of CPU records)."""
+    (what a client starved of CPU records); with ``usage_chunk`` one more chunk 5 µs after the
+    last token's (vLLM's usage chunk)."""
     import csv
 
     with open(data, newline="") as f:
@@ -200,6 +202,8 @@ def _write_itl(header: str, data: str, path, burst_request: int) -> None:
                 ts = last - 5 * (n - 1 - k) if rid == burst_request \
                     else first + (last - first) * k // max(n - 1, 1)
                 out.writerow([rid, k, ts])
+            if usage_chunk:
+                out.writerow([rid, n, last + 5])
 
 
 def test_a_burst_delivered_request_is_left_out_of_the_itl_metric(traces, tmp_path):
@@ -346,3 +350,32 @@ def test_rms_log_predicts_the_mean_of_a_server_at_two_speeds_where_mape_sits_low
     print(f"\ntwo-speed server, held-out mean E2E error: {errors}")
     assert errors["rms-log"] <= 0.05
     assert errors["rms-log"] < errors["mape"] - 0.03
+
+
+def test_the_fit_times_itl_per_output_token_not_per_chunk(traces, tmp_path):
+    """vLLM's usage chunk arrives µs after the last token: calibrate's chunk-gap ITL counts that
+    gap and reads (n-1)/n of the true per-token time; the fit divides the same gaps by the
+    output tokens - 1, so the true coefficients match the ITL within the 3 % timing noise."""
+    import numpy as np
+
+    from blis_fast.calibrate.inputs import load_itl
+    from blis_fast.calibrate.pairing import pair_requests
+    from blis_fast.fit.problem import load_fit_trace, pair_trace, simulate
+
+    (bh, bd), _ = traces
+    itl = tmp_path / "busy.itl.csv"
+    _write_itl(bh, bd, itl, burst_request=-1, usage_chunk=True)
+    ft = load_fit_trace(bh, bd, str(itl))
+    sims = simulate(ft, {"model": MODEL}, "blackbox", ALPHA, BETA)
+    fit_pairs = pair_trace(ft, sims).itl
+    ratio = np.asarray(fit_pairs.real) / np.asarray(fit_pairs.sim)
+    assert abs(float(np.mean(ratio)) - 1.0) < 0.01
+    calibrate = pair_requests(ft.trace.records, sims, warm_up=ft.warm_up, rtt_us=ft.rtt_us,
+                              bandwidth_mbps=0.0, itl=load_itl(str(itl))).itl
+    tokens = dict(zip(ft.trace.records.request_id.tolist(),
+                      ft.trace.records.output_tokens.tolist(), strict=True))
+    assert calibrate.request_id == fit_pairs.request_id
+    for rid, cal, fitted in zip(calibrate.request_id, calibrate.real, fit_pairs.real,
+                                strict=True):
+        n = tokens[rid]
+        assert cal == pytest.approx(fitted * (n - 1) / n, rel=1e-12)

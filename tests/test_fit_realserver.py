@@ -15,13 +15,13 @@ What makes the check steady on this 2-core machine, each measured on real observ
   errors of 3.2, 10.5 and 11.1 % (in-sample 9-11 % low); with the RMS log ratio 4.1, 5.0 and
   5.3 %. The earlier design (four alternations of 40/20-request segments, MAPE) failed one CI
   run in three at 12.4 %; the same traces fitted with the RMS log ratio give 6.7 %.
-* **The fit uses TTFT and E2E, not the chunk-gap ITL.** vLLM streams one chunk per token
-  plus a final usage chunk a few µs after the last, and calibrate's ITL (the mean gap between
-  consecutive chunks, a rule kept from the reference) counts that near-zero gap: it reads
-  1/n low for n output tokens (~4 % here). A fit that matches it under-predicts the step time
-  and E2E by as much (in-sample mean E2E 3-4 % low against 0.5-1.8 % without it; held-out
-  4.1-8.8 % against 0.2-6.5 % over the same five sessions). The held-out ITL figures are still
-  printed.
+* **The fit times ITL per output token.** vLLM streams one chunk per token plus a usage chunk
+  µs after the last, and calibrate's ITL (the mean gap between consecutive chunks, a rule kept
+  from the reference) counts that near-zero gap: it reads 1/n low for n output tokens (~4 %
+  here). A fit matching it under-predicted the step time and the mean E2E by as much (in-sample
+  mean E2E 3-4 % low; held-out 4.1-8.8 % over five sessions); the fit now divides the chunk gaps
+  by the output tokens - 1 (``fit/problem.py``): in-sample 0.8-2.2 % low, held-out 0.3-6.9 %
+  on the same sessions, as without any ITL (0.2-6.5 %).
 * **A segment timed on a busy machine is observed again.** More than 30 % of the inter-chunk
   gaps under 0.2 ms means the chunks reached the client in bursts (the API process or the
   client was starved of CPU and vLLM merged its outputs: 5-20 % under a load average of 5,
@@ -212,12 +212,12 @@ def test_fit_on_one_load_predicts_the_other(observed, tmp_path):
     from blis_fast.options import build_options
     from blis_fast.runner import execute_replay
 
-    def load(names, prefix, with_itl):
-        header, data, itl = _merged([observed[n] for n in names], tmp_path / prefix)
-        return load_fit_trace(header, data, itl if with_itl else None, warmup_requests=0)
+    def load(names, prefix):
+        return load_fit_trace(*_merged([observed[n] for n in names], tmp_path / prefix),
+                              warmup_requests=0)
 
-    train = [load(FIT_SEGMENTS, "rate8", with_itl=False)]  # TTFT and E2E (module docstring)
-    held = [load(HELD_SEGMENTS, "rate2", with_itl=True)]
+    train = [load(FIT_SEGMENTS, "rate8")]
+    held = [load(HELD_SEGMENTS, "rate2")]
     base = {"model": REPLAY_MODEL}
     weights = {"ttft": 1.0, "itl": 1.0, "e2e": 1.0}
     result = fit(train, base, weights, max_evaluations=2000, time_limit_s=120, seed=0,
