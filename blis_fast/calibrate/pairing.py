@@ -80,9 +80,13 @@ def _index_sim(sim_results: list[SimResult]) -> dict[int, SimResult]:
 
 
 def pair_requests(records: TraceRecords, sim_results: list[SimResult], *, warm_up: int,
-                  rtt_us: int, bandwidth_mbps: float,
-                  itl: ITLData | None = None) -> CalibrationPairs:
-    """Pair the trace rows with the SimResults (and, given ITL rows, the per-request ITL)."""
+                  rtt_us: int, bandwidth_mbps: float, itl: ITLData | None = None,
+                  itl_per_token: bool = False) -> CalibrationPairs:
+    """Pair the trace rows with the SimResults (and, given ITL rows, the per-request ITL).
+
+    ``itl_per_token`` (``blis fit``, not calibrate): the real ITL divides a request's chunk gaps
+    by its output tokens - 1 rather than by the number of gaps, as the sim side does; the usage
+    chunk vLLM sends after the last token otherwise makes it read 1/n low."""
     sim_by_id = _index_sim(sim_results)
     pairs = CalibrationPairs()
     matched_ids: set[int] = set()
@@ -119,14 +123,17 @@ def pair_requests(records: TraceRecords, sim_results: list[SimResult], *, warm_u
         pairs.e2e.add(rid, real_e2e, sr.e2e_us + rtt + up + down)
     pairs.unmatched_sim = sum(1 for sr in sim_results if sr.request_id not in matched_ids)
     if itl is not None and itl.request_id.size > 0:
-        _pair_itl(pairs, ids, sim_by_id, itl, warm_up)
+        tokens = dict(zip(ids, outputs, strict=True)) if itl_per_token else None
+        _pair_itl(pairs, ids, sim_by_id, itl, warm_up, tokens)
     return pairs
 
 
 def _pair_itl(pairs: CalibrationPairs, ids: list[int], sim_by_id: dict[int, SimResult],
-              itl: ITLData, warm_up: int) -> None:
+              itl: ITLData, warm_up: int, output_tokens: dict[int, int] | None = None) -> None:
     """Real ITL = mean of the non-negative consecutive chunk deltas (chunks sorted by index,
-    stable); sim ITL = (e2e - ttft) / (output_tokens - 1), 0 for a single output token."""
+    stable), or their sum over the trace's output tokens - 1 when ``output_tokens`` is given
+    (per token; rows with fewer than 2 output tokens keep the mean); sim ITL = (e2e - ttft) /
+    (output_tokens - 1), 0 for a single output token."""
     chunks: dict[int, list[tuple[int, int]]] = {}
     for rid, idx, ts in zip(itl.request_id.tolist(), itl.chunk_index.tolist(),
                             itl.timestamp_us.tolist(), strict=True):
@@ -154,7 +161,8 @@ def _pair_itl(pairs: CalibrationPairs, ids: list[int], sim_by_id: dict[int, SimR
             continue
         sim_itl = (sr.e2e_us - sr.ttft_us) / float(sr.output_tokens - 1) \
             if sr.output_tokens > 1 else 0.0
-        pairs.itl.add(rid, total / count, sim_itl)
+        n_out = output_tokens.get(rid, 0) if output_tokens is not None else 0
+        pairs.itl.add(rid, total / (n_out - 1 if n_out > 1 else count), sim_itl)
 
 
 def paired_arrays(pairs: LatencyPairs) -> tuple[np.ndarray, np.ndarray]:

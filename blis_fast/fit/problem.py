@@ -25,7 +25,7 @@ The log error is symmetric in the ratio; its minimum over a common scale is the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -66,8 +66,6 @@ class FitTrace:
     warm_up: int
     rtt_us: int
     itl_bursts: tuple[int, ...] = ()  # requests left out of the ITL metric (module docstring)
-    itl_per_token: dict[int, float] = field(default_factory=dict)  # request id -> chunk gaps
-    # counted / (output tokens - 1): turns calibrate's per-chunk real ITL into a per-token one
 
 
 def load_fit_trace(header_path: str, data_path: str, itl_path: str | None = None, *,
@@ -79,50 +77,26 @@ def load_fit_trace(header_path: str, data_path: str, itl_path: str | None = None
     itl = load_itl(itl_path) if itl_path else None
     warm_up = trace.warm_up_requests if warmup_requests == UNSET else warmup_requests
     bursts: tuple[int, ...] = ()
-    per_token: dict[int, float] = {}
     if itl is not None:
         itl, bursts = _without_bursts(itl, warm_up)
-        per_token = _per_token_factors(itl, trace.records.request_id,
-                                       trace.records.output_tokens)
     return FitTrace(header_path, data_path, itl_path, trace, itl, warm_up,
-                    resolve_rtt_us(network_rtt_us, trace), bursts, per_token)
-
-
-def _chunk_gaps(itl: ITLData) -> tuple[np.ndarray, np.ndarray]:
-    """Request id and length (µs) of every non-negative gap between consecutive chunks
-    (chunks in index order, calibrate's rule)."""
-    order = np.lexsort((itl.chunk_index, itl.request_id))
-    rid = itl.request_id[order]
-    gap = np.diff(itl.timestamp_us[order].astype(np.float64))
-    use = (rid[1:] == rid[:-1]) & (gap >= 0)
-    return rid[1:][use], gap[use]
-
-
-def _per_token_factors(itl: ITLData, request_id: np.ndarray, output_tokens: np.ndarray
-                       ) -> dict[int, float]:
-    """Request id -> counted chunk gaps / (output tokens - 1), for the requests where the two
-    differ (module docstring: per token, not per chunk)."""
-    gap_rid, _ = _chunk_gaps(itl)
-    ids, counts = np.unique(gap_rid, return_counts=True)
-    tokens = dict(zip(request_id.tolist(), output_tokens.tolist(), strict=True))
-    out: dict[int, float] = {}
-    for rid, count in zip(ids.tolist(), counts.tolist(), strict=True):
-        n = tokens.get(rid, 0)
-        if n > 1 and count != n - 1:
-            out[rid] = count / (n - 1)
-    return out
+                    resolve_rtt_us(network_rtt_us, trace), bursts)
 
 
 def _without_bursts(itl: ITLData, warm_up: int) -> tuple[ITLData, tuple[int, ...]]:
     """``itl`` without the rows of requests delivered in a burst, and their ids (sorted).
 
     A request's real ITL is the mean of its non-negative chunk gaps (calibrate's rule)."""
-    gap_rid, gap = _chunk_gaps(itl)
-    counted = gap_rid >= warm_up
-    ids, inverse = np.unique(gap_rid[counted], return_inverse=True)
+    order = np.lexsort((itl.chunk_index, itl.request_id))
+    rid = itl.request_id[order]
+    ts = itl.timestamp_us[order].astype(np.float64)
+    same = rid[1:] == rid[:-1]
+    gap = np.diff(ts)
+    use = same & (gap >= 0) & (rid[1:] >= warm_up)
+    ids, inverse = np.unique(rid[1:][use], return_inverse=True)
     if ids.size == 0:
         return itl, ()
-    mean_gap = np.bincount(inverse, weights=gap[counted]) / np.bincount(inverse)
+    mean_gap = np.bincount(inverse, weights=gap[use]) / np.bincount(inverse)
     floor = ITL_BURST_FRACTION * float(np.median(mean_gap))
     bursts = ids[mean_gap < floor]
     if bursts.size == 0:
@@ -164,13 +138,8 @@ def simulate(ft: FitTrace, base_options: dict[str, Any], latency_model: str,
 def pair_trace(ft: FitTrace, sims: list[SimResult]) -> CalibrationPairs:
     """Calibrate's pairs of the trace with a replay's SimResults (no bandwidth delay), the real
     ITL per output token (module docstring)."""
-    pairs = pair_requests(ft.trace.records, sims, warm_up=ft.warm_up, rtt_us=ft.rtt_us,
-                          bandwidth_mbps=0.0, itl=ft.itl)
-    if ft.itl_per_token:
-        itl = pairs.itl
-        itl.real = [real * ft.itl_per_token.get(rid, 1.0)
-                    for rid, real in zip(itl.request_id, itl.real, strict=True)]
-    return pairs
+    return pair_requests(ft.trace.records, sims, warm_up=ft.warm_up, rtt_us=ft.rtt_us,
+                         bandwidth_mbps=0.0, itl=ft.itl, itl_per_token=True)
 
 
 def metric_mapes(pairs: CalibrationPairs) -> dict[str, float]:
