@@ -89,10 +89,9 @@ def _progress(stream):
 @click.option("--plot", "plot_path", default="", metavar="FILE",
               help="Draw the loss curve and observed vs predicted per metric (.png, .svg, .pdf)")
 def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_model, loss_function,
-                weight_ttft,
-                weight_itl, weight_e2e, warmup_requests, network_rtt_us, max_evaluations,
-                time_limit, seed, starts, workers, backend, out_coeffs, report, plot_path,
-                **replay) -> None:
+                weight_ttft, weight_itl, weight_e2e, warmup_requests, network_rtt_us,
+                max_evaluations, time_limit, seed, starts, workers, backend, out_coeffs, report,
+                plot_path, **replay) -> None:
     """Fit the latency model's coefficients so replays reproduce observed traces."""
     from blis_fast.files import OutputPlan
     from blis_fast.fit.problem import load_fit_trace

@@ -26,7 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from blis_fast.fit.problem import FitTrace, metric_errors, pair_trace, simulate, trace_loss
+from blis_fast.fit.problem import (
+    DEFAULT_LOSS,
+    FitTrace,
+    metric_errors,
+    pair_trace,
+    simulate,
+    trace_loss,
+)
 
 __all__ = ["BLACKBOX_BOUNDS", "BLACKBOX_NAMES", "FIT_MODELS", "FitModel", "FitResult", "fit",
            "initial_guess"]
@@ -92,7 +99,7 @@ class FitResult:
     seconds: float = 0.0
     latency_model: str = "blackbox"
     search_losses: list[float] = field(default_factory=list)  # the best loss of each search
-    loss_function: str = "mape"  # the per-metric error minimized (problem.LOSSES)
+    loss_function: str = DEFAULT_LOSS  # the per-metric error minimized (problem.LOSSES)
 
     @property
     def alpha(self) -> tuple[float, float, float]:
@@ -189,7 +196,7 @@ class _Search:
     max_evaluations: int
     time_limit_s: float
     seed: int
-    loss: str = "mape"  # the per-metric error (problem.LOSSES)
+    loss: str  # the per-metric error (a key of problem.LOSSES)
 
 
 @dataclass
@@ -304,7 +311,7 @@ def _spread_start(model: FitModel, start: tuple[float, ...], seed: int, index: i
 def fit(traces: list[FitTrace], base_options: dict[str, Any], weights: dict[str, float], *,
         latency_model: str = "blackbox", max_evaluations: int = 2000,
         time_limit_s: float = 60.0, seed: int = 0, starts: int = 1, workers: int = 1,
-        backend: str = "local", loss: str = "mape",
+        backend: str = "local", loss: str = DEFAULT_LOSS,
         on_evaluation: Callable[[int, float, float], None] | None = None) -> FitResult:
     """Minimize the mean over ``traces`` of the weighted per-metric error (``loss``: MAPE or
     the RMS log ratio, ``problem.LOSSES``) by replaying them.

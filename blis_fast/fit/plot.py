@@ -7,6 +7,7 @@ import numpy as np
 from blis_fast.calibrate.pairing import CalibrationPairs, paired_arrays
 from blis_fast.calibrate.plot import _figure_class
 from blis_fast.fit.optimize import FitResult
+from blis_fast.fit.problem import LOSSES
 from blis_fast.sweep.plot import PlotResult
 
 __all__ = ["plot_fit"]
@@ -27,7 +28,7 @@ def plot_fit(result: FitResult, figures: list[tuple[str, CalibrationPairs]]) -> 
         out.series["loss"] = (x.astype(np.float64), losses)
     ax.set_yscale("log")
     ax.set_xlabel("evaluation")
-    ax.set_ylabel("weighted MAPE" if result.loss_function == "mape" else "weighted RMS log ratio")
+    ax.set_ylabel(f"weighted {LOSSES[result.loss_function].label}")
     ax.set_title(f"fit loss ({result.stopped}, best {result.loss:.4f})")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)

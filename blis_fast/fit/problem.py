@@ -25,6 +25,7 @@ The log error is symmetric in the ratio; its minimum over a common scale is the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,13 +44,10 @@ from blis_fast.calibrate.report import build_report
 from blis_fast.calibrate.stats import mape_and_bias
 from blis_fast.errors import BlisInputError
 
-__all__ = ["LOSSES", "METRICS", "FitTrace", "load_fit_trace", "metric_errors", "metric_mapes",
-           "pair_trace", "simulate", "trace_loss"]
+__all__ = ["DEFAULT_LOSS", "LOSSES", "METRICS", "FitTrace", "Loss", "load_fit_trace",
+           "metric_errors", "metric_mapes", "pair_trace", "simulate", "trace_loss"]
 
 METRICS = ("ttft", "itl", "e2e")
-LOSSES = ("mape", "rms-log")
-"""The per-metric errors ``blis fit --loss`` can minimize (module docstring); the first is the
-default."""
 ITL_BURST_FRACTION = 0.1
 """A request's real mean ITL below this share of the trace's median is a delivery burst."""
 
@@ -170,15 +168,28 @@ def metric_log_errors(pairs: CalibrationPairs) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class Loss:
+    """A per-metric error ``blis fit --loss`` can minimize, and its name on the plot's axis."""
+
+    per_metric: Callable[[CalibrationPairs], dict[str, float]]
+    label: str
+
+
+LOSSES = {"mape": Loss(metric_mapes, "MAPE"), "rms-log": Loss(metric_log_errors, "RMS log ratio")}
+"""The losses by ``--loss`` name (module docstring)."""
+DEFAULT_LOSS = "mape"
+
+
 def metric_errors(pairs: CalibrationPairs, loss: str) -> dict[str, float]:
-    """The per-metric error named by ``loss`` (one of :data:`LOSSES`)."""
-    return metric_log_errors(pairs) if loss == "rms-log" else metric_mapes(pairs)
+    """The per-metric error named by ``loss`` (a key of :data:`LOSSES`)."""
+    return LOSSES[loss].per_metric(pairs)
 
 
-def trace_loss(mapes: dict[str, float], weights: dict[str, float]) -> float:
+def trace_loss(errors: dict[str, float], weights: dict[str, float]) -> float:
     """Weighted mean of the per-metric errors present (a metric without pairs drops out of the
     weights)."""
-    used = [(weights[m], mapes[m]) for m in METRICS if m in mapes and weights[m] > 0]
+    used = [(weights[m], errors[m]) for m in METRICS if m in errors and weights[m] > 0]
     total = sum(w for w, _ in used)
     if total == 0:
         return float("nan")
