@@ -35,12 +35,130 @@ from types import MethodType
 from typing import Any
 
 import numba
-from numba.core import config, types
+from numba.core import codegen, compiler, config, targetconfig, types
+from numba.core.environment import lookup_environment
 
 if "NUMBA_OPT" not in os.environ:
     config.OPT = config._OptLevel(2)
 if "NUMBA_LOOP_VECTORIZE" not in os.environ:
     config.LOOP_VECTORIZE = False
+
+
+def _compare_compile_flags_cheaply() -> None:
+    """Make Numba's comparison of two sets of compile flags cost one dict comparison.
+
+    Typing a call to any ``@overload`` function (``np.empty``, ``len``, ``min``, ...) looks up
+    its implementation in a cache keyed by the current compile flags, and Numba hashes and
+    compares flags through ``values()``, a fresh dict of all ~70 options, on every lookup: ~15 %
+    of the engine's cold compile. The results are Numba's own: the hash is the value Numba
+    computes (a hash of the sorted option *names*, one constant per flags class), and flags of
+    one class compare equal when their explicitly set values are equal and unequal when the
+    same options are set to different values, as ``values()`` would say; any other pair is
+    left to Numba's comparison."""
+    flags_class = targetconfig.TargetConfig
+    if getattr(flags_class, "_blis_fast_cheap_compare", False):
+        return
+    numba_eq = flags_class.__eq__
+    hash_by_class: dict[type, int] = {}
+
+    def __eq__(self: Any, other: Any) -> Any:  # noqa: N807 - the method it replaces
+        if type(self) is type(other):
+            mine, theirs = self._values, other._values
+            if mine == theirs:
+                return True
+            if mine.keys() == theirs.keys():
+                return False
+        return numba_eq(self, other)
+
+    def __hash__(self: Any) -> int:  # noqa: N807 - the method it replaces
+        cls = type(self)
+        if cls not in hash_by_class:
+            hash_by_class[cls] = hash(tuple(sorted(cls.options)))
+        return hash_by_class[cls]
+
+    flags_class.__eq__ = __eq__
+    flags_class.__hash__ = __hash__
+    flags_class._blis_fast_cheap_compare = True
+
+
+_compare_compile_flags_cheaply()
+
+_ENV_PREFIX = "_ZN08NumbaEnv"  # how Numba names the global that points at a function's environment
+
+
+class _LinkedOnlyLibrary(codegen.JITCodeLibrary):
+    """The code library of an internal kernel: LLVM IR, optimized function by function, that
+    its callers link in; never optimized as a whole module nor turned into machine code of its
+    own. Only compiled callers call an internal kernel, and each carries a copy of its code,
+    which the Python-callable kernel at the top optimizes as one module and emits once."""
+
+    def _optimize_final_module(self) -> None:
+        pass  # the caller at the top optimizes the linked module, this code included
+
+    def _finalize_final_module(self) -> None:
+        self._finalize_dynamic_globals()
+        self._verify_declare_only_symbols()
+        self._finalized = True
+
+    def get_pointer_to_function(self, name: str) -> int:
+        self._ensure_finalized()
+        return 0  # no machine code, no wrapper: an internal kernel is not called from Python
+
+    @property
+    def codegen(self) -> Any:
+        return _CodegenWithoutEnv(self._codegen)
+
+    def serialize_using_object_code(self) -> tuple:
+        return self.serialize_using_bitcode()  # the cache keeps the IR, for callers to link
+
+
+class _CodegenWithoutEnv:
+    """Numba's codegen as an internal kernel's library shows it: setting the kernel's
+    environment pointer is left to the machine code that carries it (:class:`_EmittedLibrary`)."""
+
+    def __init__(self, numba_codegen: Any) -> None:
+        self._numba_codegen = numba_codegen
+
+    def set_env(self, env_name: str, env: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._numba_codegen, name)
+
+
+class _EmittedLibrary(codegen.JITCodeLibrary):
+    """The code library of a Python-callable kernel: machine code of the kernel and of every
+    internal kernel it calls, with their environment pointers set as Numba sets them when it
+    loads the kernel from its cache (``CompileResult._rebuild``)."""
+
+    def _finalize_final_module(self) -> None:
+        super()._finalize_final_module()
+        engine = self._codegen._engine
+        for variable in self._final_module.global_variables:
+            name = variable.name
+            if name.startswith(_ENV_PREFIX) and engine.is_symbol_defined(name):
+                env = lookup_environment(name)
+                if env is not None:
+                    self._codegen.set_env(name, env)
+
+
+def _compiler_with_library(library_class: type) -> type:
+    """Numba's compiler pipeline, building the kernel into a ``library_class`` library."""
+
+    class KernelCompiler(compiler.Compiler):
+        def compile_extra(self, func: Any) -> Any:
+            if self.state.library is None:
+                library = library_class(self.state.targetctx.codegen(), func.__qualname__)
+                library.enable_object_caching()
+                self.state.library = library
+            return super().compile_extra(func)
+
+    KernelCompiler.__name__ = KernelCompiler.__qualname__ = f"{library_class.__name__}Compiler"
+    return KernelCompiler
+
+
+_LINKED_ONLY_COMPILER = _compiler_with_library(_LinkedOnlyLibrary)
+_EMITTED_COMPILER = _compiler_with_library(_EmittedLibrary)
 
 PYTHON_CALLABLE: dict[str, frozenset[str]] = {
     # module (under blis_fast.kernels): kernels called from Python
@@ -114,14 +232,20 @@ def njit(*args: Any, **options: Any) -> Any:
     if len(args) == 1 and callable(args[0]) and not options:  # bare @njit
         wrappers = _options_for(args[0])
         fn = _cache_named_for_wrapper(args[0], wrappers)
-        return _typed_without_literals(numba.njit(**wrappers)(fn))
+        return _typed_without_literals(numba.njit(**wrappers, pipeline_class=_pipeline(wrappers))(fn))
 
     def decorate(fn: Callable[..., Any]) -> Any:
         wrappers = _options_for(fn)
         fn = _cache_named_for_wrapper(fn, wrappers)
-        return _typed_without_literals(numba.njit(*args, **options, **wrappers)(fn))
+        return _typed_without_literals(
+            numba.njit(*args, **options, **wrappers, pipeline_class=_pipeline(wrappers))(fn))
 
     return decorate
+
+
+def _pipeline(wrappers: dict[str, bool]) -> type:
+    """The compiler of a kernel: internal kernels are linked only, the others emitted."""
+    return _LINKED_ONLY_COMPILER if wrappers is _INTERNAL else _EMITTED_COMPILER
 
 
 def has_python_wrapper(kernel: Any) -> bool:
