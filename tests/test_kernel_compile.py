@@ -98,8 +98,11 @@ def second(x):
 SCRIPT = '''
 import sys
 import linked_only_case as m
+from blis_fast.kernels import jit
 name = sys.argv[1]
 result = getattr(m, name)(5)
+for overload in m.twice_plus_one.overloads.values():  # compiled here or loaded: IR only
+    assert isinstance(overload.library, jit._LinkedOnlyLibrary), overload.library
 print(result, sum(m.twice_plus_one.stats.cache_hits.values()),
       sum(getattr(m, name).stats.cache_hits.values()))
 '''

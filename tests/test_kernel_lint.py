@@ -196,9 +196,12 @@ def outside_references(paths: list[Path]) -> dict[tuple[str, str], set[str]]:
             elif isinstance(node, ast.Import):
                 aliases.update({a.asname: a.name.split(".")[2] for a in node.names
                                 if a.asname and a.name.startswith("blis_fast.kernels.")})
+        # ``module.kernel.attribute`` uses the dispatcher (``.compile(signature)``), not a call
+        dispatcher_uses = {id(node.value) for node in ast.walk(tree)
+                           if isinstance(node, ast.Attribute)}
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in aliases):
+                    and node.value.id in aliases and id(node) not in dispatcher_uses):
                 refs.setdefault((aliases[node.value.id], node.attr), set()).add(path.name)
     return refs
 

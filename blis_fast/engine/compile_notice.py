@@ -25,7 +25,8 @@ _engine_warmup: subprocess.Popen | None = None
 def notify_if_compiling() -> None:
     """Log one warning line when the simulation or workload kernels must be compiled first,
     and start compiling the engine in a second process (it is independent of the workload
-    kernels this process compiles next)."""
+    kernels this process compiles next); this process first compiles the engine's parts the
+    second would reach last (``engine/warmup.py``)."""
     global _engine_warmup
     from blis_fast.kernels.event_loop import run_events
     from blis_fast.kernels.generation import generate_kernel
@@ -39,6 +40,12 @@ def notify_if_compiling() -> None:
         _engine_warmup = subprocess.Popen(
             [sys.executable, "-m", "blis_fast.engine.warmup"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        from blis_fast.engine.warmup import compile_late_engine_parts
+
+        try:
+            compile_late_engine_parts()  # what the second process would compile last
+        except Exception:  # noqa: BLE001 - a head start only: the second process compiles it all
+            log.debug("compiling the late engine parts failed", exc_info=True)
 
 
 def wait_for_engine_compile() -> None:

@@ -156,10 +156,35 @@ class KernelRun:
                 return status, lg, heap
 
 
+class _ArgumentsCaught(Exception):
+    """Raised by :func:`event_loop_arguments` to leave the run at the event loop's first call."""
+
+    def __init__(self, arguments: tuple) -> None:
+        super().__init__()
+        self.arguments = arguments
+
+
+def event_loop_arguments(table, cfg: EngineConfig) -> tuple:
+    """The arguments of the event loop's first call when ``table`` runs under ``cfg``, nothing
+    simulated: the engine warm-up compiles parts of the loop for exactly these types."""
+
+    def catch(*arguments):
+        raise _ArgumentsCaught(arguments)
+
+    try:
+        _run_once(table, cfg, "", None, initial_capacity(table, None), fleet.initial_rows(cfg),
+                  event_loop=catch)
+    except _ArgumentsCaught as caught:
+        return caught.arguments
+    raise AssertionError("the run ended without calling the event loop")
+
+
 def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | None,
-              room: Capacity, fleet_rows: int) -> SimulationResult:
+              room: Capacity, fleet_rows: int, event_loop=None) -> SimulationResult:
     """One simulation with ``room`` for follow-ups and ``fleet_rows`` instance rows (the flag's
-    count for a fixed fleet; an autoscaled run that outgrows them raises FleetTooSmall)."""
+    count for a fixed fleet; an autoscaled run that outgrows them raises FleetTooSmall).
+    ``event_loop`` replaces the loop's caller (:class:`KernelRun`), for
+    :func:`event_loop_arguments`."""
     parents = table
     if given.pd_on:  # prefill sub-requests get rows of their own (kernels/pd.py)
         table = with_prefill_rows(table)
@@ -213,7 +238,7 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
         hooks = _kernel_hooks(cfg.hooks)
-        run = KernelRun()
+        run = KernelRun() if event_loop is None else event_loop
         while True:
             status, lg, heap = run(sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess,
                                    pd, asc)

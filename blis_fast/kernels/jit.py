@@ -35,6 +35,7 @@ from types import MethodType
 from typing import Any
 
 import numba
+from llvmlite import binding as llvm
 from numba.core import codegen, compiler, config, targetconfig, types
 from numba.core.environment import lookup_environment
 
@@ -109,7 +110,33 @@ class _LinkedOnlyLibrary(codegen.JITCodeLibrary):
         return _CodegenWithoutEnv(self._codegen)
 
     def serialize_using_object_code(self) -> tuple:
-        return self.serialize_using_bitcode()  # the cache keeps the IR, for callers to link
+        """The cache entry keeps the IR, for callers to link (and no machine code)."""
+        self._ensure_finalized()
+        return (self.name, _LINKED_ONLY_KIND, self._final_module.as_bitcode())
+
+
+_LINKED_ONLY_KIND = "blis_fast-linked-only-bitcode"  # the kind of an internal kernel's cache entry
+
+
+def _load_linked_only_entries() -> None:
+    """Make Numba load an internal kernel's cache entry as a linked-only library again (Numba
+    would emit machine code for IR it loads); every other entry loads as Numba loads it."""
+    library_class = codegen.JITCodeLibrary
+    if getattr(library_class, "_blis_fast_linked_only_load", False):
+        return
+    numba_unserialize = library_class._unserialize.__func__
+
+    def _unserialize(cls: type, numba_codegen: Any, state: tuple) -> Any:
+        name, kind, data = state
+        if kind != _LINKED_ONLY_KIND:
+            return numba_unserialize(cls, numba_codegen, state)
+        library = _LinkedOnlyLibrary(numba_codegen, name)
+        library._final_module = llvm.parse_bitcode(data)
+        library._finalize_final_module()
+        return library
+
+    library_class._unserialize = classmethod(_unserialize)
+    library_class._blis_fast_linked_only_load = True
 
 
 class _CodegenWithoutEnv:
@@ -157,6 +184,7 @@ def _compiler_with_library(library_class: type) -> type:
     return KernelCompiler
 
 
+_load_linked_only_entries()
 _LINKED_ONLY_COMPILER = _compiler_with_library(_LinkedOnlyLibrary)
 _EMITTED_COMPILER = _compiler_with_library(_EmittedLibrary)
 
