@@ -155,8 +155,14 @@ class _CodegenWithoutEnv:
 
 class _EmittedLibrary(codegen.JITCodeLibrary):
     """The code library of a Python-callable kernel: machine code of the kernel and of every
-    internal kernel it calls, with their environment pointers set as Numba sets them when it
-    loads the kernel from its cache (``CompileResult._rebuild``)."""
+    internal kernel it calls, optimized as one module, with their environment pointers set as
+    Numba sets them when it loads the kernel from its cache (``CompileResult._rebuild``)."""
+
+    def _optimize_functions(self, ll_module: Any) -> None:
+        """No function-by-function passes over the kernel's own IR: the whole-module passes that
+        follow run the same simplification over every function (the event loop's own function
+        passes were 7 s of a cold compile; the code they gave ran no faster)."""
+        ll_module.data_layout = self._codegen._data_layout
 
     def _finalize_final_module(self) -> None:
         super()._finalize_final_module()
