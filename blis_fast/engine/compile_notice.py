@@ -35,7 +35,7 @@ def notify_if_compiling() -> None:
     if engine_ready and _has_cached_overload(generate_kernel):
         return
     log.warning("compiling the simulation kernels (first run after install or upgrade; "
-                "this takes about a minute, later runs start at once)")
+                "this takes 30-60 s, later runs start at once)")
     if not engine_ready and _engine_warmup is None:
         _engine_warmup = subprocess.Popen(
             [sys.executable, "-m", "blis_fast.engine.warmup"],
