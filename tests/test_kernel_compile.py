@@ -71,6 +71,16 @@ def test_internal_kernels_are_linked_into_their_callers_not_emitted() -> None:
     assert internal.fndesc.mangled_name in {f.name for f in internal.library.get_defined_functions()}
 
 
+def test_numba_has_the_internals_the_levers_use() -> None:
+    """On a Numba whose internals differ the levers stay off (kernels compile the stock way):
+    this fails so the developers see it."""
+    assert jit._NUMBA_INTERNALS_AS_EXPECTED
+    from numba.core import targetconfig
+
+    assert targetconfig.TargetConfig._blis_fast_cheap_compare
+    assert jit.codegen.JITCodeLibrary._blis_fast_linked_only_load
+
+
 def test_the_kernels_follow_the_wrapper_they_have() -> None:
     """Python-callable kernels are emitted, the others linked only (``jit._pipeline``)."""
     assert gorand.new_source._compiler.pipeline_class is jit._EMITTED_COMPILER

@@ -82,7 +82,22 @@ def _compare_compile_flags_cheaply() -> None:
     flags_class._blis_fast_cheap_compare = True
 
 
-_compare_compile_flags_cheaply()
+# The levers below use Numba internals (checked on Numba 0.68); on a Numba whose internals
+# differ they stay off and kernels compile the stock way (slower, same results), and
+# tests/test_kernel_compile.py fails to tell the developers.
+_NUMBA_INTERNALS_AS_EXPECTED = (
+    hasattr(targetconfig.TargetConfig, "options")
+    and "_values" in getattr(targetconfig.TargetConfig, "__slots__", ())
+    and all(callable(getattr(codegen.JITCodeLibrary, name, None)) for name in (
+        "_optimize_functions", "_optimize_final_module", "_finalize_final_module",
+        "_finalize_dynamic_globals", "_verify_declare_only_symbols", "_get_module_for_linking",
+        "serialize_using_object_code", "_unserialize", "enable_object_caching"))
+    and callable(getattr(codegen.JITCPUCodegen, "_function_pass_manager", None))
+    and hasattr(compiler.Compiler, "compile_extra")
+)
+
+if _NUMBA_INTERNALS_AS_EXPECTED:
+    _compare_compile_flags_cheaply()
 
 _ENV_PREFIX = "_ZN08NumbaEnv"  # how Numba names the global that points at a function's environment
 
@@ -190,7 +205,8 @@ def _compiler_with_library(library_class: type) -> type:
     return KernelCompiler
 
 
-_load_linked_only_entries()
+if _NUMBA_INTERNALS_AS_EXPECTED:
+    _load_linked_only_entries()
 _LINKED_ONLY_COMPILER = _compiler_with_library(_LinkedOnlyLibrary)
 _EMITTED_COMPILER = _compiler_with_library(_EmittedLibrary)
 
@@ -279,6 +295,8 @@ def njit(*args: Any, **options: Any) -> Any:
 
 def _pipeline(wrappers: dict[str, bool]) -> type:
     """The compiler of a kernel: internal kernels are linked only, the others emitted."""
+    if not _NUMBA_INTERNALS_AS_EXPECTED:
+        return compiler.Compiler
     return _LINKED_ONLY_COMPILER if wrappers is _INTERNAL else _EMITTED_COMPILER
 
 
