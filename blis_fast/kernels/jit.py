@@ -25,6 +25,13 @@ The kernels are branchy event code the vectorizer rarely helps. The compiled ari
 same at any level >= 1 (no kernel uses fastmath, so LLVM keeps IEEE semantics and never fuses
 a multiply and an add); the cache key does not include the level, and a kernel cached at
 another level is equally valid. O0 is not an option: Numba cannot cache code compiled at O0.
+
+A kernel without a Python wrapper compiles into a linked-only library (:class:`_LinkedOnlyLibrary`):
+its IR is linked into its callers and never optimized as a module nor emitted by itself; the
+Python-callable kernel at the top of each call tree optimizes and emits the whole once
+(:class:`_EmittedLibrary`). With the cheaper comparison of compile flags
+(:func:`_compare_compile_flags_cheaply`) that took the engine's cold compile from ~55 to ~40 s
+of CPU (``bench/startup.md``); ``tests/test_kernel_compile.py`` covers both.
 """
 
 from __future__ import annotations
