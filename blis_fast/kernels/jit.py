@@ -287,9 +287,7 @@ def njit(*args: Any, **options: Any) -> Any:
     """``numba.njit`` with the kernel defaults above; used exactly like ``numba.njit``
     (``@njit``, ``@njit(cache=True, ...)``, ``@njit("sig", cache=True, ...)``)."""
     if len(args) == 1 and callable(args[0]) and not options:  # bare @njit
-        wrappers = _options_for(args[0])
-        fn = _cache_named_for_wrapper(args[0], wrappers)
-        return _typed_without_literals(numba.njit(**wrappers, pipeline_class=_pipeline(wrappers))(fn))
+        return njit()(args[0])
 
     def decorate(fn: Callable[..., Any]) -> Any:
         wrappers = _options_for(fn)
