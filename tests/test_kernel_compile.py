@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numba
@@ -135,3 +136,90 @@ def test_a_kernel_compiled_later_links_an_internal_kernel_from_the_cache(tmp_pat
     assert run("second") == [33, 1, 0]  # a new caller: the internal kernel comes from the cache
     assert run("first") == [12, 0, 1]  # the entry's machine code comes from the cache
     assert run("second") == [33, 0, 1]
+
+
+CLAIM_MODULE = '''
+import numba
+from blis_fast.kernels import jit
+
+def _add_three(x):
+    return x + 3
+
+# as kernels/jit.py: njit gives a kernel (callable from Python here) its claims
+add_three = jit._compiled_once_across_processes(numba.njit(cache=True)(_add_three))
+'''
+
+CLAIM_SCRIPT = '''
+import os, sys, time
+from numba.core import event
+import claim_case as m
+
+compiled = []
+
+
+class SlowCompile(event.Listener):
+    """Holds the claim for 2 s: the other process must come while this one compiles."""
+
+    def on_start(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__name__)
+        time.sleep(2)
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:compile", SlowCompile())
+go = sys.argv[1]
+while not os.path.exists(go):  # both processes start compiling together
+    time.sleep(0.01)
+print(m.add_three(4), "compiled" if compiled else "loaded")
+'''
+
+
+def test_two_processes_compile_a_kernel_once(tmp_path: Path) -> None:
+    """Two processes that need the same uncompiled kernel at once: one compiles it, the other
+    waits for its claim and loads it from the cache (``jit._CacheClaimedAcrossProcesses``)."""
+    (tmp_path / "claim_case.py").write_text(CLAIM_MODULE)
+    (tmp_path / "script.py").write_text(CLAIM_SCRIPT)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    go = tmp_path / "go"
+    runs = [subprocess.Popen([sys.executable, str(tmp_path / "script.py"), str(go)], env=env,
+                             stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    time.sleep(3)  # both imported and waiting
+    go.touch()
+    outputs = sorted(run.communicate(timeout=300)[0].split() for run in runs)
+    assert [run.returncode for run in runs] == [0, 0]
+    assert outputs == [["7", "compiled"], ["7", "loaded"]]
+    assert not list((tmp_path / "cache").rglob("*.lock"))  # the claim file is gone
+
+
+HOLDER = '''
+import sys, time
+from blis_fast.kernels import jit
+claim = jit._claim(sys.argv[1])
+print("held", flush=True)
+time.sleep(600)
+'''
+
+
+def test_a_claim_dies_with_its_process_and_a_wait_has_an_end(tmp_path: Path,
+                                                             monkeypatch) -> None:
+    path = str(tmp_path / "kernel.nbi.0123.lock")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(jit, "_CLAIM_WAIT_S", 0.3)
+        assert jit._claim(path) is None  # waited 0.3 s, then gives up: compile without it
+    finally:
+        holder.kill()
+        holder.wait()
+    claim = jit._claim(path)  # the system dropped the dead holder's lock
+    assert claim is not None and not claim.waited
+    claim.release()
+    assert not os.path.exists(path)
+
+
+def test_a_read_only_cache_compiles_without_a_claim(tmp_path: Path) -> None:
+    assert jit._claim(str(tmp_path / "missing-dir" / "k.lock")) is None

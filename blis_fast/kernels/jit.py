@@ -32,11 +32,20 @@ Python-callable kernel at the top of each call tree optimizes and emits the whol
 (:class:`_EmittedLibrary`). With the cheaper comparison of compile flags
 (:func:`_compare_compile_flags_cheaply`) that took the engine's cold compile from ~55 to ~40 s
 of CPU (``bench/startup.md``); ``tests/test_kernel_compile.py`` covers both.
+
+A kernel compiles once across processes (:class:`_CacheClaimedAcrossProcesses`): a process
+that misses the on-disk cache claims the kernel's signature before compiling it, and another
+process needing it meanwhile waits and loads it from the cache. A cold run's two processes
+(``engine/warmup.py``) and the workers of a cold parallel sweep split the compile that way.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import logging
 import os
+import time
 from collections.abc import Callable
 from types import MethodType
 from typing import Any
@@ -283,6 +292,115 @@ def _cache_named_for_wrapper(fn: Callable[..., Any], wrapper_options: dict[str, 
     return fn
 
 
+_CLAIM_WAIT_S = 600.0
+"""How long a process waits for another to finish compiling a kernel before compiling it too."""
+
+
+class _Claim:
+    """One process's exclusive claim on compiling one kernel for one signature: an ``flock`` on
+    a file beside the kernel's cache index (the system drops it should the process die)."""
+
+    def __init__(self, path: str, fd: int, waited: bool) -> None:
+        self.path, self.fd, self.waited = path, fd, waited
+
+    def release(self) -> None:
+        """Remove the claim file, then unlock (a process that opened it meanwhile sees it gone
+        and claims a new one)."""
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)
+
+
+def _claim(path: str) -> _Claim | None:
+    """Claim ``path``, waiting while another process holds it; None when the file cannot be
+    made (a read-only cache) or after :data:`_CLAIM_WAIT_S` s of waiting (compile anyway)."""
+    waited_since = None
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            now = time.monotonic()
+            waited_since = now if waited_since is None else waited_since
+            if now - waited_since > _CLAIM_WAIT_S:
+                logging.getLogger("blis_fast").debug("compiling %s without a claim", path)
+                return None
+            time.sleep(0.02)
+            continue
+        except OSError:
+            os.close(fd)
+            return None
+        try:  # the holder removes the file before unlocking: lock the file that is there
+            current = os.path.samestat(os.fstat(fd), os.stat(path))
+        except OSError:
+            current = False
+        if current:
+            return _Claim(path, fd, waited_since is not None)
+        os.close(fd)
+
+
+class _CacheClaimedAcrossProcesses:
+    """A kernel's on-disk cache whose misses are claimed across processes: of several
+    processes that need the same kernel compiled at once (a cold run's two processes, the
+    workers of a parallel sweep), one compiles it and the others wait and load it from the
+    cache. Waits follow calls between kernels, which never form a cycle, so none waits
+    forever."""
+
+    def __init__(self, numba_cache: Any) -> None:
+        self._numba_cache = numba_cache
+        self._claims: dict[str, _Claim] = {}
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        """The cached kernel, or None after claiming its compile for this process."""
+        loaded = self._numba_cache.load_overload(sig, target_context)
+        key = str(sig)
+        if loaded is not None or key in self._claims:
+            return loaded
+        digest = hashlib.sha1(key.encode()).hexdigest()[:16]
+        claim = _claim(f"{self._numba_cache._cache_file._index_path}.{digest}.lock")
+        if claim is None:
+            return None
+        if claim.waited:  # another process compiled it meanwhile
+            loaded = self._numba_cache.load_overload(sig, target_context)
+            if loaded is not None:
+                claim.release()
+                return loaded
+        self._claims[key] = claim
+        return None
+
+    def release(self, sig: Any) -> None:
+        """Release the claim on ``sig`` (after its compile saved it, or failed)."""
+        claim = self._claims.pop(str(sig), None)
+        if claim is not None:
+            claim.release()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._numba_cache, name)
+
+
+def _compiled_once_across_processes(kernel: Any) -> Any:
+    """Give ``kernel`` (a cached dispatcher) a :class:`_CacheClaimedAcrossProcesses`."""
+    if not hasattr(kernel._cache, "_cache_file"):  # not cached: nothing to share
+        return kernel
+    cache = kernel._cache = _CacheClaimedAcrossProcesses(kernel._cache)
+    numba_compile = kernel.compile
+
+    def compile(self: Any, sig: Any) -> Any:  # noqa: A001 - the method it wraps
+        try:
+            return numba_compile(sig)
+        finally:
+            cache.release(sig)
+
+    kernel.compile = MethodType(compile, kernel)
+    return kernel
+
+
 def njit(*args: Any, **options: Any) -> Any:
     """``numba.njit`` with the kernel defaults above; used exactly like ``numba.njit``
     (``@njit``, ``@njit(cache=True, ...)``, ``@njit("sig", cache=True, ...)``)."""
@@ -292,8 +410,8 @@ def njit(*args: Any, **options: Any) -> Any:
     def decorate(fn: Callable[..., Any]) -> Any:
         wrappers = _options_for(fn)
         fn = _cache_named_for_wrapper(fn, wrappers)
-        return _typed_without_literals(
-            numba.njit(*args, **options, **wrappers, pipeline_class=_pipeline(wrappers))(fn))
+        return _compiled_once_across_processes(_typed_without_literals(
+            numba.njit(*args, **options, **wrappers, pipeline_class=_pipeline(wrappers))(fn)))
 
     return decorate
 
