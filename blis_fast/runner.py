@@ -27,6 +27,7 @@ from blis_fast.config.pd import (
     validate_pd,
     with_transfer_sizing,
 )
+from blis_fast.config.pd import requested as pd_requested
 from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_policies
 from blis_fast.data import data_path
 from blis_fast.engine.compile_notice import notify_if_compiling
@@ -301,7 +302,7 @@ def _generate(opts: Any, horizon: int, total_blocks: int
     check_generation_bounded(max_requests, horizon)
     tokens = 0 if opts.workload_spec else opts.prompt_tokens + opts.output_tokens
     _check_memory(opts, total_blocks, max_requests, tokens)
-    notify_if_compiling()
+    notify_if_compiling(pd=pd_requested(opts))
     try:
         wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
                                block_size=opts.block_size_in_tokens)
@@ -348,7 +349,7 @@ def _replay_workload(opts: Any) -> tuple[RequestTable, int, SessionPlan | None]:
     if opts.fitness_weights:
         log.warning("--fitness-weights has no effect in replay")
     closed = mode == "closed-loop"
-    notify_if_compiling()
+    notify_if_compiling(pd=pd_requested(opts))
     prelim = (opts.horizon if opts.given("horizon")
               else replay_horizon(max_injected_arrival(records, closed)))
     replayed = replay_workload(records, opts.seed, opts.block_size_in_tokens,

@@ -117,6 +117,26 @@ def test_kernel_matches_naive_twin(bs):
     assert (table.prefix_length[table.client_idx == 3] == 37).all()
 
 
+def test_the_generator_without_session_code_draws_the_same():
+    """A workload without multi-turn clients runs the generator compiled without the session
+    code (``multi_turn_on`` None); the variant compiled with it draws the very same rows."""
+    from blis_fast.kernels.generation import generate_kernel
+    from blis_fast.workload.client_params import resolve_clients
+
+    spec = _mixed_spec(seed=7)
+    rc = resolve_clients(spec.clients, spec.aggregate_rate, 80, True)
+    args = (np.int64(123), rc.params, np.int64(INT64_MAX), np.int64(16),
+            np.int64(rc.prefix_capture_len), np.int64(80), np.int64(1))
+    without, with_code = generate_kernel(*args, None), generate_kernel(*args, True)
+    assert without.rows.shape[0] == 80
+    used_digests = without.chunk_offsets[-1]
+    for field in without._fields:
+        a, b = getattr(without, field), getattr(with_code, field)
+        if field == "chunk_digests":  # a growth buffer: the used part
+            a, b = a[:used_digests], b[:used_digests]
+        np.testing.assert_array_equal(a, b)
+
+
 def test_kernel_matches_naive_twin_horizon_and_lifecycle():
     """Horizon-bounded generation (no request cap) with lifecycle windows equals the plain loop."""
     spec = _mixed_spec(seed=11)

@@ -63,6 +63,12 @@ class PDConfig:
         return roles
 
 
+def requested(opts: Any) -> bool:
+    """Whether the flags ask for P/D mode (before any check: which engine to compile first)."""
+    return PDConfig(prefill=opts.prefill_instances, decode=opts.decode_instances,
+                    shared=opts.prefill_decode_instances).on
+
+
 def _fail(message: str) -> None:
     raise BlisConfigError(message)
 

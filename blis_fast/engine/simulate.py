@@ -12,6 +12,11 @@ import numpy as np
 from numba.core.errors import NumbaExperimentalFeatureWarning
 
 from blis_fast.engine import fleet
+from blis_fast.engine.compile_notice import (
+    announce_if_compiling,
+    engine_variant,
+    wait_for_engine_compile,
+)
 from blis_fast.engine.engine_config import EngineConfig, Hooks
 from blis_fast.engine.follow_ups import (
     Capacity,
@@ -39,7 +44,6 @@ from blis_fast.kernels.autoscale_layout import AsVar
 from blis_fast.kernels.enums import Status
 from blis_fast.kernels.event_loop import push_cluster_arrivals, run_events
 from blis_fast.kernels.gomath import INT64_MAX
-from blis_fast.kernels.pd import pd_off
 from blis_fast.kernels.state import (
     ConfigSlot,
     KernelHooks,
@@ -106,8 +110,6 @@ def run_engine(table, cfg: EngineConfig, model: str = "",
                sessions: SessionPlan | None = None) -> SimulationResult:
     """Simulate ``table`` (a RequestTable) under ``cfg``; ``sessions`` continues closed-loop
     sessions with follow-ups generated as their requests finish (WL-6.5, CLU-1.15)."""
-    from blis_fast.engine.compile_notice import wait_for_engine_compile
-
     wait_for_engine_compile()
     room = initial_capacity(table, sessions)
     fleet_rows = fleet.initial_rows(cfg)
@@ -166,7 +168,8 @@ class _ArgumentsCaught(Exception):
 
 def event_loop_arguments(table, cfg: EngineConfig) -> tuple:
     """The arguments of the event loop's first call when ``table`` runs under ``cfg``, nothing
-    simulated: the engine warm-up compiles parts of the loop for exactly these types."""
+    simulated and nothing compiled (the heap holds no arrivals: pushing them is a kernel): the
+    engine warm-up compiles the loop and parts of it for exactly these types."""
 
     def catch(*arguments):
         raise _ArgumentsCaught(arguments)
@@ -204,9 +207,10 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     lg = new_step_log(max(1024, 4 * n_req), max(1024, 2 * n_req))
     meta = request_metadata(table, given, model)  # tenant capacity: --num-instances (AS-7.3)
     rt = router_state(cfg, n, meta, kv, room)
-    heap = push_cluster_arrivals(new_event_heap(3 * n_req + 4 * n_inst + 16), inp.arrival,
-                                 np.arange(parents.n, dtype=np.int64),
-                                 np.full(parents.n, -1, np.int64))
+    heap = new_event_heap(3 * n_req + 4 * n_inst + 16)
+    if event_loop is None:  # not the arguments alone (event_loop_arguments)
+        heap = push_cluster_arrivals(heap, inp.arrival, np.arange(parents.n, dtype=np.int64),
+                                     np.full(parents.n, -1, np.int64))
     work = new_work(n, max_batch, room.max_chunks)
     driver = None
     think = np.zeros(1, np.int64)
@@ -223,7 +227,7 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
                         np.ascontiguousarray(cfg.latency.alpha, np.float64),
                         instance_rank_of(n_inst), instance_config(cfg))
     # after config_ints: a pool's policy copies the main router's packed slots
-    pd = pd_state(cfg, parents, max_batch, inp, ranked, rt) if cfg.pd_on else pd_off(rt)
+    pd = pd_state(cfg, parents, max_batch, inp, ranked, rt) if cfg.pd_on else None
     if cfg.pd_on:  # no follow-ups with P/D: nothing reads the kernel rows' table or ids again
         table, ids = None, []  # (the prefill rows' copies: ~15 MB per 100k requests)
     asc = None
@@ -232,8 +236,12 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
         heap = new_event_heap(3 * n_req + 4 * n_inst + 16)
         asc = fleet.new_autoscale_state(cfg.autoscale, cfg, fleet_rows, n0)
         fleet.start_fleet(given, asc, kv, sim_cfg.inst, sim_cfg.instance_rank, rt, heap)
-        heap = push_cluster_arrivals(heap, inp.arrival, np.arange(parents.n, dtype=np.int64),
-                                     np.full(parents.n, -1, np.int64))
+        if event_loop is None:
+            heap = push_cluster_arrivals(heap, inp.arrival,
+                                         np.arange(parents.n, dtype=np.int64),
+                                         np.full(parents.n, -1, np.int64))
+    if event_loop is None:  # the variant the flags' guess did not compile first (autoscaler)
+        announce_if_compiling(run_events, engine_variant(pd is not None, asc is not None))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)

@@ -1,56 +1,107 @@
 """Compile the simulation kernel in a second process while the first compiles the workload
-generator, so a cold first run uses both cores (the two compilations are independent).
+generator, so a cold first run uses both cores.
 
-The event loop is one kernel whose compile types and compiles everything it calls, in an
-order Numba chooses: the P/D handlers come last, 20-30 s into a cold compile. The first process
-compiles them before the generator (:func:`compile_late_engine_parts`), so the second finds
-them in the on-disk cache when it gets there instead of compiling them too. Should it get there
-first, both compile them: the same machine code, only the time is lost."""
+Kernels compile once across processes (``kernels/jit.py``: a process that needs a kernel
+another is compiling waits for it and loads it from the cache), so the two processes split the
+work: the second compiles the event loop and everything it calls, in the order Numba reaches
+them; the first starts with what the loop reaches last (:func:`compile_late_engine_parts`:
+routing, admission, the step-time models), then compiles the generator. The loop compiles for
+the run's variant: P/D or not (``--pd``); without P/D its code is left out of the compile
+(``kernels/event_loop.py: run_events``)."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
 
 
-def compile_engine() -> None:
-    """Run a one-request simulation: the engine's kernels compile into Numba's on-disk cache."""
-    from blis_fast.engine.simulate import run_engine
+def compile_engine(pd: bool = False) -> None:
+    """Compile the event loop (its P/D variant with ``pd``), then run a one-request simulation:
+    the engine's kernels compile into Numba's on-disk cache, the loop first (the kernels the
+    run calls before it are small, and the first process may be compiling them)."""
+    from numba.core.errors import NumbaWarning
 
-    run_engine(*_one_request_run())
+    from blis_fast.engine.simulate import event_loop_arguments, run_engine
+    from blis_fast.kernels.event_loop import run_events
+
+    run = _one_request_run(pd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaWarning)  # silent, as a run is
+        run_events.compile(tuple(run_events.typeof_pyval(a)
+                                 for a in event_loop_arguments(*run)))
+    run_engine(*run)
 
 
-def compile_late_engine_parts() -> None:
-    """Compile the kernels the event loop's compile reaches last (the P/D handlers and the
-    routing and KV kernels they use) for the types the loop calls them with, into the on-disk
-    cache; ``tests/test_warmup.py`` checks that the loop's compile then finds each of them
-    there."""
+def compile_python_called_engine_parts() -> None:
+    """Compile the kernels the engine's Python side calls only when the step log or the
+    event heap must grow (``engine/simulate.py: KernelRun``): a one-request run never does."""
+    from blis_fast.engine.simulate import event_loop_arguments
+    from blis_fast.kernels.event_loop import run_events
+    from blis_fast.kernels.state import grow_event_heap, grow_step_log
+
+    arguments = event_loop_arguments(*_one_request_run())
+    typeof = run_events.typeof_pyval
+    step_log, heap = arguments[5], arguments[7]
+    grow_step_log.compile((typeof(step_log), typeof(1), typeof(1)))
+    grow_event_heap.compile((typeof(heap), typeof(1)))
+
+
+def compile_late_engine_parts(pd: bool = False) -> None:
+    """Compile the kernels the event loop's compile reaches last (with ``pd`` the P/D handlers;
+    routing, admission, the step's duration and CPU mirroring) for the types the loop calls
+    them with, into the on-disk cache; ``tests/test_warmup.py`` checks that the loop's compile
+    then finds each of them there."""
     from numba.core import types
     from numba.core.errors import NumbaWarning
 
     from blis_fast.engine.simulate import event_loop_arguments
+    from blis_fast.kernels import admission as adm
+    from blis_fast.kernels import kvcache as kvc
     from blis_fast.kernels import pd as pdk
+    from blis_fast.kernels import routing as rtk
     from blis_fast.kernels.event_loop import run_events
+    from blis_fast.kernels.latency import step_time
 
     with warnings.catch_warnings():
         # silent, as the second process is (the scorer table's first-class functions are
         # labelled experimental)
         warnings.simplefilter("ignore", NumbaWarning)
-        arguments = event_loop_arguments(*_one_request_run())
-        (cfg, inp, rs, ins, kv, _lg, rt, heap, work, hooks, _sess, pd, _asc) = (
-            run_events.typeof_pyval(a) for a in arguments)
-        t = r = types.int64  # an event's time and payload (the heap's int64 columns)
-        # as the event loop calls them (kernels/event_loop.py: _on_routing, run_events)
-        pdk.route_decode_first.compile((cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r))
-        pdk.on_prefill_routing.compile((inp, rs, ins, kv, rt, heap, hooks, pd, t, r))
-        pdk.on_transfer_start.compile((inp, rs, kv, heap, work, pd, t, r))
-        pdk.on_transfer_done.compile((cfg, inp, rs, ins, rt, heap, pd, t, r))
+        arguments = event_loop_arguments(*_one_request_run(pd))
+        typeof = run_events.typeof_pyval
+        i64 = types.int64  # times, rows, counts: the heap's and the config's int64 values
+        if pd:  # as the loop calls them (kernels/event_loop.py: _on_routing, run_events)
+            cfg, inp, rs, ins, kv, _lg, rt, heap, work, hooks, _sess, pds, _asc = (
+                typeof(a) for a in arguments)
+            pdk.route_decode_first.compile((cfg, inp, rs, ins, kv, rt, heap, hooks, pds, i64,
+                                            i64))
+            pdk.on_prefill_routing.compile((inp, rs, ins, kv, rt, heap, hooks, pds, i64, i64))
+            pdk.on_transfer_start.compile((inp, rs, kv, heap, work, pds, i64, i64))
+            pdk.on_transfer_done.compile((cfg, inp, rs, ins, rt, heap, pds, i64, i64))
+        cfg, inp, _rs, ins, kv, _lg, rt, _heap, work, hooks, _sess, _pd, _asc = arguments
+        # as the loop calls them (kernels/event_loop.py: _on_routing, _on_admission;
+        # kernels/step.py: run_step), the latest reached first
+        rtk.route.compile((typeof(rt), typeof(kv), i64, typeof(inp.input_len[0]), i64,
+                           typeof(cfg.instance_rank), typeof(inp.arrival[0]),
+                           typeof(hooks.scorer_table), typeof(rt.routable), i64))
+        adm.admit.compile((typeof(rt), i64, typeof(inp.input_len[0]), typeof(rt.routable), i64,
+                           i64, typeof(inp.arrival[0]), typeof(hooks.admit), typeof(kv)))
+        rtk.refresh_cache_signal.compile((typeof(rt), typeof(kv), i64))
+        rtk.take_snapshots.compile((typeof(rt), typeof(ins), typeof(kv), i64,
+                                    typeof(rt.routable), i64))
+        kvc.mirror_to_cpu.compile((typeof(kv), i64, typeof(ins.batch[0]),
+                                   typeof(ins.batch_len[0])))
+        step_time.compile((typeof(cfg.inst[0, 0]), typeof(cfg.latency_params[0]), i64,
+                           typeof(work.progress), typeof(work.new_tokens),
+                           typeof(work.input_len), typeof(work.output_len)))
 
 
-def _one_request_run() -> tuple:
-    """A one-request workload and an engine configuration with the default policies."""
+def _one_request_run(pd: bool = False) -> tuple:
+    """A one-request workload and an engine configuration with the default policies (and one
+    prefill and one decode instance with ``pd``)."""
     from blis_fast.config.latency import LatencyConfig
+    from blis_fast.config.pd import PDConfig
     from blis_fast.config.policy_bundle import select_policies
     from blis_fast.engine.simulate import EngineConfig
     from blis_fast.kernels import latency as L
@@ -67,13 +118,15 @@ def _one_request_run() -> tuple:
     )
     params = np.zeros(L.BB_SIZE, np.float64)
     params[L.BB_BETA0] = 1000.0
-    opts = RunOptions(total_kv_blocks=8)
+    opts = (RunOptions(total_kv_blocks=8, num_instances=2, prefill_instances=1,
+                       decode_instances=1) if pd else RunOptions(total_kv_blocks=8))
     latency = LatencyConfig(backend="blackbox", code=Backend.BLACKBOX, alpha=np.zeros(3),
                             beta=params.copy(), params=params, total_kv_blocks=8,
                             max_model_len=0, model="", gpu="", tp=0, vllm_version="")
     return table, EngineConfig(options=opts, latency=latency,
-                               policies=select_policies(opts, None))
+                               policies=select_policies(opts, None),
+                               pd=PDConfig(prefill=1, decode=1) if pd else None)
 
 
 if __name__ == "__main__":
-    compile_engine()
+    compile_engine(pd="--pd" in sys.argv[1:])

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from blis_fast.kernels.buffers import copy_range
 from blis_fast.kernels.generation_layout import GenClientCol as C
 from blis_fast.kernels.generation_layout import GenRateCol as F
 from blis_fast.kernels.generation_layout import GenStatus
@@ -220,11 +221,11 @@ def start_client_streams(wg, clients, horizon):
             iv = streams.iv
             if iv_used + vals.shape[0] > iv.shape[0]:
                 grown = np.zeros(max(2 * iv.shape[0], iv_used + vals.shape[0]), dtype=np.int64)
-                grown[:iv_used] = iv[:iv_used]
+                copy_range(grown, 0, iv, 0, iv_used)
                 streams = ClientStreams(streams.rng, slot, streams.t, streams.count,
                                         streams.iv_cursor, streams.iv_off, streams.iv_n, grown,
                                         streams.first_found)
-            streams.iv[iv_used : iv_used + vals.shape[0]] = vals
+            copy_range(streams.iv, iv_used, vals, 0, vals.shape[0])
             streams.iv_off[k] = iv_used
             streams.iv_n[k] = vals.shape[0]
             iv_used += vals.shape[0]

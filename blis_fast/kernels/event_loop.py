@@ -154,7 +154,7 @@ def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r):
     request arrives there at once (or is rejected when no routable instance serves its
     model). In P/D mode the decode pool is routed first (``pd.route_decode_first``)."""
     rtk.refresh_cache_signal(rt, kv, t)
-    if pd.conf[pdk.PDConf.ON] == 1:
+    if pd is not None:
         pdk.route_decode_first(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r)
         return
     n_cand = rt.st[RouterVar.N_ROUTABLE]
@@ -253,7 +253,7 @@ def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t, m
             r = ins.batch[i, q]
             if finishes(cfg, rs, kv, ins, inp, i, r, work):
                 _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, t + d)
-                if pd.conf[pdk.PDConf.ON] == 1:
+                if pd is not None:
                     pdk.note_completion(pd, rs, r)
             else:
                 ins.batch[i, keep] = r
@@ -264,7 +264,7 @@ def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t, m
                        if may_skip and idle_before else t + d)
     else:
         ins.cnt[i, InstanceCounter.STEP_PENDING] = 0
-    if pd.conf[pdk.PDConf.ON] == 1:
+    if pd is not None:
         pdk.detect(cfg, pd, heap, t)
 
 
@@ -275,8 +275,9 @@ def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, r):
     parent)."""
     if rs.state[r] == RequestState.TIMED_OUT:
         return
-    if rs.pd_sub[r] == 1:
-        pdk.on_decode_timeout(pd, r, t)
+    if pd is not None:
+        if rs.pd_sub[r] == 1:
+            pdk.on_decode_timeout(pd, r, t)
     was_running = rs.state[r] == RequestState.RUNNING
     was_queued = rs.state[r] == RequestState.QUEUED
     _cancel(inp, rs, ins, rt, heap, sess, i, r, t, RequestState.TIMED_OUT,
@@ -359,8 +360,10 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     """Process events until the heap drains, the horizon is passed, or the loop must stop
     (a Status: a buffer to grow, closed-loop outcomes that must become follow-ups first,
     ``inp.session[r]`` >= 0 marking a request of a closed-loop session, CLU-1.15; or an
-    error, before the first event, for a code no kernel implements). ``asc`` is the
-    autoscaler's state (``kernels/autoscale.py``), None for a fixed fleet."""
+    error, before the first event, for a code no kernel implements). ``pd`` is the P/D state
+    (``kernels/pd.py``), None without P/D; ``asc`` the autoscaler's state
+    (``kernels/autoscale.py``), None for a fixed fleet. A None leaves that feature's code out
+    of the compile (a quick start compiles, and loads, neither)."""
     status = _config_status(cfg, rt, hooks, pd)
     if status != Status.OK:
         return status
@@ -388,11 +391,11 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
                 _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, x)
             elif kind == Event.ROUTING:
                 _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, x)
-            elif kind == Event.PREFILL_ROUTING:
+            elif pd is not None and kind == Event.PREFILL_ROUTING:
                 pdk.on_prefill_routing(inp, rs, ins, kv, rt, heap, hooks, pd, t, x)
-            elif kind == Event.KV_TRANSFER_START:
+            elif pd is not None and kind == Event.KV_TRANSFER_START:
                 pdk.on_transfer_start(inp, rs, kv, heap, work, pd, t, x)
-            elif kind == Event.KV_TRANSFER_DONE:
+            elif pd is not None and kind == Event.KV_TRANSFER_DONE:
                 pdk.on_transfer_done(cfg, inp, rs, ins, rt, heap, pd, t, x)
             elif asc is not None:
                 if kind == Event.INSTANCE_LOADED:
@@ -422,6 +425,9 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
         if asc is not None:
             asx.after_instance_event(asc, ins, i, t)
 
+
+PD_ARGUMENT, ASC_ARGUMENT = 11, 12
+"""The positions of ``pd`` and ``asc`` among :func:`run_events`' arguments."""
 
 # ------------------------------------------------------------------ entry points
 
@@ -473,10 +479,12 @@ def _config_status(cfg, rt, hooks, pd):
             and adm.is_known_policy(rt.rcfg[RouterCfg.ADMISSION])
             and rtk.is_known_policy(rt.rcfg[RouterCfg.ROUTING])):
         return Status.UNKNOWN_POLICY
-    if not (_scorers_known(rt, hooks) and _scorers_known(pd.rt_prefill, hooks)
-            and _scorers_known(pd.rt_decode, hooks)):
+    if not _scorers_known(rt, hooks):
         return Status.UNKNOWN_POLICY
+    if pd is not None:
+        if not (_scorers_known(pd.rt_prefill, hooks) and _scorers_known(pd.rt_decode, hooks)):
+            return Status.UNKNOWN_POLICY
     return Status.OK
 
 
-__all__ = ["SEQ_LIMIT", "EventHeap", "push_cluster_arrivals", "run_events"]
+__all__ = ["ASC_ARGUMENT", "PD_ARGUMENT", "SEQ_LIMIT", "EventHeap", "push_cluster_arrivals", "run_events"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.kernels.arrivals import next_arrival, start_client_streams
-from blis_fast.kernels.buffers import grow_1d
+from blis_fast.kernels.buffers import copy_range, grow_1d
 from blis_fast.kernels.generation_layout import (
     GEN_ROW_COLS,
     ROUND0_COLS,
@@ -133,10 +133,11 @@ def _draw_multimodal_request(s, k, ci, code, off, params, tok, plen):
 
 # --- the merge ----------------------------------------------------------------------------------
 @njit(cache=True)
-def _merge_streams(cfg, streams, out, sess, cnt):
+def _merge_streams(cfg, streams, out, sess, cnt, multi_turn_on):
     """Pop items in (arrival, client, push order) and emit them until the heap drains or
     ``cfg.limit`` rows are out: (status, out, sess). Works on the arrays of its NamedTuples,
-    unpacked again whenever one grows (cost model: ``generation_rows``)."""
+    unpacked again whenever one grows (cost model: ``generation_rows``). ``multi_turn_on`` is
+    None when no client is multi-turn: the session code is then left out of the compile."""
     ci, cf, code, soff, sp, win_start, win_end, group_len = cfg.clients
     p_off, p_tok, g_full, g_doff, g_dig = cfg.prefixes
     rng, slot, last_t, count, iv_cursor, iv_off, iv_n, iv, first_found = streams
@@ -159,7 +160,7 @@ def _merge_streams(cfg, streams, out, sess, cnt):
         if cnt[N.ROWS] == rows.shape[0]:
             out = grow_rows(out, keep)
             rows, ratio, offsets, digests, ids, ids_off = out
-        if ref >= 0:  # a pending session round
+        if multi_turn_on is not None and ref >= 0:  # a pending session round
             ln = p_info[ref, P.DIG_LEN]
             nid = p_info[ref, P.IDS_LEN]
             if short_of_room(digests, ids, cnt, ln, nid, keep):
@@ -167,7 +168,7 @@ def _merge_streams(cfg, streams, out, sess, cnt):
                 rows, ratio, offsets, digests, ids, ids_off = out
             first = p_info[ref, P.DIG_OFF]
             nd = cnt[N.DIGESTS]
-            digests[nd : nd + ln] = p_digests[first : first + ln]
+            copy_range(digests, nd, p_digests, first, ln)
             cnt[N.DIGESTS] = nd + ln
             rows[cnt[N.ROWS]] = p_rows[ref]
             close_row(ratio, offsets, ids, ids_off, cnt, p_ratio[ref], keep, p_ids,
@@ -185,8 +186,8 @@ def _merge_streams(cfg, streams, out, sess, cnt):
         if plen > tok.shape[0]:
             tok = grow_1d(tok, 2 * plen)
         if plen > 0:
-            tok[:plen] = p_tok[p_off[g] : p_off[g] + plen]
-        if multi_turn:
+            copy_range(tok, 0, p_tok, p_off[g], plen)
+        if multi_turn_on is not None and multi_turn:
             status, out, sess, pend, tok = emit_session(s, k, t, cfg, out, sess, pend, heap, tok,
                                                         cnt, g, plen)
             rows, ratio, offsets, digests, ids, ids_off = out
@@ -247,7 +248,7 @@ def _result(status, err_client, err_sampler, out, sess, cnt, prefixes, keep_ids)
 
 @njit(cache=True)
 def generate_kernel(wg_seed, clients, horizon, block_size, prefix_capture_len, max_requests,
-                    keep_ids):
+                    keep_ids, multi_turn_on):
     """Replay the reference's draws and emit the first ``max_requests`` rows in final order.
 
     ``clients`` is a :class:`ClientParams`; ``prefix_capture_len`` the length of the
@@ -255,6 +256,9 @@ def generate_kernel(wg_seed, clients, horizon, block_size, prefix_capture_len, m
     != 0 the input token ids of every row are kept (``input_ids[input_off[i]:input_off[i +
     1]]``, group prefix included; empty for rows the conversion drops) for ``blis observe``,
     which builds prompts from them (OBS-4.3); otherwise ``input_off`` stays zero.
+    ``multi_turn_on`` is None when no client is multi-turn (any other value otherwise): a
+    workload without sessions compiles, and loads, a generator without their code (a
+    quarter of the generator's cold compile).
     """
     wg = new_source(wg_seed)
     prefixes = group_prefixes(wg, clients.group_len, block_size)
@@ -269,5 +273,5 @@ def generate_kernel(wg_seed, clients, horizon, block_size, prefix_capture_len, m
                     tie_shift(n_clients))
     out = _new_row_buffers(max_requests, want_ids)
     sess = _new_session_buffers(n_clients, prefix_capture_len)
-    status, out, sess = _merge_streams(cfg, streams, out, sess, cnt)
+    status, out, sess = _merge_streams(cfg, streams, out, sess, cnt, multi_turn_on)
     return _result(status, -1, -1, out, sess, cnt, prefixes, want_ids)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.kernels.arrivals import in_window
-from blis_fast.kernels.buffers import grow_1d, grow_2d
+from blis_fast.kernels.buffers import copy_range, grow_1d, grow_2d
 from blis_fast.kernels.generation_layout import (
     GEN_ROW_COLS,
     PEND_COLS,
@@ -85,7 +85,7 @@ def _grow_pending(pend, cnt, n_digests, n_ids):
         for i in range(cnt[N.PENDING]):
             if p.info[i, P.LIVE]:
                 ln = p.info[i, P.DIG_LEN]
-                pool[used : used + ln] = p.digests[p.info[i, P.DIG_OFF] : p.info[i, P.DIG_OFF] + ln]
+                copy_range(pool, used, p.digests, p.info[i, P.DIG_OFF], ln)
                 p.info[i, P.DIG_OFF] = used
                 used += ln
         cnt[N.POOL_DIGESTS] = used
@@ -226,7 +226,7 @@ def emit_session(s, k, t, cfg, out, sess, pend, heap, tok, cnt, g, plen):
         if keep:
             if n_in + olen > tok.shape[0]:
                 tok = grow_1d(tok, max(n_in + olen, 2 * tok.shape[0]))
-            tok[plen : plen + body_ctx] = ctx[:body_ctx]
+            copy_range(tok, plen, ctx, 0, body_ctx)
             draw_token_ids(s, tok, plen + body_ctx, ilen + olen)
         else:
             skip_token_ids(s, ilen + olen)
@@ -263,7 +263,7 @@ def emit_session(s, k, t, cfg, out, sess, pend, heap, tok, cnt, g, plen):
             if ctx_len + ilen + olen > ctx.shape[0]:
                 sess = _grow_sessions(sess, cnt, 0, ctx_len + ilen + olen)
                 ctx = sess.context
-            ctx[ctx_len : ctx_len + ilen + olen] = tok[plen + body_ctx : n_in + olen]
+            copy_range(ctx, ctx_len, tok, plen + body_ctx, ilen + olen)
             ctx_len += ilen + olen
         cur += ci[k, C.THINK]
         cur += olen

@@ -54,7 +54,7 @@ from blis_fast.kernels.state import (
 class PDConfT(NamedTuple):
     """Slots of ``PDState.conf`` (int64)."""
 
-    ON: int = 0  # 1 in P/D mode
+    ON: int = 0  # always 1 (a run without P/D passes no state: None)
     CAP: int = 1  # rows of the workload's requests; the prefill row of r is r + CAP
     DECIDER: int = 2  # enums.Decider
     THRESHOLD: int = 3  # prefix-threshold decider: tokens
@@ -187,18 +187,6 @@ def new_pd_state(cap: int, max_batch: int, cand_prefill: np.ndarray, cand_decode
                    cnt=np.zeros(PDCounter.SIZE, np.int64),
                    buf=np.zeros((2, max_batch + 1), np.int64),
                    rt_prefill=rt_prefill, rt_decode=rt_decode)
-
-
-def pd_off(rt: RouterState) -> PDState:
-    """The state of a run without P/D (``ON`` = 0; nothing reads the rest; the pool
-    policies are the main router ``rt``)."""
-    one = np.zeros(1, np.int64)
-    return PDState(conf=np.zeros(PDConf.SIZE, np.int64), rate=np.zeros(PDRate.SIZE),
-                   cand_prefill=one, cand_decode=one.copy(),
-                   par=np.zeros((1, ParentField.SIZE), np.int64), pfx_rank=one.copy(),
-                   dec_rank=one.copy(), dec_id_rank=one.copy(),
-                   cnt=np.zeros(PDCounter.SIZE, np.int64), buf=np.zeros((2, 1), np.int64),
-                   rt_prefill=rt, rt_decode=rt)
 
 
 # ------------------------------------------------------------------ routing

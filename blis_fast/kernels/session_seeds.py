@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from blis_fast.kernels.buffers import append_ids, grow_1d
+from blis_fast.kernels.buffers import append_ids, copy_range, grow_1d
 from blis_fast.kernels.generation_layout import GEN_ROW_COLS, GenStatus
 from blis_fast.kernels.generation_layout import GenClientCol as C
 from blis_fast.kernels.generation_layout import GenRowCol as R
@@ -68,7 +68,7 @@ def concurrency_kernel(crng_seed, u_client, u_arrival, clients, prefix_off, pref
         if total > tok.shape[0]:
             tok = np.empty(max(total, 2 * tok.shape[0]), dtype=np.int64)
         if plen > 0:
-            tok[:plen] = prefix_tokens[prefix_off[g] : prefix_off[g] + plen]
+            copy_range(tok, 0, prefix_tokens, prefix_off[g], plen)
         draw_token_ids(us, tok, plen, ilen + olen)
         nch = total // block_size
         if nd + nch > digests.shape[0]:

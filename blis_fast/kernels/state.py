@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from blis_fast.kernels import hooks as hk
+from blis_fast.kernels.buffers import copy_range
 from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.jit import njit
 
@@ -410,7 +411,7 @@ def grow_step_log(lg, need_steps, need_runs):
 def _grown(a, used, cap, fill):
     """A copy of ``a[:used]`` in a new array of ``cap`` entries (the rest ``fill``)."""
     out = np.full(cap, fill, a.dtype)
-    out[:used] = a[:used]
+    copy_range(out, 0, a, 0, used)
     return out
 
 
@@ -422,8 +423,8 @@ def grow_event_heap(heap, cap):
     ties = np.empty(cap, np.int64)
     kinds = np.empty(cap, np.int8)
     payloads = np.empty(cap, np.int64)
-    times[:size] = heap.times[:size]
-    ties[:size] = heap.ties[:size]
-    kinds[:size] = heap.kinds[:size]
-    payloads[:size] = heap.payloads[:size]
+    copy_range(times, 0, heap.times, 0, size)
+    copy_range(ties, 0, heap.ties, 0, size)
+    copy_range(kinds, 0, heap.kinds, 0, size)
+    copy_range(payloads, 0, heap.payloads, 0, size)
     return EventHeap(times, ties, kinds, payloads, heap.loop)

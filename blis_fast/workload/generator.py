@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba.core import types
 
+from blis_fast.engine.compile_notice import announce_if_compiling
 from blis_fast.errors import BlisInputError
 from blis_fast.gonum import INT64_MAX
 from blis_fast.kernels.generation import generate_kernel
@@ -150,9 +152,12 @@ def _run(spec: WorkloadSpec, horizon: int, max_requests: int, block_size: int,
     rc = resolve_clients(clients, work.aggregate_rate, max_requests, conversion)
     params = rc.params
     smp = rc.samplers
+    multi_turn_on = True if params.ints[:, C.MULTI_TURN].any() else None
+    announce_if_compiling(generate_kernel, lambda signature: (
+        (signature[-1] == types.none) == (multi_turn_on is None)))
     res = generate_kernel(np.int64(subsystem_seed(work.seed, "workload-gen")), params,
                           np.int64(horizon), np.int64(block_size), np.int64(rc.prefix_capture_len),
-                          np.int64(max_requests), np.int64(1 if keep_ids else 0))
+                          np.int64(max_requests), np.int64(1 if keep_ids else 0), multi_turn_on)
     if res.status == GenStatus.SAMPLER_ERROR:
         raise smp.error(clients[res.err_client], res.err_sampler)
     if res.status == GenStatus.NEGATIVE_LENGTH:
