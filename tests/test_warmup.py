@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -144,3 +145,37 @@ def test_a_cold_first_run_prints_the_reference_quick_start(tmp_path: Path) -> No
     assert "compiling the simulation kernels" in done.stderr.splitlines()[0]
     assert done.stderr.count("compiling the simulation kernels") == 1
     assert "Traceback" not in done.stderr
+
+
+class _CachedKernel:
+    """A dispatcher as the notice sees it: signatures loaded in this process and in the
+    cache's index (keys ``(signature, target, hashes)``)."""
+
+    def __init__(self, loaded: list[tuple], indexed: list[tuple]) -> None:
+        self.overloads = {signature: None for signature in loaded}
+        index = {(signature, "cpu", "hashes"): "entry" for signature in indexed}
+        self._cache = SimpleNamespace(_cache_file=SimpleNamespace(_load_index=lambda: index))
+
+
+def test_the_notice_names_a_variant_missing_from_the_cache(monkeypatch, caplog) -> None:
+    """A run whose variant is not compiled yet (the generator with sessions after a quick
+    start) is announced, once per process; a cached or loaded variant is not."""
+    from numba.core import types
+
+    from blis_fast.engine import compile_notice
+
+    with_sessions = lambda signature: signature[-1] != types.none  # noqa: E731
+    without = (types.int64, types.none)
+    monkeypatch.setattr(compile_notice, "_announced", False)
+    with caplog.at_level("WARNING", logger="blis_fast"):
+        compile_notice.announce_if_compiling(_CachedKernel([], [without]), with_sessions)
+        compile_notice.announce_if_compiling(_CachedKernel([], []), with_sessions)
+    assert [r.getMessage()[:32] for r in caplog.records] == ["compiling the simulation kernels"]
+    monkeypatch.setattr(compile_notice, "_announced", False)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="blis_fast"):
+        compile_notice.announce_if_compiling(
+            _CachedKernel([], [without, (types.int64, types.boolean)]), with_sessions)
+        compile_notice.announce_if_compiling(
+            _CachedKernel([(types.int64, types.boolean)], []), with_sessions)
+    assert caplog.records == []

@@ -13,9 +13,10 @@ def _has_cached_overload(dispatcher, fits=lambda signature: True) -> bool:
     """True when Numba's on-disk cache holds a current compiled version of ``dispatcher`` for
     a signature (a tuple of argument types) that ``fits``."""
     try:
-        signatures = list(dispatcher.overloads)
-        signatures += [key[0] for key in dispatcher._cache._cache_file._load_index()]
-        return any(fits(tuple(signature)) for signature in signatures)
+        if any(fits(tuple(signature)) for signature in dispatcher.overloads):
+            return True  # loaded in this process already (a sweep's later runs)
+        index = dispatcher._cache._cache_file._load_index()
+        return any(fits(tuple(key[0])) for key in index)
     except Exception:  # noqa: BLE001 - a private Numba API; no notice rather than a crash
         return True
 

@@ -5,7 +5,7 @@ Kernels compile once across processes (``kernels/jit.py``: a process that needs 
 another is compiling waits for it and loads it from the cache), so the two processes split the
 work: the second compiles the event loop and everything it calls, in the order Numba reaches
 them; the first starts with what the loop reaches last (:func:`compile_late_engine_parts`:
-routing, admission, the step-time models), then compiles the generator. The loop compiles for
+routing, admission, the step time, CPU mirroring), then compiles the generator. The loop compiles for
 the run's variant: P/D or not (``--pd``); without P/D its code is left out of the compile
 (``kernels/event_loop.py: run_events``)."""
 
