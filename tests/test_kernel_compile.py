@@ -221,5 +221,7 @@ def test_a_claim_dies_with_its_process_and_a_wait_has_an_end(tmp_path: Path,
     assert not os.path.exists(path)
 
 
-def test_a_read_only_cache_compiles_without_a_claim(tmp_path: Path) -> None:
+def test_a_read_only_cache_compiles_without_a_claim(tmp_path: Path, monkeypatch) -> None:
     assert jit._claim(str(tmp_path / "missing-dir" / "k.lock")) is None
+    monkeypatch.setattr(jit, "fcntl", None)  # no flock (not a POSIX system): no claims
+    assert jit._claim(str(tmp_path / "k.lock")) is None

@@ -41,7 +41,6 @@ process needing it meanwhile waits and loads it from the cache. A cold run's two
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -54,6 +53,11 @@ import numba
 from llvmlite import binding as llvm
 from numba.core import codegen, compiler, config, targetconfig, types
 from numba.core.environment import lookup_environment
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: kernels compile without claims
+    fcntl = None
 
 if "NUMBA_OPT" not in os.environ:
     config.OPT = config._OptLevel(2)
@@ -315,7 +319,10 @@ class _Claim:
 
 def _claim(path: str) -> _Claim | None:
     """Claim ``path``, waiting while another process holds it; None when the file cannot be
-    made (a read-only cache) or after :data:`_CLAIM_WAIT_S` s of waiting (compile anyway)."""
+    made (a read-only cache), without ``flock`` (not a POSIX system) or after
+    :data:`_CLAIM_WAIT_S` s of waiting (compile anyway)."""
+    if fcntl is None:
+        return None
     waited_since = None
     while True:
         try:
