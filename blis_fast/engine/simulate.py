@@ -208,9 +208,6 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     meta = request_metadata(table, given, model)  # tenant capacity: --num-instances (AS-7.3)
     rt = router_state(cfg, n, meta, kv, room)
     heap = new_event_heap(3 * n_req + 4 * n_inst + 16)
-    if event_loop is None:  # not the arguments alone (event_loop_arguments)
-        heap = push_cluster_arrivals(heap, inp.arrival, np.arange(parents.n, dtype=np.int64),
-                                     np.full(parents.n, -1, np.int64))
     work = new_work(n, max_batch, room.max_chunks)
     driver = None
     think = np.zeros(1, np.int64)
@@ -231,16 +228,14 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     if cfg.pd_on:  # no follow-ups with P/D: nothing reads the kernel rows' table or ids again
         table, ids = None, []  # (the prefill rows' copies: ~15 MB per 100k requests)
     asc = None
-    if cfg.autoscale is not None:
+    if cfg.autoscale is not None:  # the fleet's first events come before the arrivals
         fleet.check_rows(fleet_rows)
-        heap = new_event_heap(3 * n_req + 4 * n_inst + 16)
         asc = fleet.new_autoscale_state(cfg.autoscale, cfg, fleet_rows, n0)
         fleet.start_fleet(given, asc, kv, sim_cfg.inst, sim_cfg.instance_rank, rt, heap)
-        if event_loop is None:
-            heap = push_cluster_arrivals(heap, inp.arrival,
-                                         np.arange(parents.n, dtype=np.int64),
-                                         np.full(parents.n, -1, np.int64))
-    if event_loop is None:  # the variant the flags' guess did not compile first (autoscaler)
+    if event_loop is None:  # not the arguments alone (event_loop_arguments)
+        heap = push_cluster_arrivals(heap, inp.arrival, np.arange(parents.n, dtype=np.int64),
+                                     np.full(parents.n, -1, np.int64))
+        # the variant the flags' guess did not compile first (the autoscaler's)
         announce_if_compiling(run_events, engine_variant(pd is not None, asc is not None))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
