@@ -17,8 +17,8 @@ ordinary engine (arrival, enqueue guards, steps, preemption, timeout); this modu
   decode sub-request joins the decode instance's wait queue (no arrival, no guards);
 * :func:`on_decode_timeout` - a decode sub-request's timeout ends its parent.
 
-All P/D state is one ``PDState``; a run without P/D carries a one-row state with ``ON`` = 0,
-which no handler reads.
+All P/D state is one ``PDState``; a run without P/D passes None instead, and the event loop
+then compiles without these handlers (``kernels/event_loop.py: run_events``).
 """
 
 from __future__ import annotations
@@ -52,18 +52,17 @@ from blis_fast.kernels.state import (
 
 
 class PDConfT(NamedTuple):
-    """Slots of ``PDState.conf`` (int64)."""
+    """Slots of ``PDState.conf`` (int64). A run without P/D has no state (None)."""
 
-    ON: int = 0  # always 1 (a run without P/D passes no state: None)
-    CAP: int = 1  # rows of the workload's requests; the prefill row of r is r + CAP
-    DECIDER: int = 2  # enums.Decider
-    THRESHOLD: int = 3  # prefix-threshold decider: tokens
-    CONTENTION: int = 4  # 1: active transfers share the bandwidth
-    N_PREFILL: int = 5  # prefill-pool candidates (cand_prefill[:n])
-    N_DECODE: int = 6  # decode-pool candidates (cand_decode[:n])
-    BLOCK_SIZE: int = 7
-    RANKED: int = 8  # 1: the scheduler reads id ranks (decode subs take their own)
-    SIZE: int = 9
+    CAP: int = 0  # rows of the workload's requests; the prefill row of r is r + CAP
+    DECIDER: int = 1  # enums.Decider
+    THRESHOLD: int = 2  # prefix-threshold decider: tokens
+    CONTENTION: int = 3  # 1: active transfers share the bandwidth
+    N_PREFILL: int = 4  # prefill-pool candidates (cand_prefill[:n])
+    N_DECODE: int = 5  # decode-pool candidates (cand_decode[:n])
+    BLOCK_SIZE: int = 6
+    RANKED: int = 7  # 1: the scheduler reads id ranks (decode subs take their own)
+    SIZE: int = 8
 
 
 PDConf = PDConfT()
@@ -156,7 +155,6 @@ def new_pd_state(cap: int, max_batch: int, cand_prefill: np.ndarray, cand_decode
     are routed by ``rt_prefill`` and ``rt_decode``."""
     n_inst = max(len(cand_prefill), len(cand_decode), 1)
     conf = np.zeros(PDConf.SIZE, np.int64)
-    conf[PDConf.ON] = 1
     conf[PDConf.CAP] = cap
     conf[PDConf.DECIDER] = decider
     conf[PDConf.THRESHOLD] = threshold
