@@ -225,3 +225,21 @@ def test_a_read_only_cache_compiles_without_a_claim(tmp_path: Path, monkeypatch)
     assert jit._claim(str(tmp_path / "missing-dir" / "k.lock")) is None
     monkeypatch.setattr(jit, "fcntl", None)  # no flock (not a POSIX system): no claims
     assert jit._claim(str(tmp_path / "k.lock")) is None
+
+
+def test_every_cached_kernel_is_keyed_by_all_kernel_sources(tmp_path: Path) -> None:
+    """A cached kernel carries the code of the kernels it calls, and Numba keys it by its own
+    file only: the key holds the digest of every kernel module, so any kernel edit makes
+    every kernel compile again instead of loading stale code."""
+    from blis_fast.kernels import hooks
+
+    codegen = gorand.new_source.targetctx.codegen()
+    for cache in (gorand.new_source._cache, gorand.seed_source._cache,  # njit (both kinds)
+                  hooks.no_scorer._cache):  # cfunc
+        assert cache._index_key((), codegen)[-1] == jit._KERNEL_SOURCES
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    before = jit.kernel_sources_digest(tmp_path)
+    (tmp_path / "b.py").write_text("x = 2\n")  # a callee's edit changes every kernel's key
+    assert jit.kernel_sources_digest(tmp_path) != before
+    assert jit.kernel_sources_digest(Path(jit.__file__).parent) == jit._KERNEL_SOURCES

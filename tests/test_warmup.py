@@ -149,17 +149,24 @@ def test_a_cold_first_run_prints_the_reference_quick_start(tmp_path: Path) -> No
 
 class _CachedKernel:
     """A dispatcher as the notice sees it: signatures loaded in this process and in the
-    cache's index (keys ``(signature, target, hashes)``)."""
+    cache's index (keys ``(signature, target, sources)``; ``stale`` ones were saved from other
+    kernel sources, which the key Numba looks up now does not match)."""
 
-    def __init__(self, loaded: list[tuple], indexed: list[tuple]) -> None:
+    def __init__(self, loaded: list[tuple], indexed: list[tuple], stale: list[tuple] = ()
+                 ) -> None:
         self.overloads = {signature: None for signature in loaded}
-        index = {(signature, "cpu", "hashes"): "entry" for signature in indexed}
-        self._cache = SimpleNamespace(_cache_file=SimpleNamespace(_load_index=lambda: index))
+        index = {(signature, "cpu", "sources now"): "entry" for signature in indexed}
+        index.update({(signature, "cpu", "sources before"): "entry" for signature in stale})
+        self.targetctx = SimpleNamespace(codegen=lambda: "cpu")
+        self._cache = SimpleNamespace(
+            _cache_file=SimpleNamespace(_load_index=lambda: index),
+            _index_key=lambda signature, codegen: (signature, codegen, "sources now"))
 
 
 def test_the_notice_names_a_variant_missing_from_the_cache(monkeypatch, caplog) -> None:
     """A run whose variant is not compiled yet (the generator with sessions after a quick
-    start) is announced, once per process; a cached or loaded variant is not."""
+    start, or cached from other kernel sources) is announced, once per process; a cached or
+    loaded variant is not."""
     from numba.core import types
 
     from blis_fast.engine import compile_notice
@@ -170,6 +177,12 @@ def test_the_notice_names_a_variant_missing_from_the_cache(monkeypatch, caplog) 
     with caplog.at_level("WARNING", logger="blis_fast"):
         compile_notice.announce_if_compiling(_CachedKernel([], [without]), with_sessions)
         compile_notice.announce_if_compiling(_CachedKernel([], []), with_sessions)
+    assert [r.getMessage()[:32] for r in caplog.records] == ["compiling the simulation kernels"]
+    monkeypatch.setattr(compile_notice, "_announced", False)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="blis_fast"):
+        compile_notice.announce_if_compiling(
+            _CachedKernel([], [without], stale=[(types.int64, types.boolean)]), with_sessions)
     assert [r.getMessage()[:32] for r in caplog.records] == ["compiling the simulation kernels"]
     monkeypatch.setattr(compile_notice, "_announced", False)
     caplog.clear()

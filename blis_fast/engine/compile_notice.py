@@ -11,12 +11,15 @@ log = logging.getLogger("blis_fast")
 
 def _has_cached_overload(dispatcher, fits=lambda signature: True) -> bool:
     """True when Numba's on-disk cache holds a current compiled version of ``dispatcher`` for
-    a signature (a tuple of argument types) that ``fits``."""
+    a signature (a tuple of argument types) that ``fits``: an entry whose whole key is the one
+    Numba would look up (this code, this machine, these kernel sources), not a stale one."""
     try:
         if any(fits(tuple(signature)) for signature in dispatcher.overloads):
             return True  # loaded in this process already (a sweep's later runs)
-        index = dispatcher._cache._cache_file._load_index()
-        return any(fits(tuple(key[0])) for key in index)
+        cache = dispatcher._cache
+        codegen = dispatcher.targetctx.codegen()
+        return any(fits(tuple(key[0])) and key == cache._index_key(key[0], codegen)
+                   for key in cache._cache_file._load_index())
     except Exception:  # noqa: BLE001 - a private Numba API; no notice rather than a crash
         return True
 

@@ -20,9 +20,9 @@ None of them is shown a request's output length (the reference's oracle boundary
 
 from __future__ import annotations
 
-from numba import cfunc, types
+from numba import types
 
-from blis_fast.kernels import jit  # noqa: F401 - the kernels' LLVM settings, before these compile
+from blis_fast.kernels.jit import cfunc  # with the kernels' LLVM settings, before these compile
 
 SNAP_QUEUE, SNAP_BATCH, SNAP_IN_FLIGHT, SNAP_KV_UTIL, SNAP_FREE_BLOCKS, SNAP_CACHED_BLOCKS, \
     SNAP_PREEMPTIONS = range(7)

@@ -37,6 +37,10 @@ A kernel compiles once across processes (:class:`_CacheClaimedAcrossProcesses`):
 that misses the on-disk cache claims the kernel's signature before compiling it, and another
 process needing it meanwhile waits and loads it from the cache. A cold run's two processes
 (``engine/warmup.py``) and the workers of a cold parallel sweep split the compile that way.
+
+Every cached kernel and ``cfunc`` is keyed by the sources of all kernel modules too
+(:func:`_keyed_by_all_kernel_sources`): a cached kernel carries the code of the kernels it
+calls, which Numba's key (the kernel's own file) does not follow.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import MethodType
 from typing import Any
 
@@ -408,6 +413,49 @@ def _compiled_once_across_processes(kernel: Any) -> Any:
     return kernel
 
 
+def kernel_sources_digest(folder: Path) -> str:
+    """A digest of the Python sources in ``folder`` (names and contents)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+_KERNEL_SOURCES = kernel_sources_digest(Path(__file__).parent)
+"""The digest of every kernel module, part of every cached kernel's key."""
+
+
+def _keyed_by_all_kernel_sources(kernel: Any) -> Any:
+    """Key ``kernel``'s cache entries by every kernel module's source too. Numba keys an entry
+    by the kernel's own file only, but a cached kernel carries the code of the kernels it calls
+    (linked in): after an edit of a callee's module (a new slot layout, say) the caller would
+    load stale code, wrong numbers or a crash. Now any kernel edit makes every kernel compile
+    again, once."""
+    if hasattr(kernel._cache, "_index_key"):  # cached (a NullCache has no key)
+        numba_key = kernel._cache._index_key
+        kernel._cache._index_key = lambda sig, codegen: (*numba_key(sig, codegen),
+                                                         _KERNEL_SOURCES)
+    return kernel
+
+
+def cfunc(sig: Any, cache: bool = False, **options: Any) -> Any:
+    """``numba.cfunc`` (the decorator's steps), its cache entries keyed by every kernel
+    module's source as :func:`njit`'s are: a scorer carries the kernels it calls."""
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        from numba.core import sigutils
+        from numba.core.ccallback import CFunc
+
+        callback = CFunc(fn, sigutils.normalize_signature(sig), locals={}, options=options)
+        if cache:
+            callback.enable_caching()
+            _keyed_by_all_kernel_sources(callback)
+        callback.compile()
+        return callback
+
+    return decorate
+
+
 def njit(*args: Any, **options: Any) -> Any:
     """``numba.njit`` with the kernel defaults above; used exactly like ``numba.njit``
     (``@njit``, ``@njit(cache=True, ...)``, ``@njit("sig", cache=True, ...)``)."""
@@ -417,8 +465,9 @@ def njit(*args: Any, **options: Any) -> Any:
     def decorate(fn: Callable[..., Any]) -> Any:
         wrappers = _options_for(fn)
         fn = _cache_named_for_wrapper(fn, wrappers)
-        return _compiled_once_across_processes(_typed_without_literals(
-            numba.njit(*args, **options, **wrappers, pipeline_class=_pipeline(wrappers))(fn)))
+        return _compiled_once_across_processes(_keyed_by_all_kernel_sources(
+            _typed_without_literals(numba.njit(*args, **options, **wrappers,
+                                               pipeline_class=_pipeline(wrappers))(fn))))
 
     return decorate
 

@@ -14,7 +14,6 @@ float64 results as the reference's integer arithmetic (the values are far below 
 from __future__ import annotations
 
 import numpy as np
-from numba import cfunc
 
 from blis_fast.kernels.enums import StatefulScorer
 from blis_fast.kernels.hashing import chain_hashes
@@ -27,7 +26,7 @@ from blis_fast.kernels.hooks import (
     SNAP_KV_UTIL,
     SNAP_QUEUE,
 )
-from blis_fast.kernels.jit import njit
+from blis_fast.kernels.jit import cfunc, njit
 from blis_fast.kernels.router_state import LruMeta, RouterVar
 
 LOAD_AWARE_QUEUE_THRESHOLD = 128.0  # sim/routing_scorers.go loadAwareQueueThreshold
