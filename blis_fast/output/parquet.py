@@ -24,6 +24,7 @@ __all__ = [
     "atomic_write_table",
     "load_schema",
     "schema_fields",
+    "schema_version",
     "write_summary_parquet",
     "write_requests_parquet",
     "requests_table",
@@ -44,12 +45,21 @@ ARROW_TYPES: dict[str, pa.DataType] = {
 
 
 @cache
-def schema_fields(name: str) -> tuple[dict, ...]:
-    """The field entries (name, type, nullable, description) of ``schemas/<name>.json``."""
+def _schema_doc(name: str) -> dict:
     path = data_path("schemas") / f"{name}.json"
     with open(path, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    return tuple(doc["fields"])
+        return json.load(fh)
+
+
+def schema_fields(name: str) -> tuple[dict, ...]:
+    """The field entries (name, type, nullable, description) of ``schemas/<name>.json``."""
+    return tuple(_schema_doc(name)["fields"])
+
+
+def schema_version(name: str) -> int:
+    """The version of ``schemas/<name>.json`` (raised whenever its columns change), which
+    every Parquet file written with it records (``blis_fast.output.provenance``)."""
+    return int(_schema_doc(name)["version"])
 
 
 def load_schema(name: str) -> pa.Schema:
@@ -67,6 +77,14 @@ def atomic_write_table(path: str | os.PathLike, table: pa.Table, flag: str = "ou
     from blis_fast.files import write_output_file
 
     write_output_file(path, flag, lambda tmp: pq.write_table(table, tmp))
+
+
+def _stamped(table: pa.Table, schema: str) -> pa.Table:
+    """``table`` with the version and schema provenance of a file written through this module's
+    helpers (no run options: they are not known here)."""
+    from blis_fast.output.provenance import file_provenance, with_provenance
+
+    return with_provenance(table, file_provenance(schema, "python"))
 
 
 def summary_table(summary_dict: dict) -> pa.Table:
@@ -88,7 +106,7 @@ def summary_table(summary_dict: dict) -> pa.Table:
 
 def write_summary_parquet(path: str | os.PathLike, summary_dict: dict) -> None:
     """Write ``summary.parquet`` (one row) atomically."""
-    atomic_write_table(path, summary_table(summary_dict))
+    atomic_write_table(path, _stamped(summary_table(summary_dict), "summary"))
 
 
 def requests_table(columns: RequestColumns) -> pa.Table:
@@ -132,7 +150,12 @@ def requests_table(columns: RequestColumns) -> pa.Table:
         ),
         "length_capped": pa.array(take(columns.length_capped, bool), type=pa.bool_()),
         "completed": pa.array(~np.isnan(e2e), type=pa.bool_()),
+        **_identity_arrays(columns, take),
     }
+    ttft_us = take(columns.ttft_us, np.float64)
+    first_token = take(columns.arrival_us, np.int64) + np.rint(np.nan_to_num(ttft_us)).astype(
+        np.int64)
+    arrays["first_token_us"] = pa.array(first_token, type=pa.int64(), mask=np.isnan(ttft_us))
     pd_cols = columns.pd or {}
     for f in schema:  # P/D columns: null without P/D (output/pd.py: request_columns_pd)
         if f.name in arrays:
@@ -153,9 +176,26 @@ def requests_table(columns: RequestColumns) -> pa.Table:
     return pa.Table.from_arrays([arrays[n] for n in schema.names], schema=schema)
 
 
+def _identity_arrays(columns: RequestColumns, take) -> dict[str, pa.Array]:
+    """The client_id, session_id and round_index columns; nulls where RequestColumns does not
+    know them."""
+    n = len(columns)
+    out = {}
+    for name in ("client_id", "session_id"):
+        values = getattr(columns, name)
+        out[name] = (pa.nulls(n, type=pa.string()) if values is None else
+                     pa.array(take(np.asarray(values, dtype=object)).tolist(), type=pa.string()))
+    if columns.round_index is None:
+        out["round_index"] = pa.nulls(n, type=pa.int64())
+    else:
+        rounds = take(columns.round_index, np.int64)
+        out["round_index"] = pa.array(rounds, type=pa.int64(), mask=rounds < 0)
+    return out
+
+
 def write_requests_parquet(path: str | os.PathLike, columns: RequestColumns) -> None:
     """Write ``requests.parquet`` atomically."""
-    atomic_write_table(path, requests_table(columns))
+    atomic_write_table(path, _stamped(requests_table(columns), "requests"))
 
 
 def decisions_table(columns: dict) -> pa.Table:
@@ -166,4 +206,4 @@ def decisions_table(columns: dict) -> pa.Table:
 
 def write_decisions_parquet(path: str | os.PathLike, columns: dict) -> None:
     """Write ``decisions.parquet`` (one row per admission or routing decision), atomically."""
-    atomic_write_table(path, decisions_table(columns))
+    atomic_write_table(path, _stamped(decisions_table(columns), "decisions"))

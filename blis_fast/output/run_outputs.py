@@ -135,6 +135,20 @@ def client_meta(table: RequestTable, rows: np.ndarray, key: str) -> np.ndarray:
                                                                          dtype=object)
 
 
+def request_identity(table: RequestTable, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The ``client_id``, ``session_id`` and ``round_index`` columns of ``rows`` (what
+    :class:`RequestColumns` holds for ``requests.parquet``): session and round None / -1
+    outside a session."""
+    sessions = np.array(list(table.sessions) + [None], dtype=object)
+    session_idx = table.session_idx[rows]
+    in_session = session_idx >= 0
+    return {
+        "client_id": client_meta(table, rows, "id"),
+        "session_id": sessions[np.where(in_session, session_idx, len(table.sessions))],
+        "round_index": np.where(in_session, table.round_index[rows], -1).astype(np.int64),
+    }
+
+
 def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumns:
     """Per-request records of every request registered at an instance (ENG-7.6, CLU-7.24)."""
     rows = np.flatnonzero(res.registered == 1)
@@ -162,6 +176,7 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
         tenant_id=meta("tenant_id"),
         model=meta("model"),
         length_capped=capped,
+        **request_identity(table, rows),
     )
 
 
@@ -312,8 +327,13 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
             from blis_fast.output.pools import pools_table
 
             tables.append(("pools.parquet", pools_table(outputs.pools)))
+        from blis_fast.output.provenance import run_provenance, with_provenance
+
+        command = "replay" if replay else "run"
         out_dir = plan.make_dir(opts.output_dir, "--output-dir")
         for name, tab in tables:
+            tab = with_provenance(tab, run_provenance(name.removesuffix(".parquet"), opts,
+                                                      res.config, command))
             plan.stage(out_dir / name, "--output-dir",
                        lambda tmp, tab=tab: pq.write_table(tab, tmp))
 

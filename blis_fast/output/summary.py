@@ -246,6 +246,14 @@ class RequestColumns:
     """P/D runs: per-row P/D columns (``output/pd.py: PD_COLUMNS``), None otherwise."""
     instance_names: Sequence[str] | None = None
     """The id of each instance index (None: ``instance_<i>``; autoscaled runs name theirs)."""
+    client_id: Sequence[str] | np.ndarray | None = None
+    """The workload client of each row ("" when it has no id); None when not known (records
+    rebuilt from a results file), which ``requests.parquet`` writes as nulls."""
+    session_id: Sequence[str | None] | np.ndarray | None = None
+    """The session of each row, None outside a session; None for the whole column when not
+    known."""
+    round_index: np.ndarray | None = None
+    """int64 round of each row within its session, -1 outside a session; None when not known."""
 
     def instance_name(self, i: int) -> str:
         """The id ``handled_by`` index ``i`` stands for."""
