@@ -10,7 +10,7 @@ from blis_fast.errors import BlisConfigError, BlisError, BlisInputError, BlisRun
 
 __version__ = "0.1.0"
 
-__all__ = ["BlisConfigError", "BlisError", "BlisInputError", "BlisRuntimeError", "run",
+__all__ = ["BlisConfigError", "BlisError", "BlisInputError", "BlisRuntimeError", "rerun", "run",
            "__version__"]
 
 
@@ -19,3 +19,11 @@ def run(**options):
     from blis_fast.api import run as _run
 
     return _run(**options)
+
+
+def rerun(path, **overrides):
+    """Re-run the simulation that wrote a Parquet file, from the options its metadata records;
+    see :func:`blis_fast.api.rerun`."""
+    from blis_fast.api import rerun as _rerun
+
+    return _rerun(path, **overrides)

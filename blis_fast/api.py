@@ -7,7 +7,7 @@ from typing import Any
 from blis_fast.engine.engine_config import Hooks
 from blis_fast.errors import BlisConfigError
 from blis_fast.options import build_options
-from blis_fast.runner import RunResult, execute_run
+from blis_fast.runner import RunResult, execute_replay, execute_run
 
 
 def _checked(what: str, user: Any) -> Any:
@@ -87,3 +87,35 @@ def run(*, custom_scorer: Any = None, custom_admission: Any = None,
                                 "custom_scheduler_key"),
     )
     return execute_run(build_options(options, keywords=True), hooks=hooks)
+
+
+def rerun(path: Any, *, custom_scorer: Any = None, custom_admission: Any = None,
+          custom_scheduler_key: Any = None, **overrides: Any) -> RunResult:
+    """Run again the simulation that wrote the Parquet file at ``path``, from the options its
+    metadata records (``blis_fast.output.provenance``): ``blis run`` or ``blis replay`` as
+    recorded, same stdout and same outputs.
+
+    ``overrides`` are ``run`` keywords applied on top (e.g. ``output_dir=...``: the recorded
+    options hold no output destinations, so a re-run writes files only when asked). Input
+    files (workload spec, trace, configs) are read again from their recorded paths. A run made
+    with user policies needs them passed again; ``BlisConfigError`` says which.
+    """
+    from blis_fast.kernels import hooks as H
+    from blis_fast.output.provenance import read_provenance, rerun_options
+
+    provenance = read_provenance(path)
+    given = {"custom_scorer": custom_scorer, "custom_admission": custom_admission,
+             "custom_scheduler_key": custom_scheduler_key}
+    missing = [name for name in provenance.hooks if given[name] is None]
+    if missing:
+        raise BlisConfigError(f"{path}: the run used {', '.join(missing)}; pass "
+                              f"{'it' if len(missing) == 1 else 'them'} to rerun again")
+    hooks = Hooks(
+        scorer=_as_cfunc(custom_scorer, H.SCORER_SIG, "custom_scorer"),
+        admission=_as_cfunc(custom_admission, H.ADMISSION_SIG, "custom_admission"),
+        scheduler_key=_as_cfunc(custom_scheduler_key, H.SCHEDULER_KEY_SIG,
+                                "custom_scheduler_key"),
+    )
+    opts = rerun_options(provenance, **overrides)
+    execute = execute_replay if provenance.command == "replay" else execute_run
+    return execute(opts, hooks=hooks)

@@ -9,6 +9,7 @@ itself never fails on server behaviour: failures become trace rows.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -17,13 +18,14 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from blis_fast.cli_numbers import GO_FLOAT, GO_INT
+from blis_fast.cli_options import GroupedHelpCommand, row_option
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.gonum import INT64_MAX
+from blis_fast.options import OPTIONS_BY_FLAG, OptionSpec
 
 if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba out of it
     from blis_fast.observe.client import RealClient
@@ -34,47 +36,114 @@ log = logging.getLogger("blis_fast.observe")
 RATIO_TIMEOUT_S = 30.0
 
 
+# ---- the flags ----------------------------------------------------------------------------
+OBSERVE_GROUP = "blis observe: the server, the requests, the trace"
+"""The heading of observe's own flags in ``blis observe --help``."""
+
+
+def _own(flag: str, kind: str, default: object, help_text: str, file: str = "",
+         group: str = OBSERVE_GROUP) -> OptionSpec:
+    """A flag of ``blis observe`` alone (or one whose meaning differs from ``blis run``'s)."""
+    return OptionSpec(flag, kind, default, help_text, file=file, group=group)
+
+
+OBSERVE_OPTIONS: tuple[OptionSpec, ...] = (
+    _own("server-url", "str", "", "Inference server URL (required)"),
+    _own("trace-header", "str", "", "Output path of the trace v2 header YAML (required)",
+         file="output"),
+    _own("trace-data", "str", "", "Output path of the trace v2 data CSV (required)",
+         file="output"),
+    _own("api-key", "str", "", "Bearer token"),
+    _own("server-type", "str", "vllm", "Server type (recorded in the header)"),
+    _own("api-format", "str", "completions",
+         "completions (/v1/completions) or chat (/v1/chat/completions)"),
+    _own("min-tokens", "int", 0, "min_tokens sent with every request (0 = omit)"),
+    _own("timeout", "int", 300, "Per-request HTTP timeout in seconds (whole exchange)"),
+    _own("max-concurrency", "int", 256, "Most requests in flight at once"),
+    _own("warmup-requests", "int", 0, "First dispatched requests to leave out of the trace"),
+    _own("rtt-ms", "float", 0.0, "Measured network round-trip time (recorded in the header)"),
+    _own("drain-timeout", "float", 10.0,
+         "After Ctrl-C, seconds to let in-flight requests finish before aborting them"),
+    _own("no-streaming", "bool", False, "Never stream (stream false on every request)"),
+    _own("unconstrained-output", "bool", False,
+         "Do not bound the output length with max_tokens"),
+    _own("record-itl", "bool", False, "Write per-chunk timestamps to the ITL CSV"),
+    _own("itl-output", "str", "", "ITL CSV path [default: <trace-data minus .csv>.itl.csv]",
+         file="output"),
+    _own("output-dir", "str", "", "Also write observed_requests.parquet here", file="output"),
+    _own("workload", "str", "",
+         "Workload preset (chatbot, summarization, contentgen, multidoc); needs --rate",
+         group="Workload"),
+    _own("think-time-dist", "str", "",
+         "Think-time distribution, e.g. constant:value=500ms (needs --concurrency)",
+         group="Workload"),
+    *(OPTIONS_BY_FLAG[flag] for flag in (
+        "model", "defaults-filepath", "seed", "horizon", "workload-spec", "rate",
+        "num-requests", "concurrency", "think-time-ms", "prefix-tokens", "prompt-tokens",
+        "prompt-tokens-stdev", "prompt-tokens-min", "prompt-tokens-max", "output-tokens",
+        "output-tokens-stdev", "output-tokens-min", "output-tokens-max")),
+)
+"""Every flag of ``blis observe``: its own rows, then the ``blis run`` rows it shares (the
+same help, type and checks of the value; defaults below where the reference's differ)."""
+
+OBSERVE_DEFAULTS: dict[str, tuple[object, str]] = {
+    "rate": (0.0, "give it, --concurrency or --workload-spec"),
+    "horizon": (0, "the spec's, else unlimited"),
+    "num-requests": (0, "the spec's, else unlimited"),
+}
+"""The reference's ``blis observe`` defaults of shared flags that differ from ``blis run``'s,
+with what the default means."""
+
+
+def observe_default(flag: str) -> Any:
+    """The default of one ``blis observe`` flag: OBSERVE_DEFAULTS', else its row's."""
+    if flag in OBSERVE_DEFAULTS:
+        return OBSERVE_DEFAULTS[flag][0]
+    return next(spec.default for spec in OBSERVE_OPTIONS if spec.flag == flag)
+
+
 @dataclass
 class ObserveOptions:
-    """The flags of ``blis observe`` (April reference names and defaults) plus ``given``."""
+    """The flags of ``blis observe`` (April reference names; each default is
+    :func:`observe_default`'s) plus ``given``."""
 
-    server_url: str = ""
-    model: str = ""
-    trace_header: str = ""
-    trace_data: str = ""
-    workload_spec: str = ""
-    workload: str = ""
-    defaults_filepath: str = ""
-    rate: float = 0.0
-    concurrency: int = 0
-    think_time_ms: int = 0
-    think_time_dist: str = ""
-    seed: int = 42
-    horizon: int = 0
-    num_requests: int = 0
-    prompt_tokens: int = 512
-    prompt_tokens_stdev: int = 256
-    prompt_tokens_min: int = 2
-    prompt_tokens_max: int = 7000
-    output_tokens: int = 512
-    output_tokens_stdev: int = 256
-    output_tokens_min: int = 2
-    output_tokens_max: int = 7000
-    prefix_tokens: int = 0
-    api_key: str = ""
-    server_type: str = "vllm"
-    api_format: str = "completions"
-    no_streaming: bool = False
-    unconstrained_output: bool = False
-    min_tokens: int = 0
-    timeout: int = 300
-    max_concurrency: int = 256
-    warmup_requests: int = 0
-    rtt_ms: float = 0.0
-    record_itl: bool = False
-    itl_output: str = ""
-    output_dir: str = ""
-    drain_timeout: float = 10.0
+    server_url: str = observe_default("server-url")
+    model: str = observe_default("model")
+    trace_header: str = observe_default("trace-header")
+    trace_data: str = observe_default("trace-data")
+    workload_spec: str = observe_default("workload-spec")
+    workload: str = observe_default("workload")
+    defaults_filepath: str = observe_default("defaults-filepath")
+    rate: float = observe_default("rate")
+    concurrency: int = observe_default("concurrency")
+    think_time_ms: int = observe_default("think-time-ms")
+    think_time_dist: str = observe_default("think-time-dist")
+    seed: int = observe_default("seed")
+    horizon: int = observe_default("horizon")
+    num_requests: int = observe_default("num-requests")
+    prompt_tokens: int = observe_default("prompt-tokens")
+    prompt_tokens_stdev: int = observe_default("prompt-tokens-stdev")
+    prompt_tokens_min: int = observe_default("prompt-tokens-min")
+    prompt_tokens_max: int = observe_default("prompt-tokens-max")
+    output_tokens: int = observe_default("output-tokens")
+    output_tokens_stdev: int = observe_default("output-tokens-stdev")
+    output_tokens_min: int = observe_default("output-tokens-min")
+    output_tokens_max: int = observe_default("output-tokens-max")
+    prefix_tokens: int = observe_default("prefix-tokens")
+    api_key: str = observe_default("api-key")
+    server_type: str = observe_default("server-type")
+    api_format: str = observe_default("api-format")
+    no_streaming: bool = observe_default("no-streaming")
+    unconstrained_output: bool = observe_default("unconstrained-output")
+    min_tokens: int = observe_default("min-tokens")
+    timeout: int = observe_default("timeout")
+    max_concurrency: int = observe_default("max-concurrency")
+    warmup_requests: int = observe_default("warmup-requests")
+    rtt_ms: float = observe_default("rtt-ms")
+    record_itl: bool = observe_default("record-itl")
+    itl_output: str = observe_default("itl-output")
+    output_dir: str = observe_default("output-dir")
+    drain_timeout: float = observe_default("drain-timeout")
     given: frozenset[str] = frozenset()
 
     def is_given(self, name: str) -> bool:
@@ -117,8 +186,10 @@ def validate_flags(o: ObserveOptions) -> None:
         _fail(f"--max-concurrency must be > 0, got {o.max_concurrency}")
     if o.warmup_requests < 0:
         _fail(f"--warmup-requests must be >= 0, got {o.warmup_requests}")
-    if o.is_given("rate") and not (o.rate > 0 and math.isfinite(o.rate)):
-        _fail(f"--rate must be a finite value > 0, got {o.rate:g}")
+    if o.is_given("rate"):
+        from blis_fast.workload.synthesis import validate_rate
+
+        validate_rate(o.rate)
     if o.api_format not in ("completions", "chat"):
         _fail(f"--api-format must be 'completions' or 'chat', got \"{o.api_format}\"")
     if not (o.rtt_ms >= 0 and math.isfinite(o.rtt_ms)):
@@ -194,6 +265,7 @@ def build_workload(o: ObserveOptions) -> Workload:
         synthesize_from_distribution,
         synthesize_from_preset,
         validate_distribution_params,
+        workload_source,
     )
 
     think_sampler = None
@@ -203,7 +275,8 @@ def build_workload(o: ObserveOptions) -> Workload:
         except (BlisConfigError, BlisInputError, ValueError) as exc:
             raise BlisConfigError(f"--think-time-dist: {exc}") from None
     header_spec = ""
-    if o.workload_spec:
+    source = workload_source(o, distribution="")
+    if source == "spec":
         if o.concurrency > 0:
             _fail("--concurrency cannot be used with --workload-spec; define concurrency in the "
                   "spec file using clients[].concurrency instead")
@@ -214,7 +287,7 @@ def build_workload(o: ObserveOptions) -> Workload:
         if o.is_given("seed"):
             spec.seed = o.seed
         header_spec = o.workload_spec
-    elif o.workload:
+    elif source == "preset":
         path = o.defaults_filepath or str(data_path("defaults.yaml"))
         if not os.path.exists(path):
             raise BlisInputError(
@@ -226,7 +299,7 @@ def build_workload(o: ObserveOptions) -> Workload:
     else:
         params = DistributionParams.from_flags(o)
         validate_distribution_params(params)
-        if o.concurrency > 0:
+        if source == "concurrency":
             spec = synthesize_concurrency(params, o.concurrency, o.think_time_ms,
                                           num_requests=o.num_requests, seed=o.seed)
         else:
@@ -363,7 +436,17 @@ def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
             import pyarrow.parquet as pq
 
             folder = plan.make_dir(o.output_dir, "--output-dir")
-            table = observed_table(r.result.observed, r.result.start_wall_us)
+            from blis_fast.output.provenance import (
+                file_provenance,
+                options_record,
+                with_provenance,
+            )
+
+            # the observe options (never --api-key) as a run's files record theirs
+            provenance = {**file_provenance("observed_requests", "observe"),
+                          "blis_fast.options": json.dumps(options_record(o), sort_keys=True)}
+            table = with_provenance(observed_table(r.result.observed, r.result.start_wall_us),
+                                    provenance)
             plan.stage(folder / "observed_requests.parquet", "--output-dir",
                        lambda tmp: pq.write_table(table, tmp))
         plan.commit()
@@ -397,67 +480,17 @@ def _signals_ignored():
             signal.signal(sig, handler)
 
 
-# ---- click --------------------------------------------------------------------------------
-_INT = GO_INT
-_FLOAT = GO_FLOAT
-_OPTIONS: tuple[tuple[str, object, object, str], ...] = (
-    ("server-url", str, "", "Inference server URL (required)"),
-    ("model", str, "", "Model name sent in every request (required)"),
-    ("trace-header", str, "", "Output path of the trace v2 header YAML (required)"),
-    ("trace-data", str, "", "Output path of the trace v2 data CSV (required)"),
-    ("workload-spec", str, "", "WorkloadSpec YAML"),
-    ("workload", str, "", "Workload preset (chatbot, summarization, contentgen, multidoc); needs --rate"),
-    ("defaults-filepath", str, "", "defaults.yaml with the presets [default: the bundled copy]"),
-    ("rate", _FLOAT, 0.0, "Requests per second (distribution synthesis)"),
-    ("concurrency", _INT, 0, "Closed-loop virtual users (exclusive with --rate)"),
-    ("think-time-ms", _INT, 0, "Think time between a response and the user's next request"),
-    ("think-time-dist", str, "", "Think-time distribution, e.g. constant:value=500ms (needs --concurrency)"),
-    ("seed", _INT, 42, "Workload RNG seed"),
-    ("horizon", _INT, 0, "Generation horizon in microseconds (0 = spec or unlimited)"),
-    ("num-requests", _INT, 0, "Requests to generate (0 = spec or unlimited)"),
-    ("prompt-tokens", _INT, 512, "Mean prompt tokens (distribution mode)"),
-    ("prompt-tokens-stdev", _INT, 256, "Prompt token std dev"),
-    ("prompt-tokens-min", _INT, 2, "Minimum prompt tokens"),
-    ("prompt-tokens-max", _INT, 7000, "Maximum prompt tokens"),
-    ("output-tokens", _INT, 512, "Mean output tokens (distribution mode)"),
-    ("output-tokens-stdev", _INT, 256, "Output token std dev"),
-    ("output-tokens-min", _INT, 2, "Minimum output tokens"),
-    ("output-tokens-max", _INT, 7000, "Maximum output tokens"),
-    ("prefix-tokens", _INT, 0, "Shared prefix tokens (distribution mode)"),
-    ("api-key", str, "", "Bearer token"),
-    ("server-type", str, "vllm", "Server type (recorded in the header)"),
-    ("api-format", str, "completions", "completions (/v1/completions) or chat (/v1/chat/completions)"),
-    ("min-tokens", _INT, 0, "min_tokens sent with every request (0 = omit)"),
-    ("timeout", _INT, 300, "Per-request HTTP timeout in seconds (whole exchange)"),
-    ("max-concurrency", _INT, 256, "Most requests in flight at once"),
-    ("warmup-requests", _INT, 0, "First dispatched requests to leave out of the trace"),
-    ("rtt-ms", _FLOAT, 0.0, "Measured network round-trip time (recorded in the header)"),
-    ("itl-output", str, "", "ITL CSV path [default: <trace-data minus .csv>.itl.csv]"),
-    ("output-dir", str, "", "Also write observed_requests.parquet here"),
-    ("drain-timeout", _FLOAT, 10.0, "After Ctrl-C, seconds to let in-flight requests finish "
-                                    "before aborting them"),
-)
-_BOOL_FLAGS = (
-    ("no-streaming", "Never stream (stream false on every request)"),
-    ("unconstrained-output", "Do not bound the output length with max_tokens"),
-    ("record-itl", "Write per-chunk timestamps to the ITL CSV"),
-)
-
-
 def _command(func):
-    for flag, help_text in reversed(_BOOL_FLAGS):
-        func = click.option(f"--{flag}", flag.replace("-", "_"), is_flag=True, default=False,
-                            help=help_text)(func)
-    for flag, kind, default, help_text in reversed(_OPTIONS):
-        func = click.option(f"--{flag}", flag.replace("-", "_"), type=kind, default=default,
-                            show_default=default not in ("", 0, 0.0), help=help_text)(func)
+    for spec in reversed(OBSERVE_OPTIONS):
+        default, note = OBSERVE_DEFAULTS.get(spec.flag, (spec.default, ""))
+        func = row_option(spec, parsed=True, default=default, default_note=note)(func)
     return func
 
 
 def register(group: click.Group) -> None:
     """Add ``observe`` to the ``blis`` command group."""
 
-    @group.command("observe")
+    @group.command("observe", cls=GroupedHelpCommand)
     @_command
     @click.pass_context
     def observe_command(ctx: click.Context, **raw: object) -> None:

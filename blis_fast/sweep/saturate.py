@@ -196,5 +196,9 @@ def saturation_table(plan: SweepPlan, results: list[SaturationResult], slos: lis
 
 
 def write_saturation(path: str | Path, table: pa.Table) -> None:
-    """Write the saturation table as Parquet, atomically."""
-    atomic_write_table(path, table, flag="--out")
+    """Write the saturation table as Parquet, atomically, with the version provenance (its
+    metric columns are ``schemas/summary.json``'s)."""
+    from blis_fast.output.provenance import file_provenance, with_provenance
+
+    atomic_write_table(path, with_provenance(table, file_provenance("summary", "saturate")),
+                       flag="--out")

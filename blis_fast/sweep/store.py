@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.options import OPTIONS_BY_FIELD
 from blis_fast.output.parquet import atomic_write_table, load_schema
+from blis_fast.output.provenance import file_provenance, with_provenance
 from blis_fast.output.summary import atomic_write_text
 from blis_fast.sweep.spec import SweepPlan
 from blis_fast.sweep.worker import ConfigResult
@@ -167,8 +168,9 @@ class SweepStore:
                     part.mkdir(parents=True, exist_ok=True)
                     atomic_write_table(part / name, table, flag="--out")
         ordered = sorted(results, key=lambda r: r.config_id)
-        atomic_write_table(self.summary_dir / f"part-{ordered[0].config_id}.parquet",
-                           self.rows_table(ordered), flag="--out")
+        table = with_provenance(self.rows_table(ordered), file_provenance("summary", "sweep"))
+        atomic_write_table(self.summary_dir / f"part-{ordered[0].config_id}.parquet", table,
+                           flag="--out")
 
     def rows_table(self, results: list[ConfigResult]) -> pa.Table:
         """The summary rows of ``results`` with the sweep's schema."""
