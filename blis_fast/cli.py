@@ -13,17 +13,12 @@ import click
 from click.core import ParameterSource
 
 from blis_fast.calibrate import cli as calibrate_cli
+from blis_fast.cli_options import GroupedHelpCommand, add_run_options
 from blis_fast.errors import BlisError
 from blis_fast.evolve import cli as evolve_cli
 from blis_fast.fit import cli as fit_cli
 from blis_fast.observe import command as observe_command
-from blis_fast.options import (
-    REPLAY_ONLY_FLAGS,
-    RUN_OPTIONS,
-    WORKLOAD_FLAGS,
-    OptionSpec,
-    build_options,
-)
+from blis_fast.options import REPLAY_ONLY_FLAGS, WORKLOAD_FLAGS, build_options
 from blis_fast.sweep import cli as sweep_cli
 from blis_fast.workload import cli as workload_cli
 
@@ -31,48 +26,9 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-def _not_a_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Refuse a value that is another flag (``--rate --seed 5``): the user left the value out,
-    and click would otherwise report the flag's own value as an unexpected extra argument."""
-    if value is not None and value.startswith("--") and len(value) > 2:
-        name = value[2:].split("=", 1)[0]
-        if any(spec.flag == name for spec in RUN_OPTIONS):
-            raise click.UsageError(f"Option '{param.opts[0]}' requires a value "
-                                   f"(got the flag {value})")
-    return value
-
-
-class _RunOption(click.Option):
-    """A ``blis run`` flag whose help text is made when help is shown: a policy flag's lists
-    its registry's names, and the registries are not loaded otherwise."""
-
-    def __init__(self, *args, spec: OptionSpec, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.spec = spec
-
-    def get_help_record(self, ctx: click.Context):
-        text = self.spec.help_text()
-        self.help = text if self.spec.kind == "bool" else (
-            f"{text} [default: {self.spec.default}]")
-        return super().get_help_record(ctx)
-
-
-def _add_run_options(func, skip: frozenset[str] = REPLAY_ONLY_FLAGS):
-    """Attach the RUN_OPTIONS flags (minus ``skip``) to a click command (raw string values)."""
-    for spec in reversed(RUN_OPTIONS):
-        if spec.flag in skip:
-            continue
-        option = {"cls": _RunOption, "spec": spec}
-        if spec.kind == "bool":
-            func = click.option(f"--{spec.flag}", spec.field, is_flag=True, default=spec.default,
-                                **option)(func)
-        elif spec.kind == "floats":  # pflag Float64Slice: a repeated flag appends its items
-            func = click.option(f"--{spec.flag}", spec.field, type=str, multiple=True,
-                                **option)(func)
-        else:
-            func = click.option(f"--{spec.flag}", spec.field, type=str, default=None,
-                                show_default=False, callback=_not_a_flag, **option)(func)
-    return func
+def _add_run_options(func):
+    """Attach the ``blis run`` flags: every RUN_OPTIONS row but replay's."""
+    return add_run_options(func, skip=REPLAY_ONLY_FLAGS)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -108,7 +64,8 @@ def _numba_without_scipy() -> None:
         del sys.modules["scipy"]
 
 
-@main_group.command("run", context_settings={"ignore_unknown_options": False})
+@main_group.command("run", cls=GroupedHelpCommand,
+                    context_settings={"ignore_unknown_options": False})
 @_add_run_options
 @click.pass_context
 def run_command(ctx: click.Context, **raw: object) -> None:
@@ -135,10 +92,11 @@ def _given(ctx: click.Context, raw: dict) -> dict:
 
 
 def _add_replay_options(func):
-    return _add_run_options(func, skip=WORKLOAD_FLAGS - {"results-path", "think-time-ms"})
+    """Attach the ``blis replay`` flags: the trace is the workload, so no workload flags."""
+    return add_run_options(func, skip=WORKLOAD_FLAGS - {"results-path", "think-time-ms"})
 
 
-@main_group.command("replay")
+@main_group.command("replay", cls=GroupedHelpCommand)
 @_add_replay_options
 @click.pass_context
 def replay_command(ctx: click.Context, **raw: object) -> None:

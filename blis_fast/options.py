@@ -18,7 +18,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
 from blis_fast.gonum import INT64_MAX, parse_bool, parse_float, parse_int
@@ -66,7 +66,8 @@ def in_time_range(scale: int = 1, unit: str = "") -> Check:
                  f"--{{flag}} {{value}}{unit} is beyond the simulator's time range")
 
 
-def finite_positive(message: str = "--{flag} must be a finite value > 0, got {value}") -> Check:
+def finite_positive(message: str | Callable[[str, Any], str]
+                    = "--{flag} must be a finite value > 0, got {value}") -> Check:
     """A finite ``value > 0`` (NaN fails)."""
     return Check(lambda v: v > 0 and not math.isinf(v), message)
 
@@ -112,19 +113,58 @@ class OptionSpec:
     slot: str = ""  # "<config array>.<kernel constant>" the resolved value is packed into
     choices: str = ""  # the policy family (blis_fast.policies) whose names are the values
     file: str = ""  # "input" (a file read), "input-folder" (holds config.json), "output"
+    group: str = ""  # the heading the flag is listed under in --help (set by _in_group)
 
     @property
     def field(self) -> str:
         """The RunOptions attribute holding this flag's value."""
         return self.flag.replace("-", "_")
 
-    def help_text(self) -> str:
-        """The help line; a policy flag lists its family's names (loads the registry)."""
+    def help_text(self, *, names: bool = True) -> str:
+        """The help line; a policy flag lists its family's names (loads the registry), or with
+        ``names=False`` (``--help``, whose value column lists them) only the names a user
+        function runs under."""
         if not self.choices:
             return self.help
         from blis_fast.policies import family
 
-        return f"{self.help}: {family(self.choices).help_names()}"
+        registry = family(self.choices)
+        if names:
+            return f"{self.help}: {registry.help_names()}"
+        hooks = [name for name, e in registry.entries.items() if getattr(e, "hook", "")]
+        return f"{self.help} ({', '.join(hooks)} through the Python API)" if hooks else self.help
+
+    def value_name(self) -> str:
+        """What ``--help`` shows the flag takes: INTEGER, FLOAT, FLOAT,... (a comma-separated
+        list), PATH, DIRECTORY, TEXT, a policy family's names as ``[a|b|c]`` (loads the
+        registry), or "" for a switch. Display only: values are parsed by :func:`coerce`."""
+        if self.kind == "bool":
+            return ""
+        if self.choices:
+            from blis_fast.policies import family
+
+            return "[" + "|".join(family(self.choices).valid_names()) + "]"
+        if self.file:
+            return "DIRECTORY" if self.file == "input-folder" else "PATH"
+        return {"int": "INTEGER", "float": "FLOAT", "floats": "FLOAT,..."}.get(self.kind, "TEXT")
+
+    def default_text(self, default: Any = None) -> str:
+        """The default ``--help`` shows, as the flag's value would be written (``default``,
+        else the row's); "" when there is nothing to show: a switch, an empty string, or a
+        help text that already says where the default comes from."""
+        value = self.default if default is None else default
+        if self.kind == "bool" or value == "" or "default" in self.help:
+            return ""
+        if self.kind == "float":
+            return _go_g(value)
+        if self.kind == "floats":
+            return ",".join(_go_g(v) for v in value)
+        return str(value)
+
+
+def _in_group(group: str, *rows: OptionSpec) -> tuple[OptionSpec, ...]:
+    """``rows`` listed under the ``--help`` heading ``group`` (each row then carries it)."""
+    return tuple(replace(row, group=group) for row in rows)
 
 
 _NON_NEGATIVE = at_least(0)
@@ -132,167 +172,181 @@ _POSITIVE = positive()
 _DELAY = (_NON_NEGATIVE, in_time_range())
 
 RUN_OPTIONS: tuple[OptionSpec, ...] = (
-    # model, hardware, latency
-    OptionSpec("model", "str", "", "LLM name (required), e.g. meta-llama/llama-3.1-8b-instruct",
-               (required("LLM name not provided (--model). Exiting simulation."),)),
-    OptionSpec("hardware", "str", "", "GPU type (default from defaults.yaml)"),
-    OptionSpec("tp", "int", 0, "tensor parallelism (default from defaults.yaml)"),
-    OptionSpec("vllm-version", "str", "", "vLLM version (default from defaults.yaml)"),
-    OptionSpec("latency-model", "str", "roofline", "latency model", choices="latency_backends"),
-    OptionSpec("alpha-coeffs", "floats", (0.0, 0.0, 0.0), "alpha coefficients (comma-separated)",
-               (each_finite_non_negative(),)),
-    OptionSpec("beta-coeffs", "floats", (0.0, 0.0, 0.0), "beta coefficients (comma-separated)",
-               (each_finite_non_negative(),)),
-    OptionSpec("model-config-folder", "str", "", "folder holding the model's config.json",
-               file="input-folder"),
-    OptionSpec("hardware-config", "str", "", "hardware_config.json to use", file="input"),
-    OptionSpec("defaults-filepath", "str", "",
-               "defaults.yaml to use (default: the bundled copy)", file="input"),
-    OptionSpec("max-model-len", "int", 0, "max sequence length; 0 = derived or unlimited",
-               (_NON_NEGATIVE,), slot="ConfigSlot.MAX_MODEL_LEN"),
-    OptionSpec("gpu-memory-utilization", "float", 0.9, "GPU memory fraction for the KV cache",
-               (Check(lambda u: 0 < u <= 1.0,
-                      "--{flag} must be a finite value in (0, 1.0], got {value:f}"),)),
-    # KV cache and batching
-    OptionSpec("total-kv-blocks", "int", 1_000_000, "KV blocks per instance (default: derived)",
-               (_POSITIVE,)),
-    OptionSpec("block-size-in-tokens", "int", 16, "tokens per KV block", (_POSITIVE,),
-               slot="RouterCfg.BLOCK_SIZE"),
-    OptionSpec("max-num-running-reqs", "int", 256, "max requests in a running batch",
-               (_POSITIVE,), slot="ConfigSlot.MAX_RUNNING"),
-    OptionSpec("max-num-scheduled-tokens", "int", 2048, "token budget per step", (_POSITIVE,),
-               slot="ConfigSlot.MAX_TOKENS"),
-    OptionSpec("long-prefill-token-threshold", "int", 0, "chunked-prefill chunk size; 0 = off",
-               (_NON_NEGATIVE,), slot="ConfigSlot.LONG_PREFILL"),
-    OptionSpec("kv-cpu-blocks", "int", 0, "CPU-tier KV blocks; > 0 enables tiered KV",
-               (_NON_NEGATIVE,)),
-    OptionSpec("kv-offload-threshold", "float", 0.9, "deprecated; validated and ignored",
-               (Check(lambda v: 0 <= v <= 1,
-                      "--{flag} must be a finite value in [0, 1], got {value:f}"),)),
-    OptionSpec("kv-transfer-bandwidth", "float", 100.0, "CPU->GPU transfer rate (tokens/tick)"),
-    OptionSpec("kv-transfer-base-latency", "int", 0, "fixed ticks per reloaded block", _DELAY),
-    # simulation control
-    OptionSpec("seed", "int", 42, "random seed"),
-    OptionSpec("horizon", "int", INT64_MAX, "simulation horizon in ticks (µs)", (_POSITIVE,),
-               slot="ConfigSlot.HORIZON"),
-    OptionSpec("log", "str", "warn", "log level for stderr diagnostics",
-               (Check(lambda v: v.lower() in LOG_LEVELS,
-                      "--{flag}: invalid log level {value!r} (valid: "
-                      + ", ".join(LOG_LEVELS) + ")"),)),
-    # cluster and policies
-    OptionSpec("num-instances", "int", 1, "number of instances",
-               (Check(lambda v: v >= 1, "num-instances must be >= 1"),), slot="ConfigSlot.N_INSTANCES"),
-    OptionSpec("admission-policy", "str", "always-admit", "admission policy",
-               choices="admission"),
-    OptionSpec("admission-latency", "int", 0, "admission latency (µs)", _DELAY,
-               slot="ConfigSlot.ADMISSION_LATENCY"),
-    OptionSpec("routing-latency", "int", 0, "routing latency (µs)", _DELAY,
-               slot="ConfigSlot.ROUTING_LATENCY"),
-    OptionSpec("token-bucket-capacity", "float", 10000.0, "token bucket capacity"),
-    OptionSpec("token-bucket-refill-rate", "float", 1000.0, "token bucket refill (tokens/s)"),
-    OptionSpec("routing-policy", "str", "round-robin", "routing policy", choices="routing"),
-    OptionSpec("routing-scorers", "str", "", "weighted-routing scorers, name:weight,..."),
-    OptionSpec("priority-policy", "str", "constant", "priority policy", choices="priority"),
-    OptionSpec("scheduler", "str", "fcfs", "instance scheduler", choices="scheduler"),
-    OptionSpec("policy-config", "str", "", "policy bundle YAML", file="input"),
-    OptionSpec("fitness-weights", "str", "", "fitness weights, key:value,..."),
-    OptionSpec("trace-level", "str", "none", "decision trace level: none or decisions",
-               (Check(lambda v: v in ("", "none", "decisions"),
-                      "--{flag}: unknown value {value!r}. Valid: none, decisions"),)),
-    OptionSpec("counterfactual-k", "int", 0, "counterfactual candidates per routing decision",
-               (_NON_NEGATIVE,), slot="RouterCfg.COUNTERFACTUAL_K"),
-    OptionSpec("summarize-trace", "bool", False, "print the decision-trace summary"),
-    OptionSpec("snapshot-refresh-interval", "int", 0, "routing snapshot refresh interval (µs)",
-               _DELAY, slot="RouterCfg.REFRESH"),
-    OptionSpec("cache-signal-delay", "int", 50_000, "prefix-cache signal delay (µs)", _DELAY,
-               slot="RouterCfg.CACHE_DELAY"),
-    # prefill/decode disaggregation (PD-1): pools by instance index, the decider, the KV link
-    OptionSpec("prefill-instances", "int", 0, "P/D: instances of the prefill pool",
-               (_NON_NEGATIVE,)),
-    OptionSpec("decode-instances", "int", 0, "P/D: instances of the decode pool",
-               (_NON_NEGATIVE,)),
-    OptionSpec("prefill-decode-instances", "int", 0,
-               "P/D: shared-role instances (both pools)", (_NON_NEGATIVE,)),
-    OptionSpec("encode-instances", "int", 0, "P/D: instances of the encode pool"),
-    OptionSpec("pd-decider", "str", "never", "P/D: which requests are disaggregated",
-               choices="deciders"),
-    OptionSpec("pd-prefix-threshold", "int", 16,
-               "P/D prefix-threshold decider: uncached prompt tokens above which a request is "
-               "disaggregated"),
-    OptionSpec("pd-transfer-bandwidth", "float", 25.0, "P/D: KV transfer bandwidth (GB/s)"),
-    OptionSpec("pd-transfer-base-latency", "float", 0.05,
-               "P/D: fixed latency per KV transfer (ms)"),
-    OptionSpec("pd-transfer-contention", "bool", False,
-               "P/D: concurrent KV transfers share the bandwidth"),
-    OptionSpec("prefill-routing-scorers", "str", "",
-               "P/D: weighted scorers of the prefill pool, name:weight,..."),
-    OptionSpec("decode-routing-scorers", "str", "",
-               "P/D: weighted scorers of the decode pool, name:weight,..."),
-    OptionSpec("prefill-tp", "int", 0, "P/D: tensor parallelism of the prefill pool"),
-    OptionSpec("decode-tp", "int", 0, "P/D: tensor parallelism of the decode pool"),
-    OptionSpec("prefill-hardware", "str", "", "P/D: GPU of the prefill pool"),
-    OptionSpec("decode-hardware", "str", "", "P/D: GPU of the decode pool"),
-    OptionSpec("prefill-latency-model", "str", "", "P/D: latency model of the prefill pool"),
-    OptionSpec("decode-latency-model", "str", "", "P/D: latency model of the decode pool"),
-    OptionSpec("prefill-max-model-len", "int", 0, "P/D: max model length of the prefill pool"),
-    OptionSpec("decode-max-model-len", "int", 0, "P/D: max model length of the decode pool"),
-    OptionSpec("encode-decider", "str", "never", "P/D: which requests go through the encode pool",
-               choices="encode_deciders"),
-    OptionSpec("model-autoscaler-interval-us", "float", 0.0,
-               "autoscaler tick interval (µs); 0 = off unless the policy bundle sets one",
-               (Check(lambda v: v >= 0 and not math.isinf(v),
-                      lambda flag, v: f"--{flag} must be a finite number >= 0 (0 = disabled), "
-                                      f"got {_go_g(v)}"),
-                Check(lambda v: v == 0 or v >= 1,
-                      lambda flag, v: f"--{flag} must be 0 (off) or at least 1 µs, got "
-                                      f"{_go_g(v)}: a shorter interval truncates to 0 and the "
-                                      "reference ticks forever at one instant"),
-                in_time_range())),
-    OptionSpec("gpu-hour-cost", "float", 0.0,
-               "price of one GPU-hour: prints the run's cost (node_pools[].gpu_hour_cost wins)",
-               (Check(lambda v: v >= 0 and not math.isinf(v),
-                      lambda flag, v: f"--{flag} must be a finite number >= 0, got {_go_g(v)}"),)),
-    # workload
-    OptionSpec("workload", "str", "distribution", "distribution or a preset name"),
-    OptionSpec("workload-spec", "str", "", "workload spec YAML", file="input"),
-    OptionSpec("rate", "float", 1.0, "requests per second"),
-    OptionSpec("num-requests", "int", 100, "number of requests", (_NON_NEGATIVE,)),
-    OptionSpec("concurrency", "int", 0, "closed-loop virtual users", (_NON_NEGATIVE,)),
-    OptionSpec("think-time-ms", "int", 0, "think time between a response and the next request",
-               (_NON_NEGATIVE, in_time_range(1000))),
-    OptionSpec("prefix-tokens", "int", 0, "shared prefix length", (_NON_NEGATIVE,)),
-    OptionSpec("prompt-tokens", "int", 512, "mean prompt length"),
-    OptionSpec("prompt-tokens-stdev", "int", 256, "prompt length standard deviation"),
-    OptionSpec("prompt-tokens-min", "int", 2, "min prompt length"),
-    OptionSpec("prompt-tokens-max", "int", 7000, "max prompt length"),
-    OptionSpec("output-tokens", "int", 512, "mean output length"),
-    OptionSpec("output-tokens-stdev", "int", 256, "output length standard deviation"),
-    OptionSpec("output-tokens-min", "int", 2, "min output length"),
-    OptionSpec("output-tokens-max", "int", 7000, "max output length"),
-    OptionSpec("timeout", "int", 300, "per-request deadline (s); negative disables",
-               (Check(lambda v: v != 0,
-                      "--{flag} must be positive (seconds) or negative to disable; got 0"),
-                in_time_range(1_000_000, " s"))),
-    # outputs
-    OptionSpec("trace-output", "str", "", "export the workload as <prefix>.yaml + <prefix>.csv",
-               file="output"),
-    OptionSpec("metrics-path", "str", "", "write the summary + per-request JSON here",
-               file="output"),
-    OptionSpec("results-path", "str", "", "same as --metrics-path (the older name)",
-               file="output"),
-    OptionSpec("output-dir", "str", "", "write summary.parquet and requests.parquet here",
-               file="output"),
-    # blis replay
-    OptionSpec("trace-header", "str", "", "replay: the trace v2 header YAML",
-               (required("--trace-header is required"),), file="input"),
-    OptionSpec("trace-data", "str", "", "replay: the trace v2 data CSV",
-               (required("--trace-data is required"),), file="input"),
-    OptionSpec("session-mode", "str", "fixed",
-               "replay: fixed (trace arrivals) or closed-loop (follow-ups after completions)",
-               (Check(lambda v: v in ("fixed", "closed-loop"), _session_mode_text),)),
-    OptionSpec("think-time-dist", "str", "",
-               "replay closed-loop: think time, lognormal:mu=..,sigma=..[,min=..,max=..] or "
-               "constant:value=<time>"),
+    *_in_group("Model and latency",
+        OptionSpec("model", "str", "", "LLM name (required), e.g. meta-llama/llama-3.1-8b-instruct",
+                   (required("LLM name not provided (--model). Exiting simulation."),)),
+        OptionSpec("hardware", "str", "", "GPU type (default from defaults.yaml)"),
+        OptionSpec("tp", "int", 0, "tensor parallelism (default from defaults.yaml)"),
+        OptionSpec("vllm-version", "str", "", "vLLM version (default from defaults.yaml)"),
+        OptionSpec("latency-model", "str", "roofline", "latency model", choices="latency_backends"),
+        OptionSpec("alpha-coeffs", "floats", (0.0, 0.0, 0.0), "alpha coefficients (comma-separated)",
+                   (each_finite_non_negative(),)),
+        OptionSpec("beta-coeffs", "floats", (0.0, 0.0, 0.0), "beta coefficients (comma-separated)",
+                   (each_finite_non_negative(),)),
+        OptionSpec("model-config-folder", "str", "", "folder holding the model's config.json",
+                   file="input-folder"),
+        OptionSpec("hardware-config", "str", "", "hardware_config.json to use", file="input"),
+        OptionSpec("defaults-filepath", "str", "",
+                   "defaults.yaml to use (default: the bundled copy)", file="input"),
+        OptionSpec("max-model-len", "int", 0, "max sequence length; 0 = derived or unlimited",
+                   (_NON_NEGATIVE,), slot="ConfigSlot.MAX_MODEL_LEN"),
+        OptionSpec("gpu-memory-utilization", "float", 0.9, "GPU memory fraction for the KV cache",
+                   (Check(lambda u: 0 < u <= 1.0,
+                          "--{flag} must be a finite value in (0, 1.0], got {value:f}"),)),
+    ),
+    *_in_group("KV cache and batching",
+        OptionSpec("total-kv-blocks", "int", 1_000_000, "KV blocks per instance (default: derived)",
+                   (_POSITIVE,)),
+        OptionSpec("block-size-in-tokens", "int", 16, "tokens per KV block", (_POSITIVE,),
+                   slot="RouterCfg.BLOCK_SIZE"),
+        OptionSpec("max-num-running-reqs", "int", 256, "max requests in a running batch",
+                   (_POSITIVE,), slot="ConfigSlot.MAX_RUNNING"),
+        OptionSpec("max-num-scheduled-tokens", "int", 2048, "token budget per step", (_POSITIVE,),
+                   slot="ConfigSlot.MAX_TOKENS"),
+        OptionSpec("long-prefill-token-threshold", "int", 0, "chunked-prefill chunk size; 0 = off",
+                   (_NON_NEGATIVE,), slot="ConfigSlot.LONG_PREFILL"),
+        OptionSpec("kv-cpu-blocks", "int", 0, "CPU-tier KV blocks; > 0 enables tiered KV",
+                   (_NON_NEGATIVE,)),
+        OptionSpec("kv-offload-threshold", "float", 0.9, "deprecated; validated and ignored",
+                   (Check(lambda v: 0 <= v <= 1,
+                          "--{flag} must be a finite value in [0, 1], got {value:f}"),)),
+        OptionSpec("kv-transfer-bandwidth", "float", 100.0, "CPU->GPU transfer rate (tokens/tick)"),
+        OptionSpec("kv-transfer-base-latency", "int", 0, "fixed ticks per reloaded block", _DELAY),
+    ),
+    *_in_group("Simulation",
+        OptionSpec("seed", "int", 42, "random seed"),
+        OptionSpec("horizon", "int", INT64_MAX,
+                   "horizon in ticks (µs): no request arrives later; a simulation stops there",
+                   (_POSITIVE,),
+                   slot="ConfigSlot.HORIZON"),
+        OptionSpec("log", "str", "warn", "log level for stderr diagnostics",
+                   (Check(lambda v: v.lower() in LOG_LEVELS,
+                          "--{flag}: invalid log level {value!r} (valid: "
+                          + ", ".join(LOG_LEVELS) + ")"),)),
+    ),
+    *_in_group("Cluster, admission and routing",
+        OptionSpec("num-instances", "int", 1, "number of instances",
+                   (Check(lambda v: v >= 1, "num-instances must be >= 1"),), slot="ConfigSlot.N_INSTANCES"),
+        OptionSpec("admission-policy", "str", "always-admit", "admission policy",
+                   choices="admission"),
+        OptionSpec("admission-latency", "int", 0, "admission latency (µs)", _DELAY,
+                   slot="ConfigSlot.ADMISSION_LATENCY"),
+        OptionSpec("routing-latency", "int", 0, "routing latency (µs)", _DELAY,
+                   slot="ConfigSlot.ROUTING_LATENCY"),
+        OptionSpec("token-bucket-capacity", "float", 10000.0, "token bucket capacity"),
+        OptionSpec("token-bucket-refill-rate", "float", 1000.0, "token bucket refill (tokens/s)"),
+        OptionSpec("routing-policy", "str", "round-robin", "routing policy", choices="routing"),
+        OptionSpec("routing-scorers", "str", "", "weighted-routing scorers, name:weight,..."),
+        OptionSpec("priority-policy", "str", "constant", "priority policy", choices="priority"),
+        OptionSpec("scheduler", "str", "fcfs", "instance scheduler", choices="scheduler"),
+        OptionSpec("policy-config", "str", "", "policy bundle YAML", file="input"),
+        OptionSpec("fitness-weights", "str", "", "fitness weights, key:value,..."),
+        OptionSpec("trace-level", "str", "none", "decision trace level: none or decisions",
+                   (Check(lambda v: v in ("", "none", "decisions"),
+                          "--{flag}: unknown value {value!r}. Valid: none, decisions"),)),
+        OptionSpec("counterfactual-k", "int", 0, "counterfactual candidates per routing decision",
+                   (_NON_NEGATIVE,), slot="RouterCfg.COUNTERFACTUAL_K"),
+        OptionSpec("summarize-trace", "bool", False, "print the decision-trace summary"),
+        OptionSpec("snapshot-refresh-interval", "int", 0, "routing snapshot refresh interval (µs)",
+                   _DELAY, slot="RouterCfg.REFRESH"),
+        OptionSpec("cache-signal-delay", "int", 50_000, "prefix-cache signal delay (µs)", _DELAY,
+                   slot="RouterCfg.CACHE_DELAY"),
+    ),
+    *_in_group("Prefill/decode disaggregation (P/D)",
+        OptionSpec("prefill-instances", "int", 0, "P/D: instances of the prefill pool",
+                   (_NON_NEGATIVE,)),
+        OptionSpec("decode-instances", "int", 0, "P/D: instances of the decode pool",
+                   (_NON_NEGATIVE,)),
+        OptionSpec("prefill-decode-instances", "int", 0,
+                   "P/D: shared-role instances (both pools)", (_NON_NEGATIVE,)),
+        OptionSpec("encode-instances", "int", 0, "P/D: instances of the encode pool"),
+        OptionSpec("pd-decider", "str", "never", "P/D: which requests are disaggregated",
+                   choices="deciders"),
+        OptionSpec("pd-prefix-threshold", "int", 16,
+                   "P/D prefix-threshold decider: uncached prompt tokens above which a request is "
+                   "disaggregated"),
+        OptionSpec("pd-transfer-bandwidth", "float", 25.0, "P/D: KV transfer bandwidth (GB/s)"),
+        OptionSpec("pd-transfer-base-latency", "float", 0.05,
+                   "P/D: fixed latency per KV transfer (ms)"),
+        OptionSpec("pd-transfer-contention", "bool", False,
+                   "P/D: concurrent KV transfers share the bandwidth"),
+        OptionSpec("prefill-routing-scorers", "str", "",
+                   "P/D: weighted scorers of the prefill pool, name:weight,..."),
+        OptionSpec("decode-routing-scorers", "str", "",
+                   "P/D: weighted scorers of the decode pool, name:weight,..."),
+        OptionSpec("prefill-tp", "int", 0, "P/D: tensor parallelism of the prefill pool"),
+        OptionSpec("decode-tp", "int", 0, "P/D: tensor parallelism of the decode pool"),
+        OptionSpec("prefill-hardware", "str", "", "P/D: GPU of the prefill pool"),
+        OptionSpec("decode-hardware", "str", "", "P/D: GPU of the decode pool"),
+        OptionSpec("prefill-latency-model", "str", "", "P/D: latency model of the prefill pool"),
+        OptionSpec("decode-latency-model", "str", "", "P/D: latency model of the decode pool"),
+        OptionSpec("prefill-max-model-len", "int", 0, "P/D: max model length of the prefill pool"),
+        OptionSpec("decode-max-model-len", "int", 0, "P/D: max model length of the decode pool"),
+        OptionSpec("encode-decider", "str", "never", "P/D: which requests go through the encode pool",
+                   choices="encode_deciders"),
+    ),
+    *_in_group("Autoscaler and cost",
+        OptionSpec("model-autoscaler-interval-us", "float", 0.0,
+                   "autoscaler tick interval (µs); 0 = off unless the policy bundle sets one",
+                   (Check(lambda v: v >= 0 and not math.isinf(v),
+                          lambda flag, v: f"--{flag} must be a finite number >= 0 (0 = disabled), "
+                                          f"got {_go_g(v)}"),
+                    Check(lambda v: v == 0 or v >= 1,
+                          lambda flag, v: f"--{flag} must be 0 (off) or at least 1 µs, got "
+                                          f"{_go_g(v)}: a shorter interval truncates to 0 and the "
+                                          "reference ticks forever at one instant"),
+                    in_time_range())),
+        OptionSpec("gpu-hour-cost", "float", 0.0,
+                   "price of one GPU-hour: prints the run's cost (node_pools[].gpu_hour_cost wins)",
+                   (Check(lambda v: v >= 0 and not math.isinf(v),
+                          lambda flag, v: f"--{flag} must be a finite number >= 0, got {_go_g(v)}"),)),
+    ),
+    *_in_group("Workload",
+        OptionSpec("workload", "str", "distribution", "distribution or a preset name"),
+        OptionSpec("workload-spec", "str", "", "workload spec YAML", file="input"),
+        OptionSpec("rate", "float", 1.0, "requests per second",
+                   (finite_positive(lambda flag, v: f"--{flag} must be a finite value > 0, got "
+                                                    f"{_go_g(v)}"),)),
+        OptionSpec("num-requests", "int", 100, "number of requests", (_NON_NEGATIVE,)),
+        OptionSpec("concurrency", "int", 0, "closed-loop virtual users", (_NON_NEGATIVE,)),
+        OptionSpec("think-time-ms", "int", 0, "think time between a response and the next request",
+                   (_NON_NEGATIVE, in_time_range(1000))),
+        OptionSpec("prefix-tokens", "int", 0, "shared prefix length", (_NON_NEGATIVE,)),
+        OptionSpec("prompt-tokens", "int", 512, "mean prompt length"),
+        OptionSpec("prompt-tokens-stdev", "int", 256, "prompt length standard deviation"),
+        OptionSpec("prompt-tokens-min", "int", 2, "min prompt length"),
+        OptionSpec("prompt-tokens-max", "int", 7000, "max prompt length"),
+        OptionSpec("output-tokens", "int", 512, "mean output length"),
+        OptionSpec("output-tokens-stdev", "int", 256, "output length standard deviation"),
+        OptionSpec("output-tokens-min", "int", 2, "min output length"),
+        OptionSpec("output-tokens-max", "int", 7000, "max output length"),
+        OptionSpec("timeout", "int", 300, "per-request deadline (s); negative disables",
+                   (Check(lambda v: v != 0,
+                          "--{flag} must be positive (seconds) or negative to disable; got 0"),
+                    in_time_range(1_000_000, " s"))),
+    ),
+    *_in_group("Outputs",
+        OptionSpec("trace-output", "str", "", "export the workload as <prefix>.yaml + <prefix>.csv",
+                   file="output"),
+        OptionSpec("metrics-path", "str", "", "write the summary + per-request JSON here",
+                   file="output"),
+        OptionSpec("results-path", "str", "", "same as --metrics-path (the older name)",
+                   file="output"),
+        OptionSpec("output-dir", "str", "", "write summary.parquet and requests.parquet here",
+                   file="output"),
+    ),
+    *_in_group("blis replay",
+        OptionSpec("trace-header", "str", "", "replay: the trace v2 header YAML",
+                   (required("--trace-header is required"),), file="input"),
+        OptionSpec("trace-data", "str", "", "replay: the trace v2 data CSV",
+                   (required("--trace-data is required"),), file="input"),
+        OptionSpec("session-mode", "str", "fixed",
+                   "replay: fixed (trace arrivals) or closed-loop (follow-ups after completions)",
+                   (Check(lambda v: v in ("fixed", "closed-loop"), _session_mode_text),)),
+        OptionSpec("think-time-dist", "str", "",
+                   "replay closed-loop: think time, lognormal:mu=..,sigma=..[,min=..,max=..] or "
+                   "constant:value=<time>"),
+    ),
 )
 
 CHECK_ORDER: dict[str, tuple[str, ...]] = {
@@ -301,6 +355,7 @@ CHECK_ORDER: dict[str, tuple[str, ...]] = {
     "latency": ("alpha-coeffs", "beta-coeffs", "gpu-memory-utilization", "block-size-in-tokens"),
     "latency-end": ("max-model-len",),
     "workload": ("num-requests", "prefix-tokens", "concurrency", "think-time-ms"),
+    "rate": ("rate",),
     "timeout": ("timeout",),
     "replay-inputs": ("trace-header", "trace-data"),
     "replay": ("session-mode",),
@@ -318,7 +373,9 @@ CHECK_ORDER: dict[str, tuple[str, ...]] = {
 The stages are named where ``runner``/``config.latency`` call them: ``logging``; ``start``
 (before latency resolution; ``--total-kv-blocks`` early, so the max-model-len cap derived from
 it cannot report a confusing error); ``latency`` (after the backend name and the α/β pairing);
-``latency-end``; ``workload`` (before the workload source checks); ``timeout`` (after them);
+``latency-end``; ``workload`` (before the workload source checks); ``rate`` (the distribution
+flags or a preset chosen: ``workload.synthesis.validate_rate``, also ``blis observe``'s and
+``blis convert preset``'s check); ``timeout`` (after the source checks);
 ``replay-inputs``/``replay`` (``blis replay``); ``engine`` (after generation); ``tracing``,
 ``kv-tier`` and ``delays`` (after the policy names; warnings and cross-flag checks sit
 between them); ``pd`` (the first P/D checks, ``config/pd.py: validate_pd``); ``autoscale``

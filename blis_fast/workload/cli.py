@@ -14,6 +14,7 @@ import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.errors import BlisInputError
+from blis_fast.options import OPTIONS_BY_FLAG
 
 if TYPE_CHECKING:
     from blis_fast.workload.spec import WorkloadSpec
@@ -26,9 +27,10 @@ def convert_group() -> None:
 
 @convert_group.command("preset")
 @click.option("--name", "name", required=True, help="Preset name (e.g. chatbot, summarization)")
-@click.option("--rate", "rate", type=GO_FLOAT, default=1.0, show_default=True,
-              help="Request rate in req/s")
-@click.option("--num-requests", "num_requests", type=GO_INT, default=100, show_default=True,
+@click.option("--rate", "rate", type=GO_FLOAT, default=OPTIONS_BY_FLAG["rate"].default,
+              show_default=True, help="Request rate in req/s")
+@click.option("--num-requests", "num_requests", type=GO_INT,
+              default=OPTIONS_BY_FLAG["num-requests"].default, show_default=True,
               help="Number of requests")
 @click.option("--defaults-filepath", "defaults_filepath", default=None,
               help="Path to defaults.yaml [default: the bundled copy]")

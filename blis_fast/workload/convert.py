@@ -12,7 +12,7 @@ from typing import Any
 
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.workload.expand import expand_inference_perf, load_servegen_clients
-from blis_fast.workload.gofmt import go_g, go_pct_f, go_quote
+from blis_fast.workload.gofmt import go_pct_f, go_quote
 from blis_fast.workload.spec import (
     ArrivalSpec,
     ClientSpec,
@@ -126,9 +126,11 @@ def spec_yaml_for_stdout(spec: WorkloadSpec) -> str:
 
 
 def check_preset_flags(rate: float, num_requests: int) -> None:
-    """``blis convert preset`` flag checks (before the preset is looked up)."""
-    if not (rate > 0) or math.isinf(rate):
-        raise BlisConfigError(f"--rate must be a finite value > 0, got {go_g(rate)}")
+    """``blis convert preset`` flag checks (before the preset is looked up); ``--rate``'s is
+    its ``blis run`` row's."""
+    from blis_fast.workload.synthesis import validate_rate
+
+    validate_rate(rate)
     if num_requests <= 0:
         raise BlisConfigError(f"--num-requests must be > 0, got {num_requests}")
 

@@ -7,13 +7,12 @@ here too so the CLI and the Python API report the same errors.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 from blis_fast.errors import BlisConfigError
-from blis_fast.workload.gofmt import go_g
+from blis_fast.options import OPTIONS_BY_FIELD, OPTIONS_BY_FLAG
 from blis_fast.workload.spec import ArrivalSpec, ClientSpec, DistSpec, WorkloadSpec
 
 PRESET_NAMES = ("chatbot", "summarization", "contentgen", "multidoc")
@@ -33,34 +32,55 @@ PRESET_KEYS = (
 """Keys of one ``defaults.yaml`` ``workloads.<name>`` entry (a missing key counts as 0)."""
 
 
+def _flag_default(field_name: str) -> Any:
+    """The ``blis run`` row default of a DistributionParams field (its flag is the field's
+    name less ``_mean``: ``prompt_tokens_mean`` is ``--prompt-tokens``)."""
+    return OPTIONS_BY_FIELD[field_name.removesuffix("_mean")].default
+
+
 @dataclass
 class DistributionParams:
-    """The CLI's distribution-mode flags (WL-2.3 defaults)."""
+    """The CLI's distribution-mode flags (WL-2.3); each default is its ``blis run`` row's."""
 
-    rate: float = 1.0
-    num_requests: int = 100
-    prefix_tokens: int = 0
-    prompt_tokens_mean: int = 512
-    prompt_tokens_stdev: int = 256
-    prompt_tokens_min: int = 2
-    prompt_tokens_max: int = 7000
-    output_tokens_mean: int = 512
-    output_tokens_stdev: int = 256
-    output_tokens_min: int = 2
-    output_tokens_max: int = 7000
+    rate: float = _flag_default("rate")
+    num_requests: int = _flag_default("num_requests")
+    prefix_tokens: int = _flag_default("prefix_tokens")
+    prompt_tokens_mean: int = _flag_default("prompt_tokens_mean")
+    prompt_tokens_stdev: int = _flag_default("prompt_tokens_stdev")
+    prompt_tokens_min: int = _flag_default("prompt_tokens_min")
+    prompt_tokens_max: int = _flag_default("prompt_tokens_max")
+    output_tokens_mean: int = _flag_default("output_tokens_mean")
+    output_tokens_stdev: int = _flag_default("output_tokens_stdev")
+    output_tokens_min: int = _flag_default("output_tokens_min")
+    output_tokens_max: int = _flag_default("output_tokens_max")
 
     @classmethod
     def from_flags(cls, flags: Any) -> DistributionParams:
         """The parameters of an object carrying the distribution flags as attributes named
         like the options (``rate``, ``prompt_tokens``, ``prompt_tokens_stdev``, ...): the parsed
         options of ``blis run`` and of ``blis observe``."""
-        return cls(
-            rate=flags.rate, num_requests=flags.num_requests, prefix_tokens=flags.prefix_tokens,
-            prompt_tokens_mean=flags.prompt_tokens, prompt_tokens_stdev=flags.prompt_tokens_stdev,
-            prompt_tokens_min=flags.prompt_tokens_min, prompt_tokens_max=flags.prompt_tokens_max,
-            output_tokens_mean=flags.output_tokens, output_tokens_stdev=flags.output_tokens_stdev,
-            output_tokens_min=flags.output_tokens_min, output_tokens_max=flags.output_tokens_max,
-        )
+        return cls(**{f.name: getattr(flags, f.name.removesuffix("_mean")) for f in fields(cls)})
+
+
+WorkloadSource = Literal["spec", "concurrency", "distribution", "preset"]
+"""Where a run's or an observation's requests come from (WL-1, DELTA-29)."""
+
+
+def workload_source(flags: Any, distribution: str) -> WorkloadSource:
+    """The source the workload flags of ``blis run`` and ``blis observe`` choose, in the
+    reference's order: ``--workload-spec``; else ``--concurrency`` virtual users (closed
+    loop); else the distribution flags when ``--workload`` is ``distribution`` (the command's
+    name for them: ``distribution`` for run, ``""`` for observe, which has no such preset);
+    else the ``defaults.yaml`` preset ``--workload`` names. ``flags`` carries the options as
+    attributes (``workload_spec``, ``concurrency``, ``workload``). Each command makes its own
+    checks of the flags before and after."""
+    if flags.workload_spec:
+        return "spec"
+    if flags.concurrency > 0:
+        return "concurrency"
+    if flags.workload == distribution:
+        return "distribution"
+    return "preset"
 
 
 def _gaussian(mean: int, std: int, lo: int, hi: int) -> DistSpec:
@@ -149,9 +169,12 @@ def synthesize_from_preset(
 
 
 def validate_rate(rate: float) -> None:
-    """Reject a non-finite or non-positive ``--rate`` (distribution and preset modes)."""
-    if not (rate > 0) or math.isinf(rate):
-        raise BlisConfigError(f"--rate must be a finite value > 0, got {go_g(rate)}")
+    """Reject a non-finite or non-positive ``--rate`` (distribution and preset modes, ``blis
+    observe`` and ``blis convert preset``): the ``--rate`` row's own check."""
+    for check in OPTIONS_BY_FLAG["rate"].checks:
+        message = check.error("rate", rate)
+        if message is not None:
+            raise BlisConfigError(message)
 
 
 def validate_distribution_params(p: DistributionParams) -> None:
