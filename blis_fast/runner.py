@@ -84,6 +84,7 @@ class Prepared:
     engine: EngineConfig
     policies: Policies
     sessions: SessionPlan | None = None  # closed-loop sessions continued by the engine
+    given: Any = None  # the RunOptions exactly as given (model not lower-cased): provenance
 
 
 @dataclass
@@ -98,11 +99,21 @@ class RunResult:
     prepared: Prepared
     summary_extras: dict = field(default_factory=dict)  # cost, fleet and P/D columns (ours)
     pools: list[dict] | None = None  # pools.parquet's rows; None without P/D
+    command: str = "run"  # "run" or "replay": which command made it (files' provenance)
 
     @property
     def summary_row(self) -> dict:
         """``summary.parquet``'s row: the reference's summary plus the cost/fleet/P/D columns."""
         return {**self.summary, **self.summary_extras}
+
+    def provenance(self, schema: str) -> dict[str, str]:
+        """The provenance metadata of this run's file with ``schemas/<schema>.json``: version,
+        schema version and options (``blis_fast.output.provenance``); the ``*_table`` methods
+        attach it."""
+        from blis_fast.output.provenance import run_provenance
+
+        return run_provenance(schema, self.prepared.given, self.simulation.config,
+                              self.command)
 
     def pools_table(self):
         """A P/D run's pools as a pyarrow Table (schema ``schemas/pools.json``); None without
@@ -110,8 +121,9 @@ class RunResult:
         if self.pools is None:
             return None
         from blis_fast.output.pools import pools_table
+        from blis_fast.output.provenance import with_provenance
 
-        return pools_table(self.pools)
+        return with_provenance(pools_table(self.pools), self.provenance("pools"))
 
     def pools_frame(self):
         """A P/D run's pools as a polars DataFrame; None without P/D."""
@@ -123,8 +135,9 @@ class RunResult:
     def requests_table(self):
         """Per-request results as a pyarrow Table (schema ``schemas/requests.json``)."""
         from blis_fast.output.parquet import requests_table
+        from blis_fast.output.provenance import with_provenance
 
-        return requests_table(self.requests)
+        return with_provenance(requests_table(self.requests), self.provenance("requests"))
 
     def requests_frame(self):
         """Per-request results as a polars DataFrame."""
@@ -163,13 +176,14 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
     return RunResult(stdout=outputs.stdout, summary=outputs.summary,
                      per_instance=outputs.per_instance, requests=outputs.requests,
                      simulation=res, prepared=prepared, summary_extras=outputs.summary_extras,
-                     pools=outputs.pools)
+                     pools=outputs.pools, command="replay" if replay else "run")
 
 
 def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prepared:
     """Validate every option and build the run (no output is written here)."""
     _setup_logging(opts)
     check_options(opts, "start")
+    given = opts
     opts = replace(opts, model=opts.model.lower())
     latency = resolve_latency(opts)
     if opts.num_instances > MAX_INSTANCES:  # blis_fast's own limit: before any sizing
@@ -235,7 +249,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         log.info("Weighted routing scorers: %s",
                  ", ".join(f"{name}:{weight:.1f}" for name, weight in engine.scorers))
     return Prepared(opts=opts, latency=latency, table=table, engine=engine, policies=pol,
-                    sessions=sessions)
+                    sessions=sessions, given=given)
 
 
 def _fail(msg: str) -> None:

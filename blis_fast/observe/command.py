@@ -9,6 +9,7 @@ itself never fails on server behaviour: failures become trace rows.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -435,7 +436,17 @@ def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
             import pyarrow.parquet as pq
 
             folder = plan.make_dir(o.output_dir, "--output-dir")
-            table = observed_table(r.result.observed, r.result.start_wall_us)
+            from blis_fast.output.provenance import (
+                file_provenance,
+                options_record,
+                with_provenance,
+            )
+
+            # the observe options (never --api-key) as a run's files record theirs
+            provenance = {**file_provenance("observed_requests", "observe"),
+                          "blis_fast.options": json.dumps(options_record(o), sort_keys=True)}
+            table = with_provenance(observed_table(r.result.observed, r.result.start_wall_us),
+                                    provenance)
             plan.stage(folder / "observed_requests.parquet", "--output-dir",
                        lambda tmp: pq.write_table(table, tmp))
         plan.commit()
