@@ -21,6 +21,11 @@ model length, in the reference's order of checks (first failure wins):
    from ``max_position_embeddings`` with rope scaling, then capped to the KV capacity.
 6. ``--max-model-len`` ≥ 0 (``options.CHECK_ORDER["latency-end"]``).
 
+Steps 1, 2 and 6 are here; steps 3-5 are the backend's own: its entry in
+``policies.latency_backends`` resolves its inputs (``Backend.resolve``, by default the
+analytical stages) from the shared stages of ``config.latency_inputs``, so a new backend is
+its entry, not an edit here.
+
 The kernel parameters are then packed by the backend's entry (with the checks the reference
 makes when it builds the latency model). Warnings and informational messages are returned on
 the result, never printed.
@@ -35,32 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from blis_fast.config.defaults import (
-    DefaultsConfig,
-    DefaultsReadError,
-    get_coefficients,
-    get_default_specs,
-    load_defaults,
-)
-from blis_fast.config.hardware import HardwareCalib, get_hw_config
-from blis_fast.config.kv_capacity import (
-    KVCapacityParams,
-    calculate_kv_blocks,
-    extract_kv_capacity_params,
-)
-from blis_fast.config.model_config import (
-    ModelConfig,
-    apply_weight_precision_fallback,
-    model_config_from_hf,
-    parse_hf_config,
-)
-from blis_fast.config.model_resolution import (
-    max_model_len_from_config,
-    resolve_hardware_config,
-    resolve_model_config,
-)
+from blis_fast.config.defaults import DefaultsConfig, get_default_specs, load_defaults
+from blis_fast.config.hardware import HardwareCalib
+from blis_fast.config.kv_capacity import KVCapacityParams
+from blis_fast.config.latency_inputs import LatencyInputs
+from blis_fast.config.model_config import ModelConfig
 from blis_fast.data import data_path
-from blis_fast.errors import BlisConfigError, BlisError, BlisInputError
+from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels import latency as K
 from blis_fast.options import check_options
 from blis_fast.policies.latency_backends import LATENCY_BACKENDS, check_coefficients
@@ -134,80 +120,9 @@ def pack_latency_params(
     return entry.code, np.array(alpha[:3], dtype=np.float64), params
 
 
-def _all_zeros(values: Sequence[float] | None) -> bool:
-    return not values or all(v == 0 for v in values)
-
-
-def _try_blackbox_kv_blocks(
-    model: str,
-    folder: str,
-    defaults_path: str,
-    hw_path: str,
-    gpu: str,
-    tp: int,
-    block_size: int,
-    util: float,
-    current: int,
-    warnings: list[str],
-    infos: list[str],
-) -> int | None:
-    """Best-effort KV auto-calculation for blackbox; every failure is a warning (DELTA-23.4)."""
-
-    def fail(why: str) -> None:
-        warnings.append(f"--latency-model blackbox: {why}; using total-kv-blocks={current}")
-
-    try:
-        resolved = resolve_model_config(model, folder, defaults_path, warnings, infos)
-    except BlisConfigError as exc:
-        fail(f"no model config for the KV auto-calculation ({exc})")
-        return None
-    hf_path = os.path.join(resolved, "config.json")
-    try:
-        hf = parse_hf_config(hf_path)
-    except BlisError as exc:
-        fail(f"cannot parse {hf_path} ({exc})")
-        return None
-    mc, more_infos, more_warnings = apply_weight_precision_fallback(
-        model_config_from_hf(hf), model, hf.raw
-    )
-    infos.extend(more_infos)
-    warnings.extend(more_warnings)
-    try:
-        resolved_hw = resolve_hardware_config(hw_path, defaults_path)
-    except BlisConfigError as exc:
-        fail(f"no hardware config ({exc})")
-        return None
-    try:
-        hc = get_hw_config(resolved_hw, gpu)
-    except BlisError as exc:
-        fail(f"cannot load the hardware config ({exc})")
-        return None
-    if hc.memory_gib <= 0:
-        fail("the hardware config gives no GPU memory")
-        return None
-    try:
-        params = extract_kv_capacity_params(hf)
-        return calculate_kv_blocks(mc, hc, tp, block_size, util, params)
-    except BlisConfigError as exc:
-        fail(f"KV capacity auto-calculation failed ({exc})")
-        return None
-
-
-def _analytical_names() -> str:
-    """The analytical backends, as a sentence's list ("a, b or c")."""
-    names = [b.name for b in LATENCY_BACKENDS if b.analytical]
-    return ", ".join(names[:-1]) + " or " + names[-1]
-
-
-def resolve_latency(opts: Any) -> LatencyConfig:
-    """Resolve backend, coefficients, model/hardware, KV blocks and MaxModelLen from the
-    flags of ``opts`` (a ``RunOptions``)."""
-    warnings: list[str] = []
-    infos: list[str] = []
-    alpha: list[float] = [float(a) for a in opts.alpha_coeffs]
-    beta: list[float] = [float(b) for b in opts.beta_coeffs]
-    model = opts.model.lower()
-
+def _select_backend(opts: Any, infos: list[str]) -> tuple[str, bool, bool]:
+    """The backend's name and whether α/β were given: name and pairing checks, the flags' own
+    checks, then coefficients without ``--latency-model`` select ``blackbox``."""
     if opts.latency_model and opts.latency_model not in LATENCY_BACKENDS:
         raise BlisConfigError(
             f"--latency-model: unknown backend {opts.latency_model!r}; valid options: "
@@ -230,227 +145,83 @@ def resolve_latency(opts: Any) -> LatencyConfig:
     if not opts.given("latency_model") and alpha_given and beta_given:
         backend = "blackbox"
         infos.append("--alpha-coeffs and --beta-coeffs given: using the blackbox latency model")
-    entry = LATENCY_BACKENDS[backend]
-    u = opts.gpu_memory_utilization
-    block_size = opts.block_size_in_tokens
+    return backend, alpha_given, beta_given
 
+
+def _inputs_from_flags(opts: Any, backend: str, alpha_given: bool, beta_given: bool,
+                       infos: list[str]) -> LatencyInputs:
+    """The inputs as the flags give them, GPU/TP/vLLM version defaulted from ``defaults:``."""
     defaults_path = opts.defaults_filepath or str(data_path("defaults.yaml"))
-    gpu, tp, vllm_version = opts.hardware, opts.tp, opts.vllm_version
-    total_kv_blocks = opts.total_kv_blocks
-    kv_source = "flag" if opts.given("total_kv_blocks") else "default"
-    max_model_len = opts.max_model_len
     defaults_exists = os.path.exists(defaults_path)
     if not defaults_exists and opts.given("defaults_filepath"):
         raise BlisInputError(f"--defaults-filepath: {defaults_path} does not exist")
-
+    inp = LatencyInputs(
+        opts=opts, backend=backend, model=opts.model.lower(),
+        alpha=[float(a) for a in opts.alpha_coeffs], beta=[float(b) for b in opts.beta_coeffs],
+        alpha_given=alpha_given, beta_given=beta_given,
+        defaults_path=defaults_path, defaults_exists=defaults_exists,
+        gpu=opts.hardware, tp=opts.tp, vllm_version=opts.vllm_version,
+        folder=opts.model_config_folder, hw_path=opts.hardware_config,
+        block_size=opts.block_size_in_tokens, gpu_memory_utilization=opts.gpu_memory_utilization,
+        total_kv_blocks=opts.total_kv_blocks,
+        kv_source="flag" if opts.given("total_kv_blocks") else "default",
+        max_model_len=opts.max_model_len, infos=infos,
+    )
     if defaults_exists:
-        cfg = load_defaults(defaults_path)
-        d_gpu, d_tp, d_version = get_default_specs(cfg, model)
-        if tp == 0 and d_tp > 0:
-            warnings.append(f"Finding default values of TP for model={model}")
-            warnings.append(f"Using default tp={d_tp}")
-            tp = d_tp
-        if gpu == "" and d_gpu:
-            warnings.append(f"Finding default values of hardware for model={model}")
-            warnings.append(f"Using default GPU={d_gpu}")
-            gpu = d_gpu
-        if vllm_version == "" and d_version:
-            warnings.append(f"Finding default values of vLLM version for model={model}")
-            warnings.append(f"Using default vLLM version={d_version}")
-            vllm_version = d_version
+        _default_specs(inp, load_defaults(defaults_path))
+    return inp
 
-    folder = opts.model_config_folder
-    hw_path = opts.hardware_config
 
-    if entry.analytical:
-        missing = []
-        if gpu == "":
-            missing.append("--hardware (GPU type)")
-        if tp <= 0:
-            missing.append("--tp (tensor parallelism)")
-        if missing:
-            hint = (
-                " or use --latency-model blackbox with trained coefficients"
-                if backend == "roofline"
-                else ""
-            )
-            raise BlisConfigError(
-                f"--latency-model {backend} needs {' and '.join(missing)}; defaults.yaml has no defaults "
-                f"for model={model}: give the flags explicitly{hint}"
-            )
-        if backend == "roofline" and opts.given("latency_model") and beta_given:
-            raise BlisConfigError(
-                "--alpha-coeffs/--beta-coeffs cannot be combined with --latency-model roofline "
-                "(roofline derives step times analytically; use --latency-model blackbox for coefficients)"
-            )
-        if backend == "roofline":
-            if folder:
-                infos.append("--latency-model: the explicit --model-config-folder is used")
-            if hw_path:
-                infos.append("--latency-model: the explicit --hardware-config is used")
-        folder = resolve_model_config(model, folder, defaults_path, warnings, infos)
-        hw_path = resolve_hardware_config(hw_path, defaults_path)
-        if entry.coefficients is not None:
-            section, min_betas = entry.coefficients.section, entry.coefficients.min_betas
-            if defaults_exists:
-                try:
-                    gcfg: DefaultsConfig | None = load_defaults(defaults_path)
-                except DefaultsReadError as exc:
-                    warnings.append(f"--latency-model {backend}: {exc}")
-                    gcfg = None
-                coeffs = gcfg.coefficients.get(section) if gcfg is not None else None
-                if coeffs is not None:
-                    if not beta_given:
-                        beta = list(coeffs.beta_coeffs or ())
-                        infos.append(f"--latency-model: {backend} betas from {section}")
-                    if not alpha_given:
-                        alpha = list(coeffs.alpha_coeffs or ())
-                        infos.append(f"--latency-model: {backend} alphas from {section}")
-            if not beta_given and (len(beta) < min_betas or _all_zeros(beta)):
-                raise BlisConfigError(
-                    f"--beta-coeffs: --latency-model {backend} found no {section} in {defaults_path}; "
-                    f"add that section or give --beta-coeffs (at least {min_betas} values)"
-                )
-            if not entry.alpha_optional and _all_zeros(alpha) and not alpha_given:
-                warnings.append(
-                    f"--latency-model {backend}: no alpha coefficients; queueing, post-decode and per-token "
-                    "overheads are zero (TTFT/E2E may be underestimated)"
-                )
+def _default_specs(inp: LatencyInputs, cfg: DefaultsConfig) -> None:
+    """TP, GPU and vLLM version not given take the model's ``defaults:`` entry (with warnings)."""
+    model = inp.model
+    d_gpu, d_tp, d_version = get_default_specs(cfg, model)
+    if inp.tp == 0 and d_tp > 0:
+        inp.warnings.append(f"Finding default values of TP for model={model}")
+        inp.warnings.append(f"Using default tp={d_tp}")
+        inp.tp = d_tp
+    if inp.gpu == "" and d_gpu:
+        inp.warnings.append(f"Finding default values of hardware for model={model}")
+        inp.warnings.append(f"Using default GPU={d_gpu}")
+        inp.gpu = d_gpu
+    if inp.vllm_version == "" and d_version:
+        inp.warnings.append(f"Finding default values of vLLM version for model={model}")
+        inp.warnings.append(f"Using default vLLM version={d_version}")
+        inp.vllm_version = d_version
 
-    if backend == "blackbox":
-        if not alpha_given and not beta_given:
-            try:
-                bcfg = load_defaults(defaults_path)
-            except DefaultsReadError as exc:
-                raise BlisInputError(f"--defaults-filepath: {exc}") from exc
-            a, b = get_coefficients(bcfg, model, tp, gpu, vllm_version)
-            alpha = list(a) if a is not None else []
-            beta = list(b) if b is not None else []
-        if not opts.given("total_kv_blocks"):
-            blocks = _try_blackbox_kv_blocks(
-                model,
-                folder,
-                defaults_path,
-                hw_path,
-                gpu,
-                tp,
-                block_size,
-                u,
-                total_kv_blocks,
-                warnings,
-                infos,
-            )
-            if blocks is not None:
-                total_kv_blocks = blocks
-                kv_source = "auto"
-                infos.append(f"--latency-model blackbox: auto-calculated total-kv-blocks={blocks}")
-        if _all_zeros(alpha) and _all_zeros(beta):
-            raise BlisConfigError(
-                f"--alpha-coeffs/--beta-coeffs: no trained blackbox coefficients for model={model}, GPU={gpu}, "
-                f"TP={tp}; give --alpha-coeffs/--beta-coeffs or use --latency-model "
-                + _analytical_names()
-            )
 
-    model_config: ModelConfig | None = None
-    hardware: HardwareCalib | None = None
-    kv_params: KVCapacityParams | None = None
-    if entry.analytical:
-        hf_path = os.path.join(folder, "config.json")
-        hf = parse_hf_config(hf_path)
-        model_config = model_config_from_hf(hf)
-        hardware = get_hw_config(hw_path, gpu)
-        model_config, more_infos, more_warnings = apply_weight_precision_fallback(
-            model_config, model, hf.raw
-        )
-        infos.extend(more_infos)
-        warnings.extend(more_warnings)
-        if backend == "trained-roofline" and model_config.weight_bytes_per_param > 0:
-            warnings.append(
-                "trained-roofline charges 2-byte weights (as in its training data); the quantized precision "
-                f"({model_config.weight_bytes_per_param:.2f} bytes/param) only changes the KV capacity"
-            )
-        if backend == "roofline" and model_config.num_local_experts > 1:
-            infos.append(
-                f"--latency-model: MoE model ({model_config.num_local_experts} experts, "
-                f"top-{model_config.num_experts_per_tok}); expert dispatch overhead is not modelled"
-            )
-
-        if not opts.given("total_kv_blocks"):
-            try:
-                kv_params = extract_kv_capacity_params(hf)
-            except BlisConfigError as exc:
-                warnings.append(
-                    f"--latency-model: no KV capacity parameters ({exc}); using total-kv-blocks={total_kv_blocks} "
-                    "(set --total-kv-blocks to override)"
-                )
-            else:
-                if hardware.memory_gib <= 0:
-                    warnings.append(
-                        f"--latency-model: the hardware config gives no GPU memory; using "
-                        f"total-kv-blocks={total_kv_blocks} (add MemoryGiB or set --total-kv-blocks)"
-                    )
-                else:
-                    if kv_params.hidden_act == "":
-                        infos.append(
-                            "--latency-model: no hidden_act in config.json; assuming a SwiGLU MLP"
-                        )
-                    try:
-                        blocks = calculate_kv_blocks(
-                            model_config, hardware, tp, block_size, u, kv_params
-                        )
-                    except BlisConfigError as exc:
-                        warnings.append(
-                            f"--latency-model: KV capacity auto-calculation failed ({exc}); using "
-                            f"total-kv-blocks={total_kv_blocks} (set --total-kv-blocks to override)"
-                        )
-                    else:
-                        total_kv_blocks = blocks
-                        kv_source = "auto"
-                        infos.append(
-                            f"--latency-model: auto-calculated total-kv-blocks={blocks} (GPU={hardware.memory_gib:.0f} "
-                            f"GiB, TP={tp}, block_size={block_size}, MoE={kv_params.is_moe}, "
-                            f"gpu-memory-utilization={u:.2f})"
-                        )
-
-        if not opts.given("max_model_len"):
-            max_model_len = max_model_len_from_config(hf, infos, warnings)
-
-        if max_model_len > 0:
-            blocks_needed = max_model_len // block_size
-            if max_model_len % block_size != 0:
-                blocks_needed += 1
-            if blocks_needed > total_kv_blocks:
-                capped = total_kv_blocks * block_size
-                warnings.append(
-                    f"--latency-model: max-model-len {max_model_len} exceeds the KV capacity ({total_kv_blocks} "
-                    f"blocks x {block_size} tokens); capped to {capped} tokens"
-                )
-                max_model_len = capped
-
+def resolve_latency(opts: Any) -> LatencyConfig:
+    """Resolve backend, coefficients, model/hardware, KV blocks and MaxModelLen from the
+    flags of ``opts`` (a ``RunOptions``); the backend's registry entry resolves its inputs."""
+    infos: list[str] = []
+    backend, alpha_given, beta_given = _select_backend(opts, infos)
+    inp = _inputs_from_flags(opts, backend, alpha_given, beta_given, infos)
+    entry = LATENCY_BACKENDS[backend]
+    resolver = entry.inputs_resolver()
+    if resolver is not None:
+        resolver(entry, inp)
     check_options(opts, "latency-end")  # the flag's own value: nothing above changes a negative
-
     code, alpha_arr, params = pack_latency_params(
-        backend, alpha, beta, model_config, hardware, tp, warnings
+        backend, inp.alpha, inp.beta, inp.model_config, inp.hardware, inp.tp, inp.warnings
     )
     return LatencyConfig(
         backend=backend,
         code=code,
         alpha=alpha_arr,
-        beta=np.array(beta, dtype=np.float64),
+        beta=np.array(inp.beta, dtype=np.float64),
         params=params,
-        total_kv_blocks=int(total_kv_blocks),
-        max_model_len=int(max_model_len),
-        model=model,
-        gpu=gpu,
-        tp=tp,
-        vllm_version=vllm_version,
-        model_config=model_config,
-        hardware=hardware,
-        model_config_folder=folder if entry.analytical else "",
-        hardware_config_path=hw_path if entry.analytical else "",
-        kv_blocks_source=kv_source,
-        kv_params=kv_params,
-        warnings=warnings,
-        infos=infos,
+        total_kv_blocks=int(inp.total_kv_blocks),
+        max_model_len=int(inp.max_model_len),
+        model=inp.model,
+        gpu=inp.gpu,
+        tp=inp.tp,
+        vllm_version=inp.vllm_version,
+        model_config=inp.model_config,
+        hardware=inp.hardware,
+        model_config_folder=inp.folder if entry.analytical else "",
+        hardware_config_path=inp.hw_path if entry.analytical else "",
+        kv_blocks_source=inp.kv_source,
+        kv_params=inp.kv_params,
+        warnings=inp.warnings,
+        infos=inp.infos,
     )
-

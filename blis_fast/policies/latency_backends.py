@@ -2,9 +2,12 @@
 
 An entry says what the backend needs: whether it is analytical (model config.json and hardware
 file required), which ``defaults.yaml`` section holds its global coefficients and how many
-betas it needs, and how its kernel parameters are packed from the coefficients and the model
-and hardware descriptions (with the checks the reference makes when it builds the model; the
-layouts are documented in ``blis_fast/kernels/latency.py``, whose ``step_time`` runs it).
+betas it needs, how its inputs are resolved (``resolve``: coefficients, model and hardware, KV
+blocks, max-model-len, with its own checks and messages, from the stages of
+``config/latency_inputs.py``) and how its kernel parameters are packed from the coefficients
+and the model and hardware descriptions (with the checks the reference makes when it builds
+the model; the layouts are documented in ``blis_fast/kernels/latency.py``, whose
+``step_time`` runs it).
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from blis_fast.config import latency_inputs as LI
 from blis_fast.config.hardware import HardwareCalib
-from blis_fast.config.model_config import ModelConfig
+from blis_fast.config.latency_inputs import LatencyInputs
+from blis_fast.config.model_config import HFConfig, ModelConfig
 from blis_fast.errors import BlisConfigError
 from blis_fast.kernels import latency as K
 from blis_fast.kernels.latency import Backend as BackendCode
@@ -25,6 +30,9 @@ from blis_fast.policies.registry import Registry
 Packer = Callable[[Sequence[float], Sequence[float], ModelConfig, HardwareCalib, int, list[str]],
                   np.ndarray]
 """(alpha, beta, model config, hardware, TP, warnings) -> the kernel's ``params``."""
+
+Resolver = Callable[["Backend", LatencyInputs], None]
+"""(the backend's entry, its inputs so far) -> nothing: fills in the inputs or raises."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,13 @@ class Backend:
     analytical: bool = True  # needs the model's config.json and the hardware file
     coefficients: Coefficients | None = None  # global α/β from defaults.yaml unless given
     alpha_optional: bool = False  # all-zero α is expected (no warning about zero overheads)
+    resolve: Resolver | None = None  # None: resolve_analytical if analytical, else the flags' α/β
+
+    def inputs_resolver(self) -> Resolver | None:
+        """The resolver of this backend's inputs (None: the flags' coefficients as given)."""
+        if self.resolve is not None:
+            return self.resolve
+        return resolve_analytical if self.analytical else None
 
 
 def check_coefficients(flag: str, coeffs: Sequence[float]) -> None:
@@ -324,15 +339,94 @@ def _pack_roofline(alpha: Sequence[float], beta: Sequence[float], mc: ModelConfi
     return _roofline_params(mc, hc, tp)
 
 
+def analytical_names() -> str:
+    """The analytical backends, as a sentence's list ("a, b or c")."""
+    names = [b.name for b in LATENCY_BACKENDS if b.analytical]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def resolve_analytical(entry: Backend, inp: LatencyInputs) -> None:
+    """An analytical backend's inputs: GPU and TP, model config folder and hardware file, global
+    α/β (``entry.coefficients``), config.json and hardware entry, KV blocks, max-model-len."""
+    hf, _ = _analytical_model(entry, inp)
+    _finish_analytical(inp, hf)
+
+
+def _analytical_model(entry: Backend, inp: LatencyInputs) -> tuple[HFConfig, ModelConfig]:
+    """The stages of ``resolve_analytical`` up to the loaded model config (returned)."""
+    LI.require_gpu_and_tp(inp)
+    LI.locate_model_and_hardware(inp)
+    if entry.coefficients is not None:
+        LI.global_coefficients(inp, entry.coefficients.section, entry.coefficients.min_betas,
+                               entry.alpha_optional)
+    return LI.load_model_and_hardware(inp)
+
+
+def _finish_analytical(inp: LatencyInputs, hf: HFConfig) -> None:
+    """The stages of ``resolve_analytical`` after the model config: KV blocks, max-model-len."""
+    LI.auto_kv_blocks(inp, hf)
+    LI.model_max_len(inp, hf)
+
+
+def _resolve_roofline(entry: Backend, inp: LatencyInputs) -> None:
+    """Roofline: no coefficients (an explicit roofline with them is an error); MoE noted."""
+    LI.require_gpu_and_tp(inp, " or use --latency-model blackbox with trained coefficients")
+    if inp.opts.given("latency_model") and inp.beta_given:
+        raise BlisConfigError(
+            "--alpha-coeffs/--beta-coeffs cannot be combined with --latency-model roofline "
+            "(roofline derives step times analytically; use --latency-model blackbox for coefficients)"
+        )
+    if inp.folder:
+        inp.infos.append("--latency-model: the explicit --model-config-folder is used")
+    if inp.hw_path:
+        inp.infos.append("--latency-model: the explicit --hardware-config is used")
+    LI.locate_model_and_hardware(inp)
+    hf, mc = LI.load_model_and_hardware(inp)
+    if mc.num_local_experts > 1:
+        inp.infos.append(
+            f"--latency-model: MoE model ({mc.num_local_experts} experts, "
+            f"top-{mc.num_experts_per_tok}); expert dispatch overhead is not modelled"
+        )
+    _finish_analytical(inp, hf)
+
+
+def _resolve_trained_roofline(entry: Backend, inp: LatencyInputs) -> None:
+    """Trained-roofline: the analytical inputs, and a warning that quantized weights only change
+    the KV capacity."""
+    hf, mc = _analytical_model(entry, inp)
+    if mc.weight_bytes_per_param > 0:
+        inp.warnings.append(
+            "trained-roofline charges 2-byte weights (as in its training data); the quantized precision "
+            f"({mc.weight_bytes_per_param:.2f} bytes/param) only changes the KV capacity"
+        )
+    _finish_analytical(inp, hf)
+
+
+def _resolve_blackbox(entry: Backend, inp: LatencyInputs) -> None:
+    """Blackbox: α/β of the matching ``models:`` entry unless given, KV blocks when they can be
+    computed (failures only warn); no trained coefficients is an error."""
+    LI.trained_coefficients(inp)
+    LI.best_effort_kv_blocks(inp)
+    if LI.all_zeros(inp.alpha) and LI.all_zeros(inp.beta):
+        raise BlisConfigError(
+            f"--alpha-coeffs/--beta-coeffs: no trained blackbox coefficients for model={inp.model}, "
+            f"GPU={inp.gpu}, TP={inp.tp}; give --alpha-coeffs/--beta-coeffs or use --latency-model "
+            + analytical_names()
+        )
+
+
 LATENCY_BACKENDS = Registry[Backend]("latency backend", flag="latency-model",
                                      slot="ConfigSlot.BACKEND")
 
-LATENCY_BACKENDS.register(Backend("blackbox", BackendCode.BLACKBOX, _pack_blackbox, analytical=False))
-LATENCY_BACKENDS.register(Backend("roofline", BackendCode.ROOFLINE, _pack_roofline))
+LATENCY_BACKENDS.register(Backend("blackbox", BackendCode.BLACKBOX, _pack_blackbox, analytical=False,
+                                  resolve=_resolve_blackbox))
+LATENCY_BACKENDS.register(Backend("roofline", BackendCode.ROOFLINE, _pack_roofline,
+                                  resolve=_resolve_roofline))
 LATENCY_BACKENDS.register(Backend("trained-physics", BackendCode.TRAINED_PHYSICS, _pack_trained_physics,
                                   coefficients=Coefficients("trained_physics_coefficients", 7)))
 LATENCY_BACKENDS.register(Backend("crossmodel", BackendCode.CROSSMODEL, _pack_crossmodel,
                                   coefficients=Coefficients("crossmodel_defaults", 4),
                                   alpha_optional=True))
 LATENCY_BACKENDS.register(Backend("trained-roofline", BackendCode.TRAINED_ROOFLINE, _pack_trained_roofline,
-                                  coefficients=Coefficients("trained_roofline_defaults", 7)))
+                                  coefficients=Coefficients("trained_roofline_defaults", 7),
+                                  resolve=_resolve_trained_roofline))
