@@ -229,17 +229,28 @@ def test_a_read_only_cache_compiles_without_a_claim(tmp_path: Path, monkeypatch)
 
 def test_every_cached_kernel_is_keyed_by_all_kernel_sources(tmp_path: Path) -> None:
     """A cached kernel carries the code of the kernels it calls, and Numba keys it by its own
-    file only: the key holds the digest of every kernel module, so any kernel edit makes
-    every kernel compile again instead of loading stale code."""
+    file only: the key holds the digest of every kernel module (subpackages included) and of
+    the frozen leaves, so any such edit makes every kernel compile again instead of loading
+    stale code."""
     from blis_fast.kernels import hooks
 
     codegen = gorand.new_source.targetctx.codegen()
     for cache in (gorand.new_source._cache, gorand.seed_source._cache,  # njit (both kinds)
                   hooks.no_scorer._cache):  # cfunc
         assert cache._index_key((), codegen)[-1] == jit._KERNEL_SOURCES
-    for name in ("a.py", "b.py"):
-        (tmp_path / name).write_text("x = 1\n")
-    before = jit.kernel_sources_digest(tmp_path)
-    (tmp_path / "b.py").write_text("x = 2\n")  # a callee's edit changes every kernel's key
-    assert jit.kernel_sources_digest(tmp_path) != before
+    kernels = tmp_path / "kernels"
+    (kernels / "sub").mkdir(parents=True)
+    for name in ("a.py", "b.py", "sub/c.py"):
+        (kernels / name).write_text("x = 1\n")
+    (tmp_path / "gonum.py").write_text("INT64_MAX = 1\n")
+    (tmp_path / "unrelated.py").write_text("y = 1\n")
+    seen = {jit.kernel_sources_digest(kernels)}
+    for path, text in (("kernels/b.py", "x = 2\n"),  # a callee's edit changes every kernel's key
+                       ("kernels/sub/c.py", "x = 2\n"),  # so does a subpackage's
+                       ("gonum.py", "INT64_MAX = 2\n")):  # and a frozen leaf's
+        (tmp_path / path).write_text(text)
+        seen.add(jit.kernel_sources_digest(kernels))
+    assert len(seen) == 4
+    (tmp_path / "unrelated.py").write_text("y = 2\n")  # a Python-layer module is not frozen
+    assert jit.kernel_sources_digest(kernels) in seen
     assert jit.kernel_sources_digest(Path(jit.__file__).parent) == jit._KERNEL_SOURCES

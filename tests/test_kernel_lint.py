@@ -8,6 +8,11 @@ lives only in ``blis_fast/kernels/``. Kernels stay short enough to be named for 
 at most MAX_KERNEL_LINES lines and MAX_KERNEL_PARAMS parameters each (state travels in the
 NamedTuple groups of ``kernels/state.py``).
 
+Kernel code imports nothing of the package but other kernel modules and the leaves
+``jit.FROZEN_LEAVES`` names: every compile-time constant a kernel reads is defined under
+``blis_fast/kernels/``, so the kernels' cache key (which digests exactly those files) follows
+every edit that changes compiled code.
+
 Every kernel module takes its ``njit`` from ``blis_fast/kernels/jit.py``, which compiles a
 kernel without Numba's Python wrapper unless ``jit.PYTHON_CALLABLE`` names it; that list must
 be exactly the kernels that code outside ``blis_fast/kernels/`` (package, tests, benchmarks,
@@ -96,7 +101,7 @@ def size_violations(path: Path) -> list[str]:
     return out
 
 
-KERNEL_MODULES = sorted(KERNELS.glob("*.py"))
+KERNEL_MODULES = sorted(KERNELS.rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", KERNEL_MODULES, ids=[p.name for p in KERNEL_MODULES])
@@ -130,6 +135,76 @@ def test_jitted_code_lives_only_in_kernels():
                for p in sorted(PACKAGE.rglob("*.py")) if KERNELS not in p.parents
                for fn, _ in jitted_functions(p)]
     assert outside == []
+
+
+def project_imports_outside_kernels(path: Path) -> list[str]:
+    """Imports of package modules (module-level or inside functions, absolute or relative) in
+    one kernel module that are neither kernel modules nor a frozen leaf, as ``file:line: name``."""
+    from blis_fast.kernels.jit import FROZEN_LEAVES
+
+    leaves = {f"blis_fast.{name.removesuffix('.py')}" for name in FROZEN_LEAVES}
+    package = ["blis_fast", *path.parent.relative_to(PACKAGE).parts]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            names = [module] if node.module else [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] != "blis_fast" or name in leaves:
+                continue
+            if name == "blis_fast.kernels" or name.startswith("blis_fast.kernels."):
+                continue
+            out.append(f"{path.name}:{node.lineno}: {name}")
+    return out
+
+
+def test_kernel_code_imports_only_kernels_and_frozen_leaves():
+    found = [v for p in KERNEL_MODULES for v in project_imports_outside_kernels(p)]
+    assert found == []
+
+
+TEXT_ONLY_IMPORTS = {"blis_fast.workload.gofmt"}
+"""What the frozen leaves may import: Go's quoting for an error's text (never a value a kernel
+holds)."""
+
+
+def test_the_frozen_leaves_import_no_project_module():
+    from blis_fast.kernels.jit import FROZEN_LEAVES
+
+    for name in FROZEN_LEAVES:
+        tree = ast.parse((PACKAGE / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                assert node.level == 0, name
+                assert not module.startswith("blis_fast") or module in TEXT_ONLY_IMPORTS, name
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("blis_fast") for a in node.names), name
+
+
+def test_the_import_check_sees_each_breach(tmp_path):
+    bad = KERNELS / "_lint_probe_tmp.py"
+    try:
+        bad.write_text(
+            "from blis_fast.policies.admission import ADMISSION\n"
+            "import blis_fast.options\n"
+            "from .. import runner\n"
+            "from blis_fast.kernels.enums import Routing\n"
+            "from blis_fast.gonum import INT64_MAX\n"
+            "from . import heap\n"
+            "def f():\n"
+            "    from blis_fast.config import latency\n")
+        found = project_imports_outside_kernels(bad)
+    finally:
+        bad.unlink()
+    assert [v.split(": ")[1] for v in found] == [
+        "blis_fast.policies.admission", "blis_fast.options", "blis_fast.runner",
+        "blis_fast.config"]
 
 
 def test_the_lint_sees_each_breach(tmp_path):

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blis_fast.kernels.router_state import RouterCfg, RouterParam
+from blis_fast.kernels.admission import RouterParam
+from blis_fast.kernels.router_state import RouterCfg
 from blis_fast.kernels.state import ConfigSlot
 from blis_fast.options import RUN_OPTIONS
 from blis_fast.policies.admission import ADMISSION, admission_params

@@ -1,20 +1,67 @@
 """Cluster admission (CLU-2, DELTA-38..40): one decision per arriving request, over the snapshots
 of the candidate instances, recorded in the decision trace when tracing is on.
 
-Policies (``enums.Admission``): always-admit, reject-all, token-bucket, tier-shed, gaie-legacy
+Policies (:data:`Admission`): always-admit, reject-all, token-bucket, tier-shed, gaie-legacy
 and the user's ``custom`` rule; tenant budgets (DELTA-40) apply after any policy that admitted,
 with the tenants' in-flight accounting kept by :func:`on_routed` and :func:`on_done`.
+
+The policies' codes, their refusal reasons' codes and the slots of their float parameters are
+defined here, beside the branches that read them as compile-time constants; the registry
+(``blis_fast/policies/admission.py``) imports them from here.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from blis_fast.kernels import hooks as hk
-from blis_fast.kernels.enums import Admission, AdmissionReason
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.router_state import RouterCfg, RouterParam, RouterVar, SnapField, SnapRate
+from blis_fast.kernels.router_state import RouterCfg, RouterVar, SnapField, SnapRate
 from blis_fast.kernels.routing import fill_hook_view, instance_load
+
+
+class AdmissionT(NamedTuple):
+    """Admission policies' kernel codes (CLU-2, DELTA-38..40)."""
+
+    ALWAYS: int = 0
+    REJECT_ALL: int = 1
+    TOKEN_BUCKET: int = 2
+    TIER_SHED: int = 3
+    GAIE_LEGACY: int = 4
+    CUSTOM: int = 5  # the user's admission hook
+
+
+Admission = AdmissionT()
+
+
+class AdmissionReasonT(NamedTuple):
+    """Why an admission decision was taken, as recorded in the decision trace (CLU-6)."""
+
+    NONE: int = 0
+    REJECT_ALL: int = 1
+    NO_TOKENS: int = 2
+    TIER_SHED: int = 3
+    GAIE: int = 4
+    TENANT_BUDGET: int = 5
+    CUSTOM: int = 6
+
+
+AdmissionReason = AdmissionReasonT()
+
+
+class RouterParamT(NamedTuple):
+    """Slots of ``RouterState.rfl``: the admission policies' float parameters."""
+
+    TB_CAPACITY: int = 0
+    TB_REFILL: int = 1
+    GAIE_QD: int = 2
+    GAIE_KV: int = 3
+    SIZE: int = 4
+
+
+RouterParam = RouterParamT()
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")

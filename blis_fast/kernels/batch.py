@@ -13,14 +13,40 @@ Every function compiles without reference counting (preallocated arrays only).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels import kvcache as kvc
-from blis_fast.kernels.enums import Priority, RequestState, Scheduler
+from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.jit import njit
 from blis_fast.kernels.prefetch import prefetch
 from blis_fast.kernels.state import ConfigSlot, HotField, InstanceCounter, QueueField
+
+
+class PriorityT(NamedTuple):
+    """Priority policies: how a queued request's priority is recomputed each step (CLU-4.1/4.2)."""
+
+    CONSTANT: int = 0
+    SLO_BASED: int = 1
+    INVERTED_SLO: int = 2
+
+
+Priority = PriorityT()
+
+
+class SchedulerT(NamedTuple):
+    """Instance schedulers: the order of the wait queue (CLU-4.4)."""
+
+    FCFS: int = 0
+    PRIORITY_FCFS: int = 1
+    SJF: int = 2
+    REVERSE_PRIORITY: int = 3
+    CUSTOM: int = 4  # the user's scheduler-key hook
+
+
+Scheduler = SchedulerT()
 
 LOOK_BATCH = 8  # batch formation prefetches the rows of the request this many places ahead
 

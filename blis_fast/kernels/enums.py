@@ -1,38 +1,42 @@
 """The integer codes shared by the kernels and the Python layer, one NamedTuple enum per family.
 
 Each family is an instance of a ``NamedTuple`` class (the style of vectorbt's
-``portfolio/enums.py``): ``Admission.TOKEN_BUCKET`` is a plain ``int`` in Python, and inside
+``portfolio/enums.py``): ``Routing.WEIGHTED`` is a plain ``int`` in Python, and inside
 ``@njit`` code the attribute of the global instance is a compile-time constant (Numba freezes
 global tuples; the machine code is the same as with a module-level integer). The members keep
 the values the kernels have always used, so the codes of a run, its outputs and Numba's cached
 kernels are unchanged.
 
-Families defined here: the stateful routing scorers (:data:`StatefulScorer`), the kernels'
-return statuses (:data:`Status`), a request's lifecycle (:data:`RequestState`,
-:data:`Registration`, :data:`SessionOutcome`) and the event loop's kinds and priorities
-(:data:`Event`, :data:`EventPriority`).
-
-A policy family's codes live beside its registry entries, so a built-in policy is one registry
-module and one kernel branch: :data:`Admission`, :data:`AdmissionReason` (and the admission
-parameters' slots, ``RouterParam``) in ``blis_fast/policies/admission.py``, :data:`Routing`,
-:data:`Priority`, :data:`Scheduler` in ``policies/routing.py``, ``priority.py``,
-``scheduler.py`` (plain Python modules; re-exported here for the kernels). The latency
-backends' codes (``Backend``) live beside their step functions in ``kernels/latency.py``. A
-kernel that meets a code no member of its family has returns an error status (the ``is_known``
-checks count the family's members, so a member added last is known).
+Every compile-time constant a kernel reads is defined in ``blis_fast/kernels/`` (the Python
+layer imports it from there, never the other way: a kernel's cache key covers the kernel
+modules only, see ``kernels/jit.py``). A policy family's codes live in the kernel module that
+branches on them, so a built-in policy is one kernel module and one registry module:
+``Admission``, ``AdmissionReason`` and the admission parameters' slots ``RouterParam`` in
+``kernels/admission.py``; ``Priority`` and ``Scheduler`` in ``kernels/batch.py``; the latency
+backends' ``Backend`` in ``kernels/latency.py``. Codes read by several kernel modules are here:
+the routing policies (:data:`Routing`), the P/D deciders, the stateful routing scorers
+(:data:`StatefulScorer`), the kernels' return statuses (:data:`Status`), a request's lifecycle
+(:data:`RequestState`, :data:`Registration`, :data:`SessionOutcome`) and the event loop's kinds
+and priorities (:data:`Event`, :data:`EventPriority`). A kernel that meets a code no member of
+its family has returns an error status (the ``is_known`` checks count the family's members, so
+a member added last is known).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from blis_fast.policies.admission import Admission, AdmissionReason
-from blis_fast.policies.priority import Priority
-from blis_fast.policies.routing import Routing
-from blis_fast.policies.scheduler import Scheduler
 
-__all__ = ["Admission", "AdmissionReason", "Event", "EventPriority", "Priority", "Registration",
-           "RequestState", "Routing", "Scheduler", "SessionOutcome", "StatefulScorer", "Status"]
+class RoutingT(NamedTuple):
+    """Routing policies (CLU-3.11..3.16)."""
+
+    ROUND_ROBIN: int = 0
+    LEAST_LOADED: int = 1
+    WEIGHTED: int = 2
+    ALWAYS_BUSIEST: int = 3
+
+
+Routing = RoutingT()
 
 
 class DeciderT(NamedTuple):

@@ -37,14 +37,12 @@ from blis_fast.kernels import autoscale as asx
 from blis_fast.kernels import kvcache as kvc
 from blis_fast.kernels import pd as pdk
 from blis_fast.kernels import routing as rtk
-from blis_fast.kernels.batch import wq_push_back, wq_remove
+from blis_fast.kernels.batch import Priority, Scheduler, wq_push_back, wq_remove
 from blis_fast.kernels.enums import (
     Event,
     EventPriority,
-    Priority,
     Registration,
     RequestState,
-    Scheduler,
     SessionOutcome,
     Status,
 )

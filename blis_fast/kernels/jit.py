@@ -38,9 +38,10 @@ that misses the on-disk cache claims the kernel's signature before compiling it,
 process needing it meanwhile waits and loads it from the cache. A cold run's two processes
 (``engine/warmup.py``) and the workers of a cold parallel sweep split the compile that way.
 
-Every cached kernel and ``cfunc`` is keyed by the sources of all kernel modules too
-(:func:`_keyed_by_all_kernel_sources`): a cached kernel carries the code of the kernels it
-calls, which Numba's key (the kernel's own file) does not follow.
+Every cached kernel and ``cfunc`` is keyed by the sources of all kernel modules too, and of
+the two leaves kernel code may import (:data:`FROZEN_LEAVES`;
+:func:`_keyed_by_all_kernel_sources`): a cached kernel carries the code of the kernels it
+calls and the constants it reads, which Numba's key (the kernel's own file) does not follow.
 """
 
 from __future__ import annotations
@@ -413,16 +414,31 @@ def _compiled_once_across_processes(kernel: Any) -> Any:
     return kernel
 
 
-def kernel_sources_digest(folder: Path) -> str:
-    """A digest of the Python sources in ``folder`` (names and contents)."""
+FROZEN_LEAVES = ("gonum.py", "stored.py")
+"""The only modules outside ``blis_fast/kernels/`` that kernel code may import (leaves that
+import no other project module): ``gonum``'s int64 limits are frozen into compiled kernels and
+``stored`` computes Go's seeding table the RNG kernels freeze, so both are part of every
+kernel's cache key. ``tests/test_kernel_lint.py`` fails on any other import of the package
+from kernel code (a constant defined above the kernels would be frozen into compiled code
+that its edits never invalidate)."""
+
+
+def kernel_sources_digest(folder: Path, leaves: tuple[str, ...] = FROZEN_LEAVES) -> str:
+    """A digest of every Python source under ``folder`` (subpackages included: relative names
+    and contents) and of the ``leaves`` in its parent folder: everything whose values a
+    compiled kernel can hold."""
     digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(folder.rglob("*.py")):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+    for name in leaves:
+        leaf = folder.parent / name
+        if leaf.is_file():
+            digest.update(b"../" + name.encode() + b"\0" + leaf.read_bytes())
     return digest.hexdigest()
 
 
 _KERNEL_SOURCES = kernel_sources_digest(Path(__file__).parent)
-"""The digest of every kernel module, part of every cached kernel's key."""
+"""The digest of every kernel module and frozen leaf, part of every cached kernel's key."""
 
 
 def _keyed_by_all_kernel_sources(kernel: Any) -> Any:

@@ -17,7 +17,6 @@ import numpy as np
 
 from blis_fast.kernels import hooks as hk
 from blis_fast.kernels.enums import Routing, StatefulScorer
-from blis_fast.policies.admission import RouterParam  # the admission policies' float slots
 
 PREFIX_LRU_CAPACITY = 10000  # sim/routing_prefix_scorer.go defaultLRUCapacity
 
@@ -128,7 +127,7 @@ class RouterState(NamedTuple):
     """Everything the router keeps (see the module docstring)."""
 
     rcfg: np.ndarray  # RouterCfg
-    rfl: np.ndarray  # RouterParam
+    rfl: np.ndarray  # the admission policies' float parameters (kernels/admission.py: RouterParam)
     st: np.ndarray  # RouterVar
     tb_tokens: np.ndarray  # float64 [1] token-bucket level
     scorer_codes: np.ndarray  # StatefulScorer codes or TABLE_BASE + table index
@@ -208,13 +207,16 @@ def new_router_state(
     uses_cache_query: bool = False,
     decider_reads_cache: bool = False,
     trace_scores: bool = False,
+    admission_param_slots: int,
 ) -> RouterState:
     """Allocate the router state (trace buffers only when tracing is on); ``routing``,
     ``cache_delay`` and ``counterfactual_k`` size it. ``decider_reads_cache``: something
     besides this policy reads the cache view (the P/D decider, a pool's scorers);
     ``trace_scores``: traced decisions carry scores even when ``routing`` is not weighted (a
-    pool's weighted policy makes them). The policy codes and parameters in ``rcfg``/``rfl`` are
-    packed by the caller from the declared slots (engine/engine_config.py)."""
+    pool's weighted policy makes them); ``admission_param_slots``: the length of ``rfl``
+    (``kernels/admission.py: RouterParam.SIZE``, which imports this module). The policy codes
+    and parameters in ``rcfg``/``rfl`` are packed by the caller from the declared slots
+    (engine/engine_config.py)."""
     n = n_instances
     rcfg = np.zeros(RouterCfg.SIZE, np.int64)
     rcfg[RouterCfg.ROUTING] = routing
@@ -229,7 +231,7 @@ def new_router_state(
     # the router's cache view is kept when a scorer or the P/D prefix-threshold decider reads it
     uses_cq = (routing == Routing.WEIGHTED and uses_cache_query) or decider_reads_cache
     rcfg[RouterCfg.USES_CACHE_QUERY] = 1 if uses_cq else 0
-    rfl = np.zeros(RouterParam.SIZE, np.float64)
+    rfl = np.zeros(admission_param_slots, np.float64)
     st = np.zeros(RouterVar.SIZE, np.int64)
     st[RouterVar.NH_LAST_REQ] = -1
     st[RouterVar.N_ROUTABLE] = n
@@ -294,7 +296,8 @@ def pool_router(main: RouterState, scorer_codes: np.ndarray, scorer_weights: np.
     the trace records, snapshots and cache refresh stay with ``main``."""
     n = main.routable.shape[0]
     own = new_router_state(n, 1, routing=Routing.WEIGHTED, scorer_codes=scorer_codes,
-                           scorer_weights=scorer_weights, rng_state=rng_state)
+                           scorer_weights=scorer_weights, rng_state=rng_state,
+                           admission_param_slots=1)  # the pool shares main's rfl
     rcfg = main.rcfg.copy()
     rcfg[RouterCfg.ROUTING] = Routing.WEIGHTED
     rcfg[RouterCfg.N_SCORERS] = len(scorer_codes)

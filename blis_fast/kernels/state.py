@@ -20,7 +20,6 @@ Groups (each a ``NamedTuple`` of arrays, so a kernel signature names a handful o
 
 from __future__ import annotations
 
-from collections import namedtuple
 from typing import NamedTuple
 
 import numpy as np
@@ -31,25 +30,10 @@ from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.jit import njit
 
 
-def _with_option_slots(fixed: type, family: str) -> type:
-    """``fixed``'s slots, then one slot per ``blis run`` option whose row names a slot of
-    ``family`` that ``fixed`` lacks (in table order), then ``SIZE``: a flag the kernel reads as is
-    declares its slot in its options row alone (docs/extending.md)."""
-    from blis_fast.options import RUN_OPTIONS
-
-    names = [name for name in fixed._fields if name != "SIZE"]
-    assert [getattr(fixed(), name) for name in names] == list(range(len(names)))
-    for spec in RUN_OPTIONS:
-        owner, _, name = spec.slot.partition(".")
-        if owner == family and name not in names:
-            names.append(name)
-    names.append("SIZE")
-    return namedtuple(fixed.__name__, names, defaults=range(len(names)))
-
-
 class ConfigSlotT(NamedTuple):
-    """Slots of ``SimConfig.ints`` the engine fills itself or from a policy registry; options rows
-    may add their own (:func:`_with_option_slots`)."""
+    """Slots of ``SimConfig.ints``, filled by the engine, from a policy registry or from the
+    options row that names the slot (``slot="ConfigSlot.X"``): the slot numbers are frozen
+    into compiled kernels, so they are declared here, in a kernel module (docs/extending.md)."""
 
     N_INSTANCES: int = 0
     HORIZON: int = 1
@@ -67,7 +51,7 @@ class ConfigSlotT(NamedTuple):
     SIZE: int = 13
 
 
-ConfigSlot = _with_option_slots(ConfigSlotT, "ConfigSlot")()
+ConfigSlot = ConfigSlotT()
 
 
 class InstanceSlotT(NamedTuple):

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.kernels import kvcache as kvc
-from blis_fast.kernels.batch import form_batch, order_wait_queue
-from blis_fast.kernels.enums import Priority, RequestState, Scheduler
+from blis_fast.kernels.batch import Priority, Scheduler, form_batch, order_wait_queue
+from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.jit import njit
 from blis_fast.kernels.latency import step_time

@@ -1,63 +1,18 @@
 """Admission policies (CLU-2, DELTA-38/39/40): who may enter the cluster.
 
-Everything a built-in admission policy is, except its kernel branch, is here: its code
-(:data:`Admission`), the code of its refusal reason (:data:`AdmissionReason`), the slots of its
-float parameters in ``RouterState.rfl`` (:data:`RouterParam`) and one ``register`` call with its
-name, parameters (bundle key, default, checks, slot) and decision-trace reason text. The policy
-itself is a branch of ``_policy_decision`` in ``blis_fast/kernels/admission.py``, which reads
-these NamedTuple enums as compile-time constants (through ``kernels/enums.py``). Recipe:
-docs/extending.md.
+One ``register`` call per built-in policy: its name, kernel code, parameters (bundle key,
+default, checks, slot) and decision-trace reason text. The policy itself is a branch of
+``_policy_decision`` in ``blis_fast/kernels/admission.py``, which also defines the codes this
+module imports (:data:`Admission`, the refusal reasons' :data:`AdmissionReason`, the float
+parameters' slots :data:`RouterParam`): compile-time constants live with the kernels that
+freeze them. Recipe: docs/extending.md.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from blis_fast.kernels.admission import Admission, AdmissionReason
 from blis_fast.options import Check, finite_positive
 from blis_fast.policies.registry import Param, Policy, Registry
-
-
-class AdmissionT(NamedTuple):
-    """Admission policies' kernel codes (CLU-2, DELTA-38..40)."""
-
-    ALWAYS: int = 0
-    REJECT_ALL: int = 1
-    TOKEN_BUCKET: int = 2
-    TIER_SHED: int = 3
-    GAIE_LEGACY: int = 4
-    CUSTOM: int = 5  # the user's admission hook
-
-
-Admission = AdmissionT()
-
-
-class AdmissionReasonT(NamedTuple):
-    """Why an admission decision was taken, as recorded in the decision trace (CLU-6)."""
-
-    NONE: int = 0
-    REJECT_ALL: int = 1
-    NO_TOKENS: int = 2
-    TIER_SHED: int = 3
-    GAIE: int = 4
-    TENANT_BUDGET: int = 5
-    CUSTOM: int = 6
-
-
-AdmissionReason = AdmissionReasonT()
-
-
-class RouterParamT(NamedTuple):
-    """Slots of ``RouterState.rfl``: the admission policies' float parameters."""
-
-    TB_CAPACITY: int = 0
-    TB_REFILL: int = 1
-    GAIE_QD: int = 2
-    GAIE_KV: int = 3
-    SIZE: int = 4
-
-
-RouterParam = RouterParamT()
-
 
 ADMISSION = Registry[Policy]("admission", flag="admission-policy", slot="RouterCfg.ADMISSION")
 

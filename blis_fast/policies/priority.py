@@ -1,27 +1,14 @@
 """Priority policies (ENG-3, DELTA-38): the priority a scheduler orders waiting requests by.
 
-One ``register`` per policy with its kernel code (:data:`Priority`); the policy
-itself is a branch of the engine's priority computation. ``SLO_PRIORITIES`` is the SLO-class
+One ``register`` per policy with its kernel code (:data:`Priority`, defined beside the
+policy's branch in ``kernels/batch.py``). ``SLO_PRIORITIES`` is the SLO-class
 map the priority-based policies and admission read (a bundle's ``slo_priorities`` override it).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from blis_fast.kernels.batch import Priority
 from blis_fast.policies.registry import Policy, Registry
-
-
-class PriorityT(NamedTuple):
-    """Priority policies: how a queued request's priority is recomputed each step (CLU-4.1/4.2)."""
-
-    CONSTANT: int = 0
-    SLO_BASED: int = 1
-    INVERTED_SLO: int = 2
-
-
-Priority = PriorityT()
-
 
 PRIORITY = Registry[Policy]("priority", flag="priority-policy", slot="ConfigSlot.PRIORITY")
 

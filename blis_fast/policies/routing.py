@@ -1,29 +1,15 @@
 """Routing policies (CLU-3, DELTA-30..36): which instance an admitted request goes to.
 
-One ``register`` per policy: its name, the kernel's code (:data:`Routing`, read by ``blis_fast.kernels.routing``) and
-its decision-trace reason (formatted with the decision's ``best`` value: the round-robin
+One ``register`` per policy: its name, the kernel's code (:data:`Routing`, defined in
+``kernels/enums.py``) and its decision-trace reason (formatted with the decision's ``best`` value: the round-robin
 counter, the extreme load or the best score). The policy itself is a branch of ``route`` in
 the kernel; the weighted policy's scorers are the registry of ``policies/scorers.py``.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from blis_fast.kernels.enums import Routing
 from blis_fast.policies.registry import Policy, Registry
-
-
-class RoutingT(NamedTuple):
-    """Routing policies (CLU-3.11..3.16)."""
-
-    ROUND_ROBIN: int = 0
-    LEAST_LOADED: int = 1
-    WEIGHTED: int = 2
-    ALWAYS_BUSIEST: int = 3
-
-
-Routing = RoutingT()
-
 
 ROUTING = Registry[Policy]("routing", flag="routing-policy", slot="RouterCfg.ROUTING")
 
