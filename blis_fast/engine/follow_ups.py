@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from blis_fast.engine.packing import RequestMeta
+from blis_fast.engine.packing import Capacity, RequestMeta
 from blis_fast.engine.sessions import FollowUp, SessionDriver
 from blis_fast.kernels.enums import SessionOutcome
 from blis_fast.kernels.kv_layout import BlockList, KVConfig, pool_slots
@@ -20,21 +20,6 @@ class SessionPlan:
 
     blueprints: list
     follow_up_budget: int = -1
-
-
-@dataclass
-class Capacity:
-    """Room reserved for follow-up requests; a run that outgrows it restarts with more."""
-
-    rows: int = 0  # follow-up requests
-    chunks: int = 0  # their chunk digests
-    pool: int = 0  # their KV block-list slots
-    max_chunks: int = 1  # chunks of the longest request
-
-    def grown(self) -> Capacity:
-        """Twice the room in every dimension."""
-        return Capacity(2 * self.rows + 64, 2 * self.chunks + 1024, 2 * self.pool + 1024,
-                         2 * self.max_chunks + 16)
 
 
 class OutOfRoom(Exception):

@@ -5,21 +5,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from blis_fast.engine.engine_config import EngineConfig
+from blis_fast.kernels.admission import RouterParam
 from blis_fast.kernels.gorand import new_source, subsystem_seed
 from blis_fast.kernels.kv_layout import new_kv_state
-from blis_fast.kernels.router_state import RouterParam, new_router_state
+from blis_fast.kernels.router_state import new_router_state
 from blis_fast.kernels.state import ConfigSlot, InstanceSlot, RequestInputs
 from blis_fast.policies.priority import DEFAULT_SLO_PRIORITY, SLO_PRIORITIES
 from blis_fast.policies.routing import ROUTING
 from blis_fast.policies.scorers import SCORERS
 
-if TYPE_CHECKING:
-    from blis_fast.engine.follow_ups import Capacity
+
+@dataclass
+class Capacity:
+    """Room reserved for follow-up requests; a run that outgrows it restarts with more."""
+
+    rows: int = 0  # follow-up requests
+    chunks: int = 0  # their chunk digests
+    pool: int = 0  # their KV block-list slots
+    max_chunks: int = 1  # chunks of the longest request
+
+    def grown(self) -> Capacity:
+        """Twice the room in every dimension."""
+        return Capacity(2 * self.rows + 64, 2 * self.chunks + 1024, 2 * self.pool + 1024,
+                         2 * self.max_chunks + 16)
+
 
 def rank_of_ids(id_list) -> np.ndarray:
     """Rank of each id in byte-wise string order."""
@@ -164,6 +177,7 @@ def router_state(cfg: EngineConfig, n: int, meta: RequestMeta, kv, room: Capacit
         tenant_budget=meta.tenant_budget,
         max_chunks=room.max_chunks,
         table_size=kv.ht.shape[1],
+        admission_param_slots=RouterParam.SIZE,
     )
 
 

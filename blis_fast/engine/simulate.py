@@ -19,13 +19,13 @@ from blis_fast.engine.compile_notice import (
 )
 from blis_fast.engine.engine_config import EngineConfig, Hooks
 from blis_fast.engine.follow_ups import (
-    Capacity,
     FollowUpRows,
     OutOfRoom,
     SessionPlan,
     initial_capacity,
 )
 from blis_fast.engine.packing import (
+    Capacity,
     config_ints,
     instance_config,
     instance_rank_of,
