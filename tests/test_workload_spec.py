@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from blis_fast.config.yaml_scalars import resolve_plain
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.gonum import INT64_MAX
 from blis_fast.workload.cli import register
@@ -29,7 +30,7 @@ from blis_fast.workload.precedence import (
     resolve_max_requests,
     resolve_workload_seed,
 )
-from blis_fast.workload.spec_yaml import load_workload_spec, parse_workload_spec, resolve_plain
+from blis_fast.workload.spec_yaml import load_workload_spec, parse_workload_spec
 from blis_fast.workload.validate import validate_spec
 from blis_fast.workload.yaml_writer import marshal_spec, yaml_string
 

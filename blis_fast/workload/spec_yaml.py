@@ -20,16 +20,23 @@ validates during generation): see :func:`blis_fast.workload.spec.validate_spec`.
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from blis_fast.config.yaml_scalars import (
+    BOOL,
+    FLOAT,
+    INT,
+    MERGE,
+    NULL,
+    OLD_BOOLS,
+    STR,
+    resolve_plain,
+)
 from blis_fast.errors import BlisInputError
 from blis_fast.files import YamlLimitError, check_yaml_limits, read_input_text
-from blis_fast.gonum import or_none, parse_float, parse_int, parse_uint
 from blis_fast.kernels.gomath import go_f2i
 from blis_fast.workload import spec as S
 from blis_fast.workload.gofmt import go_quote
@@ -95,87 +102,9 @@ SCHEMA = _derive_schema(S.WorkloadSpec)
 """The reference's workload structs: name -> (Go type name, dataclass, fields in declaration
 order), derived from ``spec``'s dataclasses (also drives YAML output)."""
 
-# --- scalar resolution (yaml.v3 resolve.go, YAML 1.2 core schema) -----------------------------
-STR, INT, FLOAT, BOOL, NULL, TIMESTAMP, MERGE = (
-    "!!str", "!!int", "!!float", "!!bool", "!!null", "!!timestamp", "!!merge",
-)
+# --- tags (scalar resolution is config/yaml_scalars.py) -----------------------------------
 _LONG = "tag:yaml.org,2002:"
 _PLAIN = "?plain"  # our marker for an untagged plain scalar
-
-_RESOLVE_MAP: dict[str, tuple[str, Any]] = {}
-for _vals, _tag, _v in (
-    (("true", "True", "TRUE"), BOOL, True),
-    (("false", "False", "FALSE"), BOOL, False),
-    (("", "~", "null", "Null", "NULL"), NULL, None),
-    ((".nan", ".NaN", ".NAN"), FLOAT, math.nan),
-    ((".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF"), FLOAT, math.inf),
-    (("-.inf", "-.Inf", "-.INF"), FLOAT, -math.inf),
-    (("<<",), MERGE, "<<"),
-):
-    for _s in _vals:
-        _RESOLVE_MAP[_s] = (_tag, _v)
-
-_YAML_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
-OLD_BOOLS = {
-    "y": True, "Y": True, "yes": True, "Yes": True, "YES": True, "on": True, "On": True,
-    "ON": True, "n": False, "N": False, "no": False, "No": False, "NO": False, "off": False,
-    "Off": False, "OFF": False,
-}
-_TS_DATE = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})")
-_TS_FULL = re.compile(
-    r"(\d{4})-(\d{1,2})-(\d{1,2})(?:[Tt]|[ ])(\d{1,2}):(\d{1,2}):(\d{1,2})(\.\d{1,9})?"
-    r"(Z|[+-]\d{2}:\d{2})?"
-)
-
-
-def _is_timestamp(s: str) -> bool:
-    """yaml.v3 parseTimestamp: a date, or a date-time in the formats yaml.v3 accepts."""
-    if len(s) < 5 or not s[:4].isdigit() or s[4] != "-":
-        return False
-    m = _TS_DATE.fullmatch(s) or _TS_FULL.fullmatch(s)
-    if not m:
-        return False
-    y, mo, d = int(m.group(1)), int(m.group(2)), int(m.group(3))
-    if not 1 <= mo <= 12:
-        return False
-    days = [31, 29 if (y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)) else 28, 31, 30, 31,
-            30, 31, 31, 30, 31, 30, 31][mo - 1]
-    return 1 <= d <= days
-
-
-def resolve_plain(s: str) -> tuple[str, Any]:
-    """Tag and value yaml.v3 gives an untagged plain scalar ``s``."""
-    if s in _RESOLVE_MAP:
-        return _RESOLVE_MAP[s]
-    c = s[0]
-    if c == ".":
-        v = or_none(parse_float, s)
-        if v is not None:
-            return FLOAT, v
-    elif c in "+-0123456789":
-        if _is_timestamp(s):
-            return TIMESTAMP, s
-        plain = s.replace("_", "")
-        for parse in (parse_int, parse_uint):
-            v = or_none(parse, plain, 0, 64)
-            if v is not None:
-                return INT, v
-        if _YAML_FLOAT.fullmatch(plain):
-            f = or_none(parse_float, plain)
-            if f is not None:
-                return FLOAT, f
-        # yaml.v3's explicit-base fallbacks (they read e.g. "0b-1" as -1 and "0o+7" as 7)
-        for prefix, base in (("0b", 2), ("0o", 8)):
-            if plain.startswith(prefix):
-                for parse in (parse_int, parse_uint):
-                    v = or_none(parse, plain[2:], base, 64)
-                    if v is not None:
-                        return INT, v
-            elif plain.startswith("-" + prefix):
-                v = or_none(parse_int, "-" + plain[3:], base, 64)
-                if v is not None:
-                    return INT, v
-    return STR, s
 
 
 def _short_tag(tag: str) -> str:
