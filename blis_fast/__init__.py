@@ -7,8 +7,7 @@ reference's numbers for the same inputs. Start with :func:`blis_fast.run` or the
 from __future__ import annotations
 
 from blis_fast.errors import BlisConfigError, BlisError, BlisInputError, BlisRuntimeError
-
-__version__ = "0.1.0"
+from blis_fast.version import __version__
 
 __all__ = ["BlisConfigError", "BlisError", "BlisInputError", "BlisRuntimeError", "rerun", "run",
            "__version__"]

@@ -31,6 +31,7 @@ from blis_fast.output.provenance import file_provenance, with_provenance
 from blis_fast.output.summary import atomic_write_text
 from blis_fast.sweep.spec import SweepPlan
 from blis_fast.sweep.worker import ConfigResult
+from blis_fast.version import __version__
 
 __all__ = ["SweepStore", "metric_fields", "option_field", "summary_schema"]
 
@@ -121,8 +122,6 @@ class SweepStore:
         elif self.manifest_path.exists():
             self._manifest = self._read_manifest()
         else:
-            from blis_fast import __version__
-
             self._manifest = {"spec_path": str(self.plan.path), "spec": self.plan.text,
                               "blis_fast_version": __version__,
                               "num_configs": len(self.plan.configs),
