@@ -178,9 +178,9 @@ LATENCY_BACKENDS.register(Backend("per-token", BackendCode.PER_TOKEN, _pack_per_
 
 ENGINE_FLAG = (
     add_member("blis_fast/kernels/state.py", "ConfigSlotT", "EXTRA_ADMISSION_DELAY"),
-    insert("blis_fast/options.py", r'^    OptionSpec\("routing-latency", ', '''\
-    OptionSpec("extra-admission-delay", "int", 0, "added admission delay (µs)", _DELAY,
-               slot="ConfigSlot.EXTRA_ADMISSION_DELAY"),
+    insert("blis_fast/options.py", r'^        OptionSpec\("routing-latency", ', '''\
+        OptionSpec("extra-admission-delay", "int", 0, "added admission delay (µs)", _DELAY,
+                   slot="ConfigSlot.EXTRA_ADMISSION_DELAY"),
 '''),
     Edit("blis_fast/options.py",
          lambda s: s.replace('"admission-latency", "routing-latency")',
@@ -237,6 +237,8 @@ def test_each_recipe_touches_few_files(tmp_path):
     root = _copy_package(tmp_path, caches=False)
     for edits in RECIPES.values():
         _apply(root, edits)  # every anchor still exists, every edit changes its file
+    for path in sorted({e.path for edits in RECIPES.values() for e in edits}):
+        compile((root / path).read_text(), path, "exec")  # each edit left valid Python
     for name, limit in PACKAGE_FILES_AT_MOST.items():
         assert len(touched[name]) <= limit, (name, touched[name])
     assert touched["stateless scorer"] == ["blis_fast/kernels/scorers.py",
