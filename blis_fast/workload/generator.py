@@ -20,6 +20,7 @@ request-cap precedence of WL-1.2 - WL-1.4 in ``precedence.py``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,10 +46,7 @@ from blis_fast.workload.generated import (
 )
 from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
-from blis_fast.workload.samplers import (
-    SAMPLER_ABSENT,
-    build_sampler,
-)
+from blis_fast.workload.samplers import build_sampler
 from blis_fast.workload.spec import (
     DEFAULT_TIMEOUT_US,
     ClientSpec,
@@ -267,43 +265,80 @@ def generate_workload(
                                  [] if keep_token_ids else None)
     raw = _run(spec, horizon, max_requests, block_size, conversion=True,
                keep_ids=keep_token_ids)
-
-    def ids_of(ids: np.ndarray, off: np.ndarray, rows_idx) -> list[np.ndarray]:
-        return [ids[off[p] : off[p + 1]] for p in rows_idx]
-
     clients = raw.clients
-    vals = raw.sess_val
-    has_cl = any(is_closed_loop(c) for c in clients)
-    has_conc = any(c.concurrency > 0 for c in clients)
-    if not has_cl and not has_conc:
+    if not any(is_closed_loop(c) or c.concurrency > 0 for c in clients):
+        vals = raw.sess_val
         table = _assemble(raw, raw.rows, raw.ratio, raw.offsets, raw.digests,
                           lambda s: f"sess_{int(vals[s])}", block_size)
-        ids = ids_of(raw.in_ids, raw.in_off, range(table.n)) if keep_token_ids else None
+        ids = _ids_of(raw.in_ids, raw.in_off, range(table.n)) if keep_token_ids else None
         return GeneratedWorkload(table, [], -1, clients, ids)
 
-    rows = raw.rows
-    is_r0 = (rows[:, R.SESSION] >= 0) & (rows[:, R.ROUND] == 0)
-    r0_pos = np.flatnonzero(is_r0)
-    r0_client = rows[r0_pos, R.CLIENT]
+    plans = _session_plans(raw)
+    n_seeds = sum(len(plan.names) for plan in plans)
+    bp_seeds = int63_sequence(np.int64(_wrap64(raw.spec.seed + BLUEPRINT_SEED_OFFSET)), n_seeds)
+    # keep round 0 of claimed sessions (= drop the flagged rows), everything else as is
+    kept_pos = np.flatnonzero(raw.rows[:, R.DROPPED] == 0)
+    users = _concurrency_users(clients, max_requests, kept_pos.shape[0])
+    seeds = _concurrency_seeds(raw, users, block_size, keep_token_ids)
+    merged = _merge_rows(raw, kept_pos, seeds)
+    table = _assemble(raw, merged.rows, merged.ratio, merged.offsets, merged.digests,
+                      _session_namer(raw, users), block_size)
+    row_ids = None
+    if keep_token_ids:
+        ids = (_ids_of(raw.in_ids, raw.in_off, kept_pos.tolist())
+               + _ids_of(seeds.input_ids, seeds.input_off, range(len(users.client))))
+        row_ids = [ids[o] for o in merged.order.tolist()]
+    final_row = _final_rows(merged.order, kept_pos, raw.rows.shape[0])
+    blueprints = _closed_loop_blueprints(raw, plans, bp_seeds.tolist(), final_row, horizon)
+    blueprints += _concurrency_blueprints(raw, users, seeds.blueprint_seeds,
+                                          final_row.final_pos[kept_pos.shape[0]:], horizon)
+    budget = -1
+    if max_requests > 0 and users.total > 0:
+        budget = max(0, int(max_requests) - table.n)
+    return GeneratedWorkload(table, blueprints, budget, clients, row_ids)
 
-    # 1. closed-loop multi-turn blueprints (client order, session ids sorted as strings).
-    #    A client claims the round-0 session rows whose client id equals its id (DELTA-49).
+
+def _ids_of(ids: np.ndarray, off: np.ndarray, rows_idx) -> list[np.ndarray]:
+    """The token ids of the rows ``rows_idx`` of a CSR id buffer (views)."""
+    return [ids[off[p] : off[p + 1]] for p in rows_idx]
+
+
+@dataclass
+class _SessionPlan:
+    """A closed-loop multi-turn client's sessions: names sorted as strings, their round-0 rows
+    (before the merge) in that order, and the group prefix its follow-ups carry."""
+
+    client_idx: int
+    client: ClientSpec
+    prefix: np.ndarray
+    names: list[str]
+    rows: np.ndarray
+
+
+def _check_blueprint_samplers(c: ClientSpec, what: str) -> None:
+    """A client whose follow-ups are drawn later needs valid length distributions now."""
+    for d, lab in ((c.input_dist, "input"), (c.output_dist, "output")):
+        s = build_sampler(d)
+        if not s.valid:
+            raise BlisInputError(f"client {go_quote(c.id)} {lab} distribution{what}: {s.error}")
+
+
+def _session_plans(raw: _Raw) -> list[_SessionPlan]:
+    """Closed-loop multi-turn blueprints' plans, in client order. A client claims the round-0
+    session rows whose client id equals its id (DELTA-49)."""
+    rows, clients, vals = raw.rows, raw.clients, raw.sess_val
+    r0_pos = np.flatnonzero((rows[:, R.SESSION] >= 0) & (rows[:, R.ROUND] == 0))
+    r0_client = rows[r0_pos, R.CLIENT]
     id_code: dict[str, int] = {}
     code_of = np.array([id_code.setdefault(c.id, len(id_code)) for c in clients], dtype=np.int64)
     r0_code = code_of[r0_client] if r0_client.shape[0] else np.zeros(0, dtype=np.int64)
     by_code = np.argsort(r0_code, kind="stable")  # keeps table order within one id
     bounds = np.searchsorted(r0_code[by_code], np.arange(len(id_code) + 1))
     plans = []
-    n_seeds = 0
     for ki, c in enumerate(clients):
         if not (is_closed_loop(c) and has_multi_turn(c)):
             continue
-        for d, lab in ((c.input_dist, "input"), (c.output_dist, "output")):
-            s = build_sampler(d)
-            if not s.valid:
-                raise BlisInputError(
-                    f"client {go_quote(c.id)} {lab} distribution for blueprint: {s.error}"
-                )
+        _check_blueprint_samplers(c, " for blueprint")
         code = id_code[c.id]
         sel = r0_pos[by_code[bounds[code] : bounds[code + 1]]]
         prefix = np.zeros(0, dtype=np.int64)
@@ -314,64 +349,95 @@ def generate_workload(
                 prefix = raw.fcap_tok[off : off + c.prefix_length].copy()
         names = np.array([f"sess_{v}" for v in vals[rows[sel, R.SESSION]].tolist()])
         srt = np.argsort(names, kind="stable")
-        plans.append((ki, c, prefix, names[srt].tolist(), sel[srt]))
-        n_seeds += sel.shape[0]
-    bp_seeds = int63_sequence(np.int64(_wrap64(raw.spec.seed + BLUEPRINT_SEED_OFFSET)), n_seeds)
+        plans.append(_SessionPlan(ki, c, prefix, names[srt].tolist(), sel[srt]))
+    return plans
 
-    # 2. keep round 0 of claimed sessions (= drop the flagged rows), everything else as is
-    keep = rows[:, R.DROPPED] == 0
-    kept_pos = np.flatnonzero(keep)
-    n_kept = kept_pos.shape[0]
 
-    # 3. concurrency seeds
-    u_client: list[int] = []
-    u_arrival: list[int] = []
-    u_index: list[int] = []
-    total_users = 0
+@dataclass
+class _Users:
+    """The concurrency clients' virtual users that get a seed request (in client order)."""
+
+    client: list[int]  # client index of each user
+    arrival: list[int]  # its seed request's arrival
+    index: list[int]  # the user's number within its client
+    total: int  # every concurrency client's users, cut by the request cap or not
+    names: list[str]  # session ids
+
+
+def _concurrency_users(clients: list[ClientSpec], max_requests: int, n_kept: int) -> _Users:
+    """The users of concurrency clients, staggered over the think time, until the request cap
+    (counting the ``n_kept`` pre-generated rows) is reached."""
+    users = _Users([], [], [], 0, [])
     for ki, c in enumerate(clients):
         if c.concurrency <= 0:
             continue
-        for d, lab in ((c.input_dist, "input"), (c.output_dist, "output")):
-            s = build_sampler(d)
-            if not s.valid:
-                raise BlisInputError(f"client {go_quote(c.id)} {lab} distribution: {s.error}")
+        _check_blueprint_samplers(c, "")
         for u in range(c.concurrency):
-            if max_requests > 0 and n_kept + len(u_client) >= max_requests:
+            if max_requests > 0 and n_kept + len(users.client) >= max_requests:
                 break
             arr = 0
             if c.think_time_us > 0 and c.concurrency > 1:
                 prod = _wrap64(u * c.think_time_us)
                 q = abs(prod) // c.concurrency
                 arr = q if prod >= 0 else -q
-            u_client.append(ki)
-            u_arrival.append(arr)
-            u_index.append(u)
-        total_users += c.concurrency
-    m = len(u_client)
-    ci2 = raw.params.ints.copy()
+            users.client.append(ki)
+            users.arrival.append(arr)
+            users.index.append(u)
+            users.names.append(f"concurrency_{c.id}_user_{u}")
+        users.total += c.concurrency
+    return users
+
+
+@dataclass
+class _Seeds:
+    """The concurrency users' seed requests, as the concurrency kernel drew them."""
+
+    rows: np.ndarray  # (m, GEN_ROW_COLS), sessions numbered after the kernel's sessions
+    offsets: np.ndarray  # CSR offsets into ``digests``
+    digests: np.ndarray
+    blueprint_seeds: np.ndarray  # each user's follow-up RNG seed
+    input_ids: np.ndarray
+    input_off: np.ndarray
+
+
+def _concurrency_seeds(raw: _Raw, users: _Users, block_size: int, keep_ids: bool) -> _Seeds:
+    """Draw every user's seed request, the users' clients' length samplers packed afresh."""
+    clients = raw.clients
+    ints = raw.params.ints.copy()
     extra = SamplerTable()
-    for ki in sorted(set(u_client)):
-        ci2[ki, C.INPUT] = extra.add(clients[ki].input_dist, "input distribution")
-        ci2[ki, C.OUTPUT] = extra.add(clients[ki].output_dist, "output distribution")
+    for ki in sorted(set(users.client)):
+        ints[ki, C.INPUT] = extra.add(clients[ki].input_dist, "input distribution")
+        ints[ki, C.OUTPUT] = extra.add(clients[ki].output_dist, "output distribution")
     s_code, s_off, sp = extra.arrays()
-    if s_code.shape[0] == 0:
-        s_code = np.full(1, SAMPLER_ABSENT, dtype=np.int64)
-        s_off = np.zeros(1, dtype=np.int64)
-    seed_params = raw.params._replace(ints=ci2, sampler_code=s_code, sampler_off=s_off,
+    seed_params = raw.params._replace(ints=ints, sampler_code=s_code, sampler_off=s_off,
                                       sampler_params=sp)
-    st, c_rows, c_off, c_dig, c_bp, c_ids, c_idoff = concurrency_kernel(
+    st, rows, off, dig, bp, ids, id_off = concurrency_kernel(
         np.int64(_wrap64(raw.spec.seed + CONCURRENCY_SEED_OFFSET)),
-        np.asarray(u_client, dtype=np.int64), np.asarray(u_arrival, dtype=np.int64),
+        np.asarray(users.client, dtype=np.int64), np.asarray(users.arrival, dtype=np.int64),
         seed_params, raw.g_off, raw.prefix_tok, np.int64(block_size),
-        np.int64(1 if keep_token_ids else 0),
+        np.int64(1 if keep_ids else 0),
     )
     if st == GenStatus.NEGATIVE_LENGTH:
         raise BlisInputError("a length distribution produced a negative token count")
-    n_sess_kernel = int(vals.shape[0])
-    c_rows = c_rows.copy()
-    c_rows[:, R.SESSION] = n_sess_kernel + np.arange(m)
+    rows = rows.copy()
+    rows[:, R.SESSION] = int(raw.sess_val.shape[0]) + np.arange(len(users.client))
+    return _Seeds(rows, off, dig, bp, ids, id_off)
 
-    # 4. merge (kept rows first, then seeds), stable sort, renumber
+
+@dataclass
+class _Merged:
+    """Kept rows then seed rows, stably sorted by arrival; ``order[i]`` is row i's source."""
+
+    order: np.ndarray
+    rows: np.ndarray
+    ratio: np.ndarray
+    offsets: np.ndarray
+    digests: np.ndarray
+
+
+def _merge_rows(raw: _Raw, kept_pos: np.ndarray, seeds: _Seeds) -> _Merged:
+    """Merge the kept rows and the seed rows (stable by arrival) with their block digests."""
+    rows, n_kept, m = raw.rows, kept_pos.shape[0], seeds.rows.shape[0]
     if m == 0:
         # Dropped rows carry no digests, so the kept rows' digests are the buffer as it is.
         order = np.arange(n_kept, dtype=np.int64)
@@ -379,84 +445,102 @@ def generate_workload(
         all_ratio = raw.ratio if n_kept == rows.shape[0] else raw.ratio[kept_pos]
         csr_off = np.zeros(n_kept + 1, dtype=np.int64)
         np.cumsum(np.diff(raw.offsets)[kept_pos], out=csr_off[1:])
-        new_dig = raw.digests
-    else:
-        all_rows = np.concatenate([rows[kept_pos], c_rows])
-        all_ratio = np.concatenate([raw.ratio[kept_pos], np.zeros(m)])
-        seg_src = np.concatenate([np.zeros(n_kept, dtype=np.int64), np.ones(m, dtype=np.int64)])
-        seg_off = np.concatenate([raw.offsets[:-1][kept_pos], c_off[:-1]])
-        seg_len = np.concatenate([np.diff(raw.offsets)[kept_pos], np.diff(c_off)])
-        order = np.argsort(all_rows[:, R.ARRIVAL], kind="stable")
-        all_rows = all_rows[order]
-        all_ratio = all_ratio[order]
-        csr_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
-        np.cumsum(seg_len[order], out=csr_off[1:])
-        new_dig = gather_two(seg_src[order], seg_off[order], seg_len[order], raw.digests,
-                               c_dig, csr_off)
-    conc_names = [f"concurrency_{clients[k].id}_user_{u}" for k, u in zip(u_client, u_index,
-                                                                        strict=True)]
+        return _Merged(order, all_rows, all_ratio, csr_off, raw.digests)
+    all_rows = np.concatenate([rows[kept_pos], seeds.rows])
+    all_ratio = np.concatenate([raw.ratio[kept_pos], np.zeros(m)])
+    seg_src = np.concatenate([np.zeros(n_kept, dtype=np.int64), np.ones(m, dtype=np.int64)])
+    seg_off = np.concatenate([raw.offsets[:-1][kept_pos], seeds.offsets[:-1]])
+    seg_len = np.concatenate([np.diff(raw.offsets)[kept_pos], np.diff(seeds.offsets)])
+    order = np.argsort(all_rows[:, R.ARRIVAL], kind="stable")
+    csr_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
+    np.cumsum(seg_len[order], out=csr_off[1:])
+    digests = gather_two(seg_src[order], seg_off[order], seg_len[order], raw.digests,
+                         seeds.digests, csr_off)
+    return _Merged(order, all_rows[order], all_ratio[order], csr_off, digests)
+
+
+def _session_namer(raw: _Raw, users: _Users) -> Callable[[int], str]:
+    """A row's session key -> its session id: the kernel's sessions, then the users'."""
+    vals = raw.sess_val
+    n_sess_kernel = int(vals.shape[0])
 
     def name(s: int) -> str:
         if s >= n_sess_kernel:
-            return conc_names[s - n_sess_kernel]
+            return users.names[s - n_sess_kernel]
         return f"sess_{int(vals[s])}"
 
-    table = _assemble(raw, all_rows, all_ratio, csr_off, new_dig, name, block_size)
-    row_ids = None
-    if keep_token_ids:
-        merged = (ids_of(raw.in_ids, raw.in_off, kept_pos.tolist())
-                  + ids_of(c_ids, c_idoff, range(m)))
-        row_ids = [merged[o] for o in order.tolist()]
+    return name
 
-    # row of each session's round 0 in the final table
+
+@dataclass
+class _FinalRows:
+    """Where a row lands in the final table: ``final_pos`` by merged position (kept rows first,
+    then seeds), ``old_to_kept`` maps an original row to its kept position (-1 when dropped)."""
+
+    final_pos: np.ndarray
+    old_to_kept: np.ndarray
+
+    def of_original(self, rows: np.ndarray) -> np.ndarray:
+        """The final-table rows of (kept) original rows."""
+        return self.final_pos[self.old_to_kept[rows]]
+
+
+def _final_rows(order: np.ndarray, kept_pos: np.ndarray, n_rows: int) -> _FinalRows:
+    """Invert the merge order (the rows of the sessions' round 0 in the final table)."""
     final_pos = np.empty(order.shape[0], dtype=np.int64)
     final_pos[order] = np.arange(order.shape[0])
-    old_to_kept = np.full(rows.shape[0], -1, dtype=np.int64)
-    old_to_kept[kept_pos] = np.arange(n_kept)
+    old_to_kept = np.full(n_rows, -1, dtype=np.int64)
+    old_to_kept[kept_pos] = np.arange(kept_pos.shape[0])
+    return _FinalRows(final_pos, old_to_kept)
 
+
+def _closed_loop_blueprints(raw: _Raw, plans: list[_SessionPlan], seeds: list[int],
+                            final_row: _FinalRows, horizon: int) -> list[SessionBlueprint]:
+    """One blueprint per claimed closed-loop session (plan order, then session-id order)."""
     blueprints: list[SessionBlueprint] = []
-    seeds = bp_seeds.tolist()
     r0_info = raw.sess_r0.reshape(-1, 3)
-    j = 0
-    for ki, c, prefix, names, sel in plans:
-        mt = c.reasoning.multi_turn
+    tok = raw.r0_tok
+    for plan in plans:
+        c, mt = plan.client, plan.client.reasoning.multi_turn
         s_in = build_sampler(c.input_dist)
         s_out = build_sampler(c.output_dist)
-        r0_rows = final_pos[old_to_kept[sel]].tolist()
+        r0_rows = final_row.of_original(plan.rows).tolist()
         accum = mt.context_growth == "accumulate"
-        info = r0_info[rows[sel, R.SESSION]].tolist() if accum else None
-        tok = raw.r0_tok
-        for q, sname in enumerate(names):
+        info = r0_info[raw.rows[plan.rows, R.SESSION]].tolist() if accum else None
+        for q, sname in enumerate(plan.names):
             r0_in = r0_out = None
-            if accum:
+            if info is not None:
                 o, li, lo = info[q]
                 if o >= 0:
                     r0_in = tok[o : o + li]
                     r0_out = tok[o + li : o + li + lo]
             blueprints.append(SessionBlueprint(
-                sname, c.id, ki, seeds[j], mt.max_rounds, False, mt.context_growth,
-                mt.think_time_us, c.timeout, int(horizon), s_in, s_out, prefix, c.tenant_id,
-                c.slo_class, c.model, r0_rows[q], r0_in, r0_out,
+                sname, c.id, plan.client_idx, seeds[len(blueprints)], mt.max_rounds, False,
+                mt.context_growth, mt.think_time_us, c.timeout, int(horizon), s_in, s_out,
+                plan.prefix, c.tenant_id, c.slo_class, c.model, r0_rows[q], r0_in, r0_out,
             ))
-            j += 1
-    for i in range(m):
-        ki = u_client[i]
-        c = clients[ki]
+    return blueprints
+
+
+def _concurrency_blueprints(raw: _Raw, users: _Users, seeds: np.ndarray,
+                            seed_rows: np.ndarray, horizon: int) -> list[SessionBlueprint]:
+    """One unlimited-rounds blueprint per concurrency user; ``seed_rows[i]`` is the final-table
+    row of user i's seed request."""
+    blueprints = []
+    for i, ki in enumerate(users.client):
+        c = raw.clients[ki]
         g = int(raw.group_of[ki])
         prefix = (raw.prefix_tok[raw.g_off[g] : raw.g_off[g + 1]].copy() if g >= 0
                   else np.zeros(0, dtype=np.int64))
         blueprints.append(SessionBlueprint(
-            session_id=conc_names[i], client_id=c.id, client_idx=ki, seed=int(c_bp[i]),
+            session_id=users.names[i], client_id=c.id, client_idx=ki, seed=int(seeds[i]),
             max_rounds=0, unlimited_rounds=True, context_growth="",
             think_time_us=c.think_time_us, timeout=c.timeout, horizon=int(horizon),
             input_sampler=build_sampler(c.input_dist), output_sampler=build_sampler(c.output_dist),
             prefix=prefix, tenant_id=c.tenant_id, slo_class=c.slo_class, model=c.model,
-            round0_row=int(final_pos[n_kept + i]),
+            round0_row=int(seed_rows[i]),
         ))
-    budget = -1
-    if max_requests > 0 and total_users > 0:
-        budget = max(0, int(max_requests) - table.n)
-    return GeneratedWorkload(table, blueprints, budget, clients, row_ids)
+    return blueprints
 
 
 __all__ = [
