@@ -4,7 +4,7 @@ Each file's Arrow schema metadata (``pq.read_schema(path).metadata``, or polars'
 ``pl.read_parquet_metadata(path)``) holds, as UTF-8 strings:
 
 ``blis_fast.version``
-    the package version (``blis_fast.__version__``);
+    the package version (``blis_fast/version.py``);
 ``blis_fast.schema``, ``blis_fast.schema_version``
     the ``schemas/<name>.json`` the columns follow and that file's ``version``;
 ``blis_fast.command``
@@ -35,6 +35,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+
+from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.options import OPTIONS_BY_FIELD, build_options, coerce
+from blis_fast.version import __version__
 
 __all__ = [
     "PREFIX",
@@ -56,24 +61,16 @@ _SECRET_FIELDS = frozenset({"api_key"})
 """Option fields never recorded (``blis observe --api-key``)."""
 
 
-def _version() -> str:
-    from blis_fast import __version__
-
-    return __version__
-
-
 def file_provenance(schema: str, command: str) -> dict[str, str]:
     """The keys every file carries: package version, schema name and version, command."""
     from blis_fast.output.parquet import schema_version
 
-    return {f"{PREFIX}version": _version(), f"{PREFIX}schema": schema,
+    return {f"{PREFIX}version": __version__, f"{PREFIX}schema": schema,
             f"{PREFIX}schema_version": str(schema_version(schema)),
             f"{PREFIX}command": command}
 
 
 def _is_recorded(name: str) -> bool:
-    from blis_fast.options import OPTIONS_BY_FIELD
-
     spec = OPTIONS_BY_FIELD.get(name)
     return name not in _SECRET_FIELDS and (spec is None or spec.file != "output")
 
@@ -136,10 +133,6 @@ class Provenance:
 def read_provenance(path: str | os.PathLike) -> Provenance:
     """The provenance recorded in the Parquet file at ``path``; ``BlisInputError`` when the
     file has none (not written by blis_fast, or by a version before provenance)."""
-    import pyarrow.parquet as pq
-
-    from blis_fast.errors import BlisInputError
-
     try:
         raw = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowInvalid) as exc:
@@ -166,16 +159,13 @@ def rerun_options(provenance: Provenance, **overrides: Any) -> Any:
     Values go through the same parsers as the Python API (``options.coerce``); a recorded
     field the current ``RunOptions`` no longer has is refused, so a re-run never silently
     differs from the recorded one."""
-    from blis_fast.errors import BlisConfigError
-    from blis_fast.options import OPTIONS_BY_FIELD, build_options, coerce
-
     if provenance.options is None or provenance.command not in ("run", "replay"):
         raise BlisConfigError(f"the file was written by {provenance.command or 'an unknown'} "
                               "command, not by one simulation: it has no run options")
     unknown = sorted(set(provenance.options) - set(OPTIONS_BY_FIELD))
     if unknown:
         raise BlisConfigError(f"the recorded options name fields this blis_fast "
-                              f"({_version()}) does not have: {', '.join(unknown)}")
+                              f"({__version__}) does not have: {', '.join(unknown)}")
     base = build_options(overrides, keywords=True)
     values = {name: coerce(OPTIONS_BY_FIELD[name], value)
               for name, value in provenance.options.items() if name not in base.explicit}
