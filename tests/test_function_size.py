@@ -21,7 +21,7 @@ PENDING: dict[str, tuple[int, str]] = {
     "fit/cli.py:fit_command": (
         163, "one argparse front end (flags, reading, fitting, writing); split by sub-step pending"),
     "observe/command.py:build_workload": (
-        109, "spec source, generation and job building in one; its module's flags are being reworked"),
+        110, "spec source, generation and job building in one; its module's flags are being reworked"),
     "workload/trace_v2.py:build_trace_csv": (
         123, "one CSV writer whose columns follow the reference's order; split by column group pending"),
 }
