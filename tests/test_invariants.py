@@ -55,6 +55,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 import blis_fast
+from blis_fast.config.latency_backends import LATENCY_BACKENDS
 from blis_fast.engine import packing
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisConfigError
@@ -64,7 +65,6 @@ from blis_fast.kernels.enums import Registration, RequestState
 from blis_fast.kernels.latency import queueing_time
 from blis_fast.kernels.state import InstanceCounter
 from blis_fast.options import build_options
-from blis_fast.policies.latency_backends import LATENCY_BACKENDS
 from blis_fast.runner import prepare
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"

@@ -7,7 +7,7 @@ Known layout::
     defaults:   {model id: {GPU, tensor_parallelism, vllm_version, hf_repo}}
     workloads:  {preset: {prefix_tokens, prompt_tokens, prompt_tokens_stdev, ..., output_tokens_max}}
     models:     [{id, GPU, tensor_parallelism, vllm_version, alpha_coeffs, beta_coeffs, best_loss}]
-    <a latency backend's coefficients section> (``policies.latency_backends``; e.g.
+    <a latency backend's coefficients section> (``config/latency_backends.py``; e.g.
     trained_physics_coefficients, crossmodel_defaults): {alpha_coeffs, beta_coeffs}
     version:    string
 
@@ -196,7 +196,7 @@ _FIXED_FIELDS: dict[str, Callable[[YamlContext, yaml.Node, str], Any]] = {
 
 def _coefficient_sections() -> tuple[str, ...]:
     """The sections holding latency backends' global coefficients (their registry entries)."""
-    from blis_fast.policies.latency_backends import LATENCY_BACKENDS
+    from blis_fast.config.latency_backends import LATENCY_BACKENDS
 
     return tuple(b.coefficients.section for b in LATENCY_BACKENDS if b.coefficients)
 

@@ -10,7 +10,7 @@ model length, in the reference's order of checks (first failure wins):
    without ``--latency-model`` select ``blackbox``.
 2. GPU, TP and vLLM version default from ``defaults:`` when the defaults file exists
    (the warnings name what was taken).
-3. Analytical backends (``policies.latency_backends``): GPU and TP required; explicit
+3. Analytical backends (``config/latency_backends.py``): GPU and TP required; explicit
    ``roofline`` with coefficients is an error; model config folder and hardware file
    (``config.model_resolution``); global α/β from the backend's ``defaults.yaml`` section
    unless given.
@@ -22,7 +22,7 @@ model length, in the reference's order of checks (first failure wins):
 6. ``--max-model-len`` ≥ 0 (``options.CHECK_ORDER["latency-end"]``).
 
 Steps 1, 2 and 6 are here; steps 3-5 are the backend's own: its entry in
-``policies.latency_backends`` resolves its inputs (``Backend.resolve``, by default the
+``config/latency_backends.py`` resolves its inputs (``Backend.resolve``, by default the
 analytical stages) from the shared stages of ``config.latency_inputs``, so a new backend is
 its entry, not an edit here.
 
@@ -43,13 +43,13 @@ import numpy as np
 from blis_fast.config.defaults import DefaultsConfig, get_default_specs, load_defaults
 from blis_fast.config.hardware import HardwareCalib
 from blis_fast.config.kv_capacity import KVCapacityParams
+from blis_fast.config.latency_backends import LATENCY_BACKENDS, check_coefficients
 from blis_fast.config.latency_inputs import LatencyInputs
 from blis_fast.config.model_config import ModelConfig
 from blis_fast.data import data_path
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels import latency as K
 from blis_fast.options import check_options
-from blis_fast.policies.latency_backends import LATENCY_BACKENDS, check_coefficients
 
 __all__ = [
     "LatencyConfig",

@@ -2,7 +2,7 @@
 
 ``config.latency.resolve_latency`` selects the backend and fills :class:`LatencyInputs` with
 the flags and the ``defaults:`` GPU/TP/vLLM version; the backend's entry in
-``policies.latency_backends`` then resolves the rest (its coefficients, model config and
+``config/latency_backends.py`` then resolves the rest (its coefficients, model config and
 hardware, KV blocks, max-model-len) with the stages below, in the reference's order of checks.
 A stage reports through ``inputs.warnings``/``inputs.infos`` and raises on the first failure.
 """

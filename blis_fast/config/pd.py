@@ -132,7 +132,7 @@ def _pool_scorers(opts: Any, pool: str, allow_custom: bool) -> tuple[tuple[str, 
 
 def _check_pool_flags(opts: Any) -> None:
     """Per-pool TP, latency model and max-model-len, prefill then decode (PD-1.2 step 10)."""
-    from blis_fast.policies.latency_backends import LATENCY_BACKENDS
+    from blis_fast.config.latency_backends import LATENCY_BACKENDS
 
     for pool in ("prefill", "decode"):
         tp = getattr(opts, f"{pool}_tp")

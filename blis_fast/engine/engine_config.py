@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from blis_fast.config.latency_backends import LATENCY_BACKENDS
 from blis_fast.kernels.admission import RouterParam
 from blis_fast.kernels.router_state import RouterCfg
 from blis_fast.kernels.state import ConfigSlot
 from blis_fast.options import RUN_OPTIONS
 from blis_fast.policies.admission import ADMISSION, admission_params
-from blis_fast.policies.latency_backends import LATENCY_BACKENDS
 from blis_fast.policies.priority import PRIORITY
 from blis_fast.policies.routing import ROUTING
 from blis_fast.policies.scheduler import SCHEDULER

@@ -50,7 +50,7 @@ from blis_fast.kernels.jit import njit
 
 class BackendT(NamedTuple):
     """Latency backends' kernel codes (ENG-6), beside their step functions; each backend has its
-    ``params`` layout below and one entry in ``blis_fast/policies/latency_backends.py``."""
+    ``params`` layout below and one entry in ``blis_fast/config/latency_backends.py``."""
 
     BLACKBOX: int = 0
     ROOFLINE: int = 1
@@ -89,7 +89,7 @@ CM_SIZE = 8
 
 # TRAINED_PHYSICS layout, also TRAINED_ROOFLINE's: trained-roofline is trained-physics with
 # every layer an "MoE" layer of the model's FFN width and k experts, 2-byte weights, no split
-# prefill/decode terms, β7..β9 = 0 and no all-reduce units (policies/latency_backends.py packs
+# prefill/decode terms, β7..β9 = 0 and no all-reduce units (config/latency_backends.py packs
 # it so; each extra term then adds an exact 0.0, so the step times are the same to the bit)
 TP_BETA0 = 0  # BETA0..BETA9 at 0..9
 TP_PREFILL_SPLIT, TP_DECODE_SPLIT = 10, 11
