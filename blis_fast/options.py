@@ -5,11 +5,13 @@ rules so ``0x10`` or ``NaN`` mean what they mean to the reference), its default 
 reference's defaults, ENG-10.1, CLU-9, DELTA-27), the checks of its own value and, for a flag
 the simulation kernel reads as is, the kernel config slot its value is packed into.
 
-Parsed options are a ``RunOptions``: a frozen dataclass generated from the table (one typed
-attribute per flag, plus the set of flags given explicitly). ``check_options(opts, stage)``
-runs the rows' checks at one point of the reference's validation order (DELTA-26),
-``CHECK_ORDER`` says which flags are checked at which point; checks across flags stay in the
-code that resolves them.
+Parsed options are a ``RunOptions``: a frozen dataclass generated from the table and checked
+in (``blis_fast/run_options.py``, rewritten by ``python -m blis_fast.run_options_codegen``: one
+typed attribute per flag under its group's heading, plus the set of flags given explicitly;
+loaded on first use and refused if it no longer agrees with the rows).
+``check_options(opts, stage)`` runs the rows' checks at one point of the reference's
+validation order (DELTA-26), ``CHECK_ORDER`` says which flags are checked at which point;
+checks across flags stay in the code that resolves them.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import functools
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, make_dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from blis_fast.gonum import INT64_MAX, parse_bool, parse_float, parse_int
+
+if TYPE_CHECKING:
+    from blis_fast.run_options import RunOptions
 
 TIME_LIMIT_US = 1 << 61
 """Largest delay or duration accepted (µs): event times stay far from int64 overflow."""
@@ -392,38 +397,43 @@ REPLAY_ONLY_FLAGS = frozenset({"trace-header", "trace-data", "session-mode", "th
 OPTIONS_BY_FIELD = {spec.field: spec for spec in RUN_OPTIONS}
 OPTIONS_BY_FLAG = {spec.flag: spec for spec in RUN_OPTIONS}
 
-_PYTHON_TYPES = {"int": int, "float": float, "floats": tuple, "str": str, "bool": bool}
 
+def run_options_disagreements(cls: type, rows: tuple[OptionSpec, ...] = RUN_OPTIONS) -> list[str]:
+    """How the fields of ``cls`` (a RunOptions class) differ from ``rows`` in names, order and
+    defaults, one line each; empty when they agree."""
+    import dataclasses
 
-def _given(self, name: str) -> bool:
-    """True when the flag (field name, e.g. ``"num_requests"``) was set explicitly."""
-    return name in self.explicit
+    fields = [f for f in dataclasses.fields(cls) if f.name != "explicit"]
+    names, wanted = [f.name for f in fields], [spec.field for spec in rows]
+    if names != wanted:
+        missing, extra = sorted(set(wanted) - set(names)), sorted(set(names) - set(wanted))
+        return [f"fields {names} are not the rows' {wanted} (missing {missing}, extra {extra})"]
+    return [f"{f.name} defaults to {f.default!r}, its row to {spec.default!r}"
+            for f, spec in zip(fields, rows, strict=True) if f.default != spec.default]
 
 
 @functools.cache
-def _run_options_class() -> type:
-    """RunOptions, made on first use (building a 70-field dataclass costs start-up time that
-    ``blis --help`` and the other subcommands need not pay)."""
-    cls = make_dataclass(
-        "RunOptions",
-        [(spec.field, _PYTHON_TYPES[spec.kind], field(default=spec.default))
-         for spec in RUN_OPTIONS] + [("explicit", frozenset, field(default=frozenset()))],
-        frozen=True,
-        namespace={"given": _given,
-                   "__doc__": "The value of every ``blis run`` flag (one attribute per row of "
-                              "RUN_OPTIONS) and the fields given explicitly (``explicit``)."},
-    )
-    cls.__module__ = __name__
-    return cls
+def _run_options_class() -> type[RunOptions]:
+    """RunOptions (``blis_fast/run_options.py``), imported on first use (building a 70-field
+    dataclass costs start-up time that ``blis --help`` and the other subcommands need not pay).
+    A file left stale after a row changed is refused here, naming the command that regenerates
+    it, rather than running with another default or failing on an unknown keyword later."""
+    from blis_fast.run_options import RunOptions
+
+    problems = run_options_disagreements(RunOptions)
+    if problems:
+        raise RuntimeError("blis_fast/run_options.py is out of date with RUN_OPTIONS (regenerate "
+                           "it: python -m blis_fast.run_options_codegen): " + "; ".join(problems))
+    return RunOptions
 
 
 def __getattr__(name: str) -> Any:
-    if name == "RunOptions":  # a frozen dataclass generated from RUN_OPTIONS
+    if name == "RunOptions":  # blis_fast/run_options.py, generated from RUN_OPTIONS
         return _run_options_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def check_options(opts: Any, stage: str) -> None:
+def check_options(opts: RunOptions, stage: str) -> None:
     """Run the own checks of the flags of ``stage`` (CHECK_ORDER) in order; the first failure
     is raised as a BlisConfigError."""
     for flag in CHECK_ORDER[stage]:
@@ -503,7 +513,7 @@ def _short_repr(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def build_options(given: dict[str, Any], *, keywords: bool = False) -> Any:
+def build_options(given: dict[str, Any], *, keywords: bool = False) -> RunOptions:
     """RunOptions from explicitly given values (field names), the rest at defaults.
 
     Errors name the flag; with ``keywords`` (the Python API) they name the keyword too.
