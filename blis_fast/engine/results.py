@@ -79,6 +79,11 @@ class SimulationResult:
     itl_count: np.ndarray
     sched_delay_us: np.ndarray  # -1 when never admitted
     length_capped: np.ndarray
+    preemptions: np.ndarray  # int32: times preempted (sums to the instances' preemption counts)
+    cached_prefix_tokens: np.ndarray  # int64: prompt tokens the prefix cache held at the last
+    # admission from the wait queue (0 when never admitted)
+    priority: np.ndarray  # float64: the priority policy's value when last computed (0.0: never)
+    slo_priority: np.ndarray  # int64: the SLO class's priority (bundle overrides applied)
     # per instance
     counters: np.ndarray  # int64 [N, InstanceCounter.SIZE]
     kv_integral: np.ndarray
@@ -156,6 +161,10 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
         itl_count=rs.hot[used, HotField.ITL_COUNT].copy(),
         sched_delay_us=np.where(rs.has_sched[used] == 1, rs.sched_delay[used], -1),
         length_capped=rs.capped[used],
+        preemptions=rs.preemptions[used].copy(),
+        cached_prefix_tokens=rs.cached_prefix[used].copy(),
+        priority=rs.priority[used].copy(),
+        slo_priority=rt.req_priority[used].copy(),
         counters=ins.cnt,
         kv_integral=ins.kv_integral,
         wait_queue_sum=ins.wq_sum,

@@ -244,8 +244,10 @@ def _reset_runs(rs, r):
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _preempt(ins, rs, kv, i, victim):
     """Move ``victim`` from the running batch's tail back to the queue head, progress reset and
-    blocks released; returns the tokens it had been granted this step."""
+    blocks released, and count the preemption on the instance and the request; returns the
+    tokens it had been granted this step."""
     ins.cnt[i, InstanceCounter.PREEMPTIONS] += 1
+    rs.preemptions[victim] += 1
     granted = rs.hot[victim, HotField.NEW_TOKENS]
     if granted > 0:
         rs.hot[victim, HotField.NEW_TOKENS] = 0
@@ -343,8 +345,9 @@ def _schedule_running(ints, max_len, ins, rs, kv, inp, i, work, budget):
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget):
     """Move requests from the queue head into the running batch while the batch, the token
-    budget and the cache allow (ENG-4.5). Returns how many; their rows are in
-    ``work.queue_a``."""
+    budget and the cache allow (ENG-4.5), recording each one's cached prefix (the leading
+    prompt tokens the prefix cache held, ``RequestArrays.cached_prefix``). Returns how many;
+    their rows are in ``work.queue_a``."""
     threshold = ints[ConfigSlot.LONG_PREFILL]
     bs = kv.cfg[kvc.KVConfig.BLOCK_SIZE]
     n_admitted = 0
@@ -372,6 +375,7 @@ def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget):
                             work.cached, n_cached, work.scratch):
             break
         budget -= n
+        rs.cached_prefix[nxt] = start  # the prompt tokens this admission's prefill skips
         _admit(ins, rs, i, nxt, work, n_admitted, n, n + start)
         n_admitted += 1
     return n_admitted

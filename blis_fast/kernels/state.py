@@ -221,7 +221,7 @@ class RequestArrays(NamedTuple):
     sched_step: np.ndarray  # the instance step that admitted it last
     fin_step: np.ndarray  # the instance step that finished it
     capped: np.ndarray  # int8: completed at the max-model-len cap
-    priority: np.ndarray  # float64, recomputed each step by the priority policy
+    priority: np.ndarray  # float64, recomputed each step it waits by the priority policy
     max_out: np.ndarray  # int64 output budget (0 = up to max-model-len)
     e2e: np.ndarray
     registered: np.ndarray  # int8 Registration
@@ -230,6 +230,9 @@ class RequestArrays(NamedTuple):
     run_head: np.ndarray  # first ITL run of the current attempt (-1 = none)
     sort_key: np.ndarray  # float64: the custom scheduler's key, computed each step
     pd_sub: np.ndarray  # int8: 1 = a P/D decode sub-request (admitted for one token, PD-3.11)
+    preemptions: np.ndarray  # int32: times the request was preempted (batch._preempt)
+    cached_prefix: np.ndarray  # int64: leading prompt tokens found in the prefix cache at its
+    # last admission from the wait queue (full blocks x block size; the prefill skips them)
 
 
 class InstanceArrays(NamedTuple):
@@ -318,7 +321,8 @@ def new_request_arrays(n: int, max_output_len: np.ndarray) -> RequestArrays:
         e2e=np.zeros(n, np.int64), registered=np.zeros(n, np.int8),
         wq_prev=np.full(n, -1, np.int64), wq_next=np.full(n, -1, np.int64),
         run_head=np.full(n, -1, np.int64), sort_key=np.zeros(n, np.float64),
-        pd_sub=np.zeros(n, np.int8),
+        pd_sub=np.zeros(n, np.int8), preemptions=np.zeros(n, np.int32),
+        cached_prefix=np.zeros(n, np.int64),
     )
 
 

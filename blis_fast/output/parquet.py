@@ -151,6 +151,7 @@ def requests_table(columns: RequestColumns) -> pa.Table:
         "length_capped": pa.array(take(columns.length_capped, bool), type=pa.bool_()),
         "completed": pa.array(~np.isnan(e2e), type=pa.bool_()),
         **_identity_arrays(columns, take),
+        **_engine_arrays(columns, take),
     }
     ttft_us = take(columns.ttft_us, np.float64)
     first_token = take(columns.arrival_us, np.int64) + np.rint(np.nan_to_num(ttft_us)).astype(
@@ -190,6 +191,27 @@ def _identity_arrays(columns: RequestColumns, take) -> dict[str, pa.Array]:
     else:
         rounds = take(columns.round_index, np.int64)
         out["round_index"] = pa.array(rounds, type=pa.int64(), mask=rounds < 0)
+    return out
+
+
+ENGINE_COLUMNS: dict[str, pa.DataType] = {
+    "preemptions": pa.int64(),
+    "cached_prefix_tokens": pa.int64(),
+    "priority": pa.float64(),
+    "slo_priority": pa.int64(),
+}
+"""The per-request columns the engine kernel collects (``engine/results.py: read_result``),
+each a :class:`RequestColumns` field of the same name."""
+
+
+def _engine_arrays(columns: RequestColumns, take) -> dict[str, pa.Array]:
+    """The preemptions, cached_prefix_tokens, priority and slo_priority columns; nulls where
+    RequestColumns does not know them."""
+    out = {}
+    for name, arrow_type in ENGINE_COLUMNS.items():
+        values = getattr(columns, name)
+        out[name] = (pa.nulls(len(columns), type=arrow_type) if values is None else
+                     pa.array(take(values, arrow_type.to_pandas_dtype()), type=arrow_type))
     return out
 
 

@@ -25,7 +25,12 @@ from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine.results import SimulationResult
 from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.pd import ParentField, PDCounter
-from blis_fast.output.run_outputs import client_meta, mean_itl, request_identity
+from blis_fast.output.run_outputs import (
+    client_meta,
+    mean_itl,
+    request_engine_records,
+    request_identity,
+)
 from blis_fast.output.stats import Distribution, distribution, go_fixed
 from blis_fast.output.summary import InstanceMetrics, RequestColumns, aggregate_instances
 
@@ -116,6 +121,7 @@ def request_columns_pd(res: SimulationResult, proj: Projection) -> RequestColumn
         scheduling_delay_us=proj.sched_us, handled_by=proj.handled_by,
         slo_class=meta("slo_class"), tenant_id=meta("tenant_id"), model=meta("model"),
         length_capped=proj.capped, **request_identity(table, rows),
+        **request_engine_records(res, rows),
     )
 
 

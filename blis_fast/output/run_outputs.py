@@ -149,6 +149,32 @@ def request_identity(table: RequestTable, rows: np.ndarray) -> dict[str, np.ndar
     }
 
 
+def request_engine_records(res: SimulationResult, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The ``preemptions``, ``cached_prefix_tokens``, ``priority`` and ``slo_priority`` columns
+    of workload ``rows`` (what the kernel collected per request, for ``requests.parquet``).
+
+    In a P/D run a disaggregated parent reports its sub-requests: preemptions of both, the
+    cached prefix and the priority of its prefill sub-request (row ``n + r``, the one its
+    ``scheduling_delay_ms`` comes from); a local request's row ``n + r`` is never used."""
+    preemptions = res.preemptions[rows].astype(np.int64)
+    cached = res.cached_prefix_tokens[rows]
+    priority = res.priority[rows]
+    if res.pd is not None:
+        from blis_fast.kernels.pd import ParentField
+
+        n = res.table.n
+        split = res.pd.par[rows, ParentField.FLAG] == 1
+        preemptions = preemptions + res.preemptions[rows + n]
+        cached = np.where(split, res.cached_prefix_tokens[rows + n], cached)
+        priority = np.where(split, res.priority[rows + n], priority)
+    return {
+        "preemptions": preemptions,
+        "cached_prefix_tokens": cached.astype(np.int64),
+        "priority": priority.astype(np.float64),
+        "slo_priority": res.slo_priority[rows].astype(np.int64),
+    }
+
+
 def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumns:
     """Per-request records of every request registered at an instance (ENG-7.6, CLU-7.24)."""
     rows = np.flatnonzero(res.registered == 1)
@@ -177,6 +203,7 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
         model=meta("model"),
         length_capped=capped,
         **request_identity(table, rows),
+        **request_engine_records(res, rows),
     )
 
 

@@ -254,6 +254,18 @@ class RequestColumns:
     known."""
     round_index: np.ndarray | None = None
     """int64 round of each row within its session, -1 outside a session; None when not known."""
+    preemptions: np.ndarray | None = None
+    """int64 times each row's request was preempted (P/D: its sub-requests' together); None
+    when not known."""
+    cached_prefix_tokens: np.ndarray | None = None
+    """int64 leading prompt tokens the prefix cache held at the row's last admission from the
+    wait queue (P/D: the prefill sub-request's); None when not known."""
+    priority: np.ndarray | None = None
+    """float64 the priority policy's value when last computed for the row (P/D: the prefill
+    sub-request's); None when not known."""
+    slo_priority: np.ndarray | None = None
+    """int64 the priority of the row's SLO class (bundle overrides applied); None when not
+    known."""
 
     def instance_name(self, i: int) -> str:
         """The id ``handled_by`` index ``i`` stands for."""
