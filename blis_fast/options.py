@@ -36,6 +36,10 @@ LOG_LEVELS = {
     "fatal": logging.CRITICAL, "panic": logging.CRITICAL,
 }
 """``--log`` values (logrus level names) and the Python level each one sets."""
+TRACE_LEVELS = ("none", "decisions")
+"""``--trace-level`` values (an empty value means ``none`` too)."""
+SESSION_MODES = ("fixed", "closed-loop")
+"""``--session-mode`` values of ``blis replay``."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ def _go_g(v: float) -> str:
 def _session_mode_text(flag: str, value: str) -> str:
     from blis_fast.workload.gofmt import go_quote
 
-    return f'--{flag} must be "fixed" or "closed-loop", got {go_quote(value)}'
+    return f'--{flag} must be {" or ".join(map(go_quote, SESSION_MODES))}, got {go_quote(value)}'
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class OptionSpec:
     slot: str = ""  # "<config array>.<kernel constant>" the resolved value is packed into
     choices: str = ""  # the policy family (blis_fast.policies) whose names are the values
     file: str = ""  # "input" (a file read), "input-folder" (holds config.json), "output"
+    values: tuple[str, ...] = ()  # the values a text flag takes (its check reads the same list)
     group: str = ""  # the heading the flag is listed under in --help (set by _in_group)
 
     @property
@@ -141,10 +146,13 @@ class OptionSpec:
 
     def value_name(self) -> str:
         """What ``--help`` shows the flag takes: INTEGER, FLOAT, FLOAT,... (a comma-separated
-        list), PATH, DIRECTORY, TEXT, a policy family's names as ``[a|b|c]`` (loads the
-        registry), or "" for a switch. Display only: values are parsed by :func:`coerce`."""
+        list), PATH, DIRECTORY, TEXT, a policy family's names (loads the registry) or the row's
+        ``values`` as ``[a|b|c]``, or "" for a switch. Display only: values are parsed by
+        :func:`coerce` and checked by the row's checks."""
         if self.kind == "bool":
             return ""
+        if self.values:
+            return "[" + "|".join(self.values) + "]"
         if self.choices:
             from blis_fast.policies import family
 
@@ -227,7 +235,7 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
         OptionSpec("log", "str", "warn", "log level for stderr diagnostics",
                    (Check(lambda v: v.lower() in LOG_LEVELS,
                           "--{flag}: invalid log level {value!r} (valid: "
-                          + ", ".join(LOG_LEVELS) + ")"),)),
+                          + ", ".join(LOG_LEVELS) + ")"),), values=tuple(LOG_LEVELS)),
     ),
     *_in_group("Cluster, admission and routing",
         OptionSpec("num-instances", "int", 1, "number of instances",
@@ -247,8 +255,9 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
         OptionSpec("policy-config", "str", "", "policy bundle YAML", file="input"),
         OptionSpec("fitness-weights", "str", "", "fitness weights, key:value,..."),
         OptionSpec("trace-level", "str", "none", "decision trace level: none or decisions",
-                   (Check(lambda v: v in ("", "none", "decisions"),
-                          "--{flag}: unknown value {value!r}. Valid: none, decisions"),)),
+                   (Check(lambda v: v in ("", *TRACE_LEVELS),
+                          "--{flag}: unknown value {value!r}. Valid: " + ", ".join(TRACE_LEVELS)),),
+                   values=TRACE_LEVELS),
         OptionSpec("counterfactual-k", "int", 0, "counterfactual candidates per routing decision",
                    (_NON_NEGATIVE,), slot="RouterCfg.COUNTERFACTUAL_K"),
         OptionSpec("summarize-trace", "bool", False, "print the decision-trace summary"),
@@ -347,7 +356,8 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                    (required("--trace-data is required"),), file="input"),
         OptionSpec("session-mode", "str", "fixed",
                    "replay: fixed (trace arrivals) or closed-loop (follow-ups after completions)",
-                   (Check(lambda v: v in ("fixed", "closed-loop"), _session_mode_text),)),
+                   (Check(lambda v: v in SESSION_MODES, _session_mode_text),),
+                   values=SESSION_MODES),
         OptionSpec("think-time-dist", "str", "",
                    "replay closed-loop: think time, lognormal:mu=..,sigma=..[,min=..,max=..] or "
                    "constant:value=<time>"),

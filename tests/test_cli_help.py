@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from blis_fast.cli import main_group
 from blis_fast.cli_options import OTHER_OPTIONS, RowOption
-from blis_fast.options import REPLAY_ONLY_FLAGS, RUN_OPTIONS
+from blis_fast.options import OPTIONS_BY_FLAG, REPLAY_ONLY_FLAGS, RUN_OPTIONS
 
 
 def _help(*args: str) -> str:
@@ -173,3 +173,13 @@ def test_one_workload_source_choice(flags, distribution, source):
     from blis_fast.workload.synthesis import workload_source
 
     assert workload_source(SimpleNamespace(**flags), distribution) == source
+
+
+@pytest.mark.parametrize("flag", ["log", "trace-level", "session-mode"])
+def test_a_flag_with_listed_values_shows_them_and_its_check_takes_exactly_them(flag):
+    spec = OPTIONS_BY_FLAG[flag]
+    assert spec.values and spec.value_name() == "[" + "|".join(spec.values) + "]"
+    assert all(check.error(flag, value) is None for value in spec.values for check in spec.checks)
+    assert any(check.error(flag, "bogus") for check in spec.checks)
+    records = _records("replay" if flag == "session-mode" else "run")
+    assert records[flag][0] == f"--{flag} {spec.value_name()}"
