@@ -30,12 +30,12 @@ from blis_fast.config.pd import (
 from blis_fast.config.pd import requested as pd_requested
 from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_policies
 from blis_fast.data import data_path
-from blis_fast.engine.compile_notice import notify_if_compiling
 from blis_fast.engine.engine_config import EngineConfig, Hooks
 from blis_fast.engine.fleet import run_warnings
 from blis_fast.engine.follow_ups import SessionPlan
 from blis_fast.engine.results import SimulationResult
 from blis_fast.engine.simulate import run_engine
+from blis_fast.engine.warmup import notify_if_compiling
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels.heap import MAX_INSTANCES
 from blis_fast.options import LOG_LEVELS, TIME_LIMIT_US, check_options

@@ -46,8 +46,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 PENDING_EDGES: dict[tuple[str, str], str] = {
     ("policies", "options"): "registry Params read their flag's row and Check type from options",
-    ("workload", "engine"): "the generator announces its cold compile through "
-                            "engine/compile_notice",
     ("gonum", "workload"): "NumError quotes with workload/gofmt",
     ("config", "workload"): "config quotes with workload/gofmt",
     ("options", "workload"): "options quote with workload/gofmt",
@@ -55,9 +53,6 @@ PENDING_EDGES: dict[tuple[str, str], str] = {
 """(importer, imported) folder pairs that break the layering today, and why."""
 
 PENDING_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"blis_fast.engine.simulate", "blis_fast.engine.warmup",
-               "blis_fast.engine.compile_notice"}):
-        "the notice starts the warm-up process and the warm-up runs the engine",
     frozenset({"blis_fast.output.pd", "blis_fast.output.pools",
                "blis_fast.output.run_outputs"}):
         "run_outputs builds the P/D blocks, which reuse its per-request helpers",

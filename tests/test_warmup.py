@@ -1,5 +1,5 @@
 """A cold first run (empty Numba cache) compiles the engine in two processes
-(``blis_fast/engine/warmup.py``, ``engine/compile_notice.py``) and prints what a warm run
+(``blis_fast/engine/warmup.py``, ``compile_notice.py``) and prints what a warm run
 prints; the part the first process compiles is exactly what the event loop's compile then finds
 in the cache."""
 
@@ -17,8 +17,7 @@ import pytest
 
 import blis_fast
 from blis_fast.config.pd import requested as pd_requested
-from blis_fast.engine.compile_notice import engine_variant
-from blis_fast.engine.simulate import event_loop_arguments
+from blis_fast.engine.simulate import engine_variant, event_loop_arguments
 from blis_fast.engine.warmup import _one_request_run, compile_engine
 from blis_fast.kernels.event_loop import PD_ARGUMENT, run_events
 
@@ -169,7 +168,7 @@ def test_the_notice_names_a_variant_missing_from_the_cache(monkeypatch, caplog) 
     loaded variant is not."""
     from numba.core import types
 
-    from blis_fast.engine import compile_notice
+    from blis_fast import compile_notice
 
     with_sessions = lambda signature: signature[-1] != types.none  # noqa: E731
     without = (types.int64, types.none)

@@ -9,14 +9,11 @@ import warnings
 from collections.abc import Iterator
 
 import numpy as np
+from numba.core import types
 from numba.core.errors import NumbaExperimentalFeatureWarning
 
+from blis_fast.compile_notice import announce_if_compiling, finish_background_compile
 from blis_fast.engine import fleet
-from blis_fast.engine.compile_notice import (
-    announce_if_compiling,
-    engine_variant,
-    wait_for_engine_compile,
-)
 from blis_fast.engine.engine_config import EngineConfig, Hooks
 from blis_fast.engine.follow_ups import (
     FollowUpRows,
@@ -42,7 +39,12 @@ from blis_fast.engine.results import SimulationResult, raise_failure, read_resul
 from blis_fast.engine.sessions import SessionDriver
 from blis_fast.kernels.autoscale_layout import AsVar
 from blis_fast.kernels.enums import Status
-from blis_fast.kernels.event_loop import push_cluster_arrivals, run_events
+from blis_fast.kernels.event_loop import (
+    ASC_ARGUMENT,
+    PD_ARGUMENT,
+    push_cluster_arrivals,
+    run_events,
+)
 from blis_fast.kernels.gomath import INT64_MAX
 from blis_fast.kernels.state import (
     ConfigSlot,
@@ -106,11 +108,19 @@ def _kernel_hooks(hooks: Hooks | None) -> KernelHooks:
                        hooks.admission or H.admit_all, hooks.scheduler_key or H.zero_key)
 
 
+def engine_variant(pd: bool, autoscaled: bool | None = None):
+    """Whether a signature of the event loop is the variant with or without P/D (``pd``) and
+    the autoscaler (``autoscaled``; None: either): their arguments are None without them."""
+    return lambda signature: ((signature[PD_ARGUMENT] != types.none) == pd
+                              and (autoscaled is None
+                                   or (signature[ASC_ARGUMENT] != types.none) == autoscaled))
+
+
 def run_engine(table, cfg: EngineConfig, model: str = "",
                sessions: SessionPlan | None = None) -> SimulationResult:
     """Simulate ``table`` (a RequestTable) under ``cfg``; ``sessions`` continues closed-loop
     sessions with follow-ups generated as their requests finish (WL-6.5, CLU-1.15)."""
-    wait_for_engine_compile()
+    finish_background_compile()
     room = initial_capacity(table, sessions)
     fleet_rows = fleet.initial_rows(cfg)
     while True:

@@ -11,10 +11,16 @@ the run's variant: P/D or not (``--pd``); without P/D its code is left out of th
 
 from __future__ import annotations
 
+import logging
+import subprocess
 import sys
 import warnings
 
 import numpy as np
+
+from blis_fast.compile_notice import announce, has_cached_overload, start_background_compile
+
+log = logging.getLogger("blis_fast")
 
 
 def compile_engine(pd: bool = False) -> None:
@@ -126,6 +132,42 @@ def _one_request_run(pd: bool = False) -> tuple:
     return table, EngineConfig(options=opts, latency=latency,
                                policies=select_policies(opts, None),
                                pd=PDConfig(prefill=1, decode=1) if pd else None)
+
+
+def notify_if_compiling(pd: bool = False) -> None:
+    """Log one warning line when the simulation or workload kernels must be compiled first,
+    and start compiling the engine (its P/D variant with ``pd``) in a second process while
+    this one compiles the engine's parts the second would reach last, then the workload
+    kernels; the first simulation waits for the second process
+    (``compile_notice.finish_background_compile``)."""
+    from blis_fast.engine.simulate import engine_variant
+    from blis_fast.kernels.event_loop import run_events
+    from blis_fast.kernels.generation import generate_kernel
+
+    engine_ready = has_cached_overload(run_events, engine_variant(pd))
+    if engine_ready and has_cached_overload(generate_kernel):
+        return
+    announce()
+    if engine_ready:
+        return
+    second = subprocess.Popen(
+        [sys.executable, "-m", "blis_fast.engine.warmup"] + (["--pd"] if pd else []),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    start_background_compile(lambda: _finish_second_process(second))
+    try:
+        compile_late_engine_parts(pd)  # what the second process would compile last
+    except Exception:  # noqa: BLE001 - a head start only: the second process compiles it all
+        log.debug("compiling the late engine parts failed", exc_info=True)
+
+
+def _finish_second_process(second: subprocess.Popen) -> None:
+    """Let the second process finish writing the engine cache, compiling meanwhile what only
+    the Python side calls (when buffers grow)."""
+    try:
+        compile_python_called_engine_parts()
+    except Exception:  # noqa: BLE001 - a head start only: the run compiles what it needs
+        log.debug("compiling the engine's growth kernels failed", exc_info=True)
+    second.wait()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from blis_fast.compile_notice import finish_background_compile
 from blis_fast.errors import BlisConfigError
 from blis_fast.sweep.execute import TaskRunner
 from blis_fast.sweep.progress import Progress
@@ -68,9 +69,7 @@ def run_sweep(spec_path: str | Path, out_dir: str | Path, *, workers: int | None
         tasks = _chunks(plan, pending, chunk_size or default_chunk_size(len(plan.configs)),
                         with_requests)
         outcome = SweepOutcome(Path(out_dir), len(plan.configs), len(done), 0, 0)
-        from blis_fast.engine.compile_notice import wait_for_engine_compile
-
-        wait_for_engine_compile()  # a cold cache compiles once here, not in every worker
+        finish_background_compile()  # a cold cache compiles once here, not in every worker
         check_stop()  # Ctrl-C during validation: stop before writing anything
         store.begin(backend, runner.workers, len(pending))
         bar = Progress(len(plan.configs), len(done), progress)

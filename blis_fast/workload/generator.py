@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba.core import types
 
-from blis_fast.engine.compile_notice import announce_if_compiling
+from blis_fast.compile_notice import announce_if_compiling
 from blis_fast.errors import BlisInputError
 from blis_fast.gonum import INT64_MAX
 from blis_fast.kernels.generation import generate_kernel
