@@ -17,9 +17,39 @@ import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
 from blis_fast.options import RUN_OPTIONS, OptionSpec
+from blis_fast.policies import family
 
 OTHER_OPTIONS = "Other options"
 """The heading of options that come from no row (``--help``)."""
+
+
+def help_text(spec: OptionSpec, *, names: bool = True) -> str:
+    """A row's help line; a policy flag lists its family's names (loads the registry), or with
+    ``names=False`` (``--help``, whose value column lists them) only the names a user function
+    runs under."""
+    if not spec.choices:
+        return spec.help
+    registry = family(spec.choices)
+    if names:
+        return f"{spec.help}: {registry.help_names()}"
+    hooks = [name for name, e in registry.entries.items() if getattr(e, "hook", "")]
+    return f"{spec.help} ({', '.join(hooks)} through the Python API)" if hooks else spec.help
+
+
+def value_name(spec: OptionSpec) -> str:
+    """What ``--help`` shows a row's flag takes: INTEGER, FLOAT, FLOAT,... (a comma-separated
+    list), PATH, DIRECTORY, TEXT, a policy family's names (loads the registry) or the row's
+    ``values`` as ``[a|b|c]``, or "" for a switch. Display only: values are parsed by
+    ``options.coerce`` and checked by the row's checks."""
+    if spec.kind == "bool":
+        return ""
+    if spec.values:
+        return "[" + "|".join(spec.values) + "]"
+    if spec.choices:
+        return "[" + "|".join(family(spec.choices).valid_names()) + "]"
+    if spec.file:
+        return "DIRECTORY" if spec.file == "input-folder" else "PATH"
+    return {"int": "INTEGER", "float": "FLOAT", "floats": "FLOAT,..."}.get(spec.kind, "TEXT")
 
 
 class TextAs(click.ParamType):
@@ -53,10 +83,10 @@ class RowOption(click.Option):
         self.default_note = default_note
 
     def make_metavar(self, ctx: click.Context) -> str:
-        return self.spec.value_name() or super().make_metavar(ctx)
+        return value_name(self.spec) or super().make_metavar(ctx)
 
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
-        text = self.spec.help_text(names=False)
+        text = help_text(self.spec, names=False)
         default = self.spec.default_text(self.shown_default)
         if default:
             note = f" ({self.default_note})" if self.default_note else ""

@@ -130,37 +130,6 @@ class OptionSpec:
         """The RunOptions attribute holding this flag's value."""
         return self.flag.replace("-", "_")
 
-    def help_text(self, *, names: bool = True) -> str:
-        """The help line; a policy flag lists its family's names (loads the registry), or with
-        ``names=False`` (``--help``, whose value column lists them) only the names a user
-        function runs under."""
-        if not self.choices:
-            return self.help
-        from blis_fast.policies import family
-
-        registry = family(self.choices)
-        if names:
-            return f"{self.help}: {registry.help_names()}"
-        hooks = [name for name, e in registry.entries.items() if getattr(e, "hook", "")]
-        return f"{self.help} ({', '.join(hooks)} through the Python API)" if hooks else self.help
-
-    def value_name(self) -> str:
-        """What ``--help`` shows the flag takes: INTEGER, FLOAT, FLOAT,... (a comma-separated
-        list), PATH, DIRECTORY, TEXT, a policy family's names (loads the registry) or the row's
-        ``values`` as ``[a|b|c]``, or "" for a switch. Display only: values are parsed by
-        :func:`coerce` and checked by the row's checks."""
-        if self.kind == "bool":
-            return ""
-        if self.values:
-            return "[" + "|".join(self.values) + "]"
-        if self.choices:
-            from blis_fast.policies import family
-
-            return "[" + "|".join(family(self.choices).valid_names()) + "]"
-        if self.file:
-            return "DIRECTORY" if self.file == "input-folder" else "PATH"
-        return {"int": "INTEGER", "float": "FLOAT", "floats": "FLOAT,..."}.get(self.kind, "TEXT")
-
     def default_text(self, default: Any = None) -> str:
         """The default ``--help`` shows, as the flag's value would be written (``default``,
         else the row's); "" when there is nothing to show: a switch, an empty string, or a

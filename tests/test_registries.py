@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from blis_fast.cli_options import help_text
 from blis_fast.config.policy_bundle import load_policy_bundle, select_policies
 from blis_fast.engine import engine_config
 from blis_fast.errors import BlisConfigError
@@ -70,7 +71,7 @@ def test_valid_names_and_help_come_from_the_registries():
     assert {"blackbox", "crossmodel", "roofline", "trained-physics", "trained-roofline"} <= set(
         family("latency_backends").valid_names())
     assert "custom" in SCORERS and "custom" not in SCORERS.valid_names()
-    assert OPTIONS_BY_FLAG["scheduler"].help_text() == (
+    assert help_text(OPTIONS_BY_FLAG["scheduler"]) == (
         "instance scheduler: fcfs, priority-fcfs, reverse-priority, sjf; custom through the "
         "Python API")
     assert family("routing").codes() == {
