@@ -99,13 +99,13 @@ def required(message: str) -> Check:
 
 
 def _go_g(v: float) -> str:
-    from blis_fast.workload.gofmt import go_g
+    from blis_fast.gofmt import go_g
 
     return go_g(v)
 
 
 def _session_mode_text(flag: str, value: str) -> str:
-    from blis_fast.workload.gofmt import go_quote
+    from blis_fast.gofmt import go_quote
 
     return f'--{flag} must be {" or ".join(map(go_quote, SESSION_MODES))}, got {go_quote(value)}'
 

@@ -45,9 +45,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 """Bottom first. A folder (or top-level module) is named without ``blis_fast.``."""
 
 PENDING_EDGES: dict[tuple[str, str], str] = {
-    ("gonum", "workload"): "NumError quotes with workload/gofmt",
-    ("config", "workload"): "config quotes with workload/gofmt",
-    ("options", "workload"): "options quote with workload/gofmt",
 }
 """(importer, imported) folder pairs that break the layering today, and why."""
 

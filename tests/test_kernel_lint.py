@@ -168,7 +168,7 @@ def test_kernel_code_imports_only_kernels_and_frozen_leaves():
     assert found == []
 
 
-TEXT_ONLY_IMPORTS = {"blis_fast.workload.gofmt"}
+TEXT_ONLY_IMPORTS = {"blis_fast.gofmt"}
 """What the frozen leaves may import: Go's quoting for an error's text (never a value a kernel
 holds)."""
 

@@ -10,9 +10,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from blis_fast.gofmt import go_quote
 from blis_fast.observe.output import trace_header
 from blis_fast.workload import spec as S
-from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.spec_yaml import SCHEMA, parse_workload_spec
 from blis_fast.workload.yaml_writer import _double_quoted, marshal_spec, yaml_string
 

@@ -24,8 +24,8 @@ from blis_fast.config.autoscale_bundle import (
     NodePoolBundle,
 )
 from blis_fast.errors import BlisConfigError
+from blis_fast.gofmt import go_g, go_quote
 from blis_fast.options import check_options
-from blis_fast.workload.gofmt import go_g, go_quote
 
 log = logging.getLogger("blis_fast")
 

@@ -24,8 +24,8 @@ from blis_fast.config.strict_yaml import (
     decode_struct,
     is_null,
 )
+from blis_fast.gofmt import go_g, go_quote
 from blis_fast.options import TIME_LIMIT_US
-from blis_fast.workload.gofmt import go_g, go_quote
 
 MAX_POOL_GPUS = 1 << 20
 """Most GPUs all node pools may hold together (blis_fast's own limit: inventory arrays)."""

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from blis_fast.errors import BlisConfigError
+from blis_fast.gofmt import go_pct_f, go_quote
 from blis_fast.options import check_options
-from blis_fast.workload.gofmt import go_pct_f, go_quote
 
 ROLE_PREFILL, ROLE_DECODE, ROLE_ENCODE = 1, 2, 4
 """Pool role bits of an instance (PD-2); a shared instance has both prefill and decode."""

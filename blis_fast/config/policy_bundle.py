@@ -252,8 +252,8 @@ def parse_scorer_list(text: str, allow_custom: bool = False) -> list[tuple[str, 
 
     ``custom`` (a user scorer given through the Python API) is accepted when ``allow_custom``.
     """
+    from blis_fast.gofmt import go_trim_space
     from blis_fast.gonum import NumError, parse_float
-    from blis_fast.workload.gofmt import go_trim_space
 
     if text == "":
         return []

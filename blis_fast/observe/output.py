@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from blis_fast.gofmt import go_g
 from blis_fast.observe.orchestrator import Observed
-from blis_fast.workload.gofmt import go_g
 from blis_fast.workload.trace_v2 import TRACE_V2_COLUMNS, go_csv_field
 from blis_fast.workload.yaml_writer import yaml_string
 

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from blis_fast.errors import BlisConfigError
+from blis_fast.gofmt import go_quote, go_trim_space
 from blis_fast.gonum import parse_float
 from blis_fast.output.stats import Distribution
-from blis_fast.workload.gofmt import go_quote, go_trim_space
 
 FITNESS_KEYS = (
     "throughput",

@@ -11,7 +11,6 @@ Modules:
 * ``expand`` - cohorts, inference-perf and ServeGen expansions (WL-7, WL-8, DELTA-53/57);
 * ``samplers`` - length, arrival and think-time samplers built from a spec (WL-5.2/5.3,
   DELTA-59); their draws are the kernels of ``blis_fast.kernels.samplers``;
-* ``gofmt`` - Go text formatting/parsing (one quoting loop for ``%q`` and yaml.v3);
 * ``generator`` - ``generate_requests`` / ``generate_workload`` (-> RequestTable, session
   blueprints, follow-up budget) and the WL-1.2-1.4 precedence helpers; the generation kernel
   itself (a merge of lazily advanced client streams) is ``blis_fast.kernels.generation``

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.gofmt import go_pct_f, go_quote
 from blis_fast.workload.expand import expand_inference_perf, load_servegen_clients
-from blis_fast.workload.gofmt import go_pct_f, go_quote
 from blis_fast.workload.spec import (
     ArrivalSpec,
     ClientSpec,

@@ -28,6 +28,7 @@ from numba.core import types
 
 from blis_fast.compile_notice import announce_if_compiling
 from blis_fast.errors import BlisInputError
+from blis_fast.gofmt import go_quote
 from blis_fast.gonum import INT64_MAX
 from blis_fast.kernels.generation import generate_kernel
 from blis_fast.kernels.generation_layout import (
@@ -44,7 +45,6 @@ from blis_fast.workload.generated import (
     GeneratedWorkload,
     SessionBlueprint,
 )
-from blis_fast.workload.gofmt import go_quote
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import build_sampler
 from blis_fast.workload.spec import (

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from blis_fast.gofmt import go_pct_f, go_quote, go_sscanf_int
 from blis_fast.kernels.gomath import (
     go_f2i,
     go_gamma,
@@ -31,7 +32,6 @@ from blis_fast.kernels.samplers import (
     DIST_EMPIRICAL,
     DIST_LOGNORMAL,
 )
-from blis_fast.workload.gofmt import go_pct_f, go_quote, go_sscanf_int
 from blis_fast.workload.spec import (
     DIST_REQUIRED_PARAMS,
     SAMPLER_CODES,

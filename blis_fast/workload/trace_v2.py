@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from blis_fast.workload.gofmt import go_f
+from blis_fast.gofmt import go_f
 from blis_fast.workload.request_table import RequestTable
 
 TRACE_V2_COLUMNS = (

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 from blis_fast.errors import BlisInputError
+from blis_fast.gofmt import go_pct_f
 from blis_fast.options import TIME_LIMIT_US
-from blis_fast.workload.gofmt import go_pct_f
 from blis_fast.workload.spec import (
     ARRIVAL_CODES,
     DIST_CODES,

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from blis_fast.config.yaml_scalars import OLD_BOOLS, resolve_plain
-from blis_fast.workload.gofmt import go_g, quote_escaped
+from blis_fast.gofmt import go_g, quote_escaped
 from blis_fast.workload.spec import WorkloadSpec
 from blis_fast.workload.spec_yaml import SCHEMA, Field
 

@@ -1,4 +1,4 @@
-"""Go text formatting and parsing helpers used by workload messages and outputs.
+"""Go text formatting and parsing helpers used by messages and outputs everywhere (a leaf).
 
 * ``go_quote``  - ``%q`` of a string (``strconv.Quote``), on ``quote_escaped``;
 * ``go_pct_f``  - ``%f`` (six decimals; ``NaN``, ``+Inf``, ``-Inf``);
