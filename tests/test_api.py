@@ -19,7 +19,7 @@ import pytest
 
 import blis_fast
 from blis_fast.errors import BlisConfigError
-from blis_fast.output.parquet import load_schema, schema_fields
+from blis_fast.output.schemas import load_schema, schema_fields
 from blis_fast.runner import RunResult
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"

@@ -56,8 +56,6 @@ PENDING_CYCLES: dict[frozenset[str], str] = {
                "blis_fast.config.latency_inputs", "blis_fast.config.model_resolution"}):
         "defaults.yaml's known keys include each latency backend's coefficient section, read "
         "from the registry, whose backends resolve their inputs from defaults.yaml",
-    frozenset({"blis_fast.output.parquet", "blis_fast.output.provenance"}):
-        "the writers stamp provenance, which reads the schema versions the writers load",
 }
 """Import cycles inside a folder (module sets), and why."""
 

@@ -16,12 +16,8 @@ from _output_parity import load_results, request_columns, results_cases
 from blis_fast.data import data_path
 from blis_fast.errors import BlisOutputError
 from blis_fast.output import parquet as pqo
-from blis_fast.output.parquet import (
-    ARROW_TYPES,
-    load_schema,
-    write_requests_parquet,
-    write_summary_parquet,
-)
+from blis_fast.output.parquet import write_requests_parquet, write_summary_parquet
+from blis_fast.output.schemas import ARROW_TYPES, load_schema
 from blis_fast.output.summary import InstanceMetrics, RequestColumns, build_metrics_output
 
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import blis_fast
 from blis_fast.kernels.pd import ParentField, PDCounter
-from blis_fast.output.parquet import load_schema, schema_fields
 from blis_fast.output.pd import PD_SUMMARY_COLUMNS
+from blis_fast.output.schemas import load_schema, schema_fields
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 

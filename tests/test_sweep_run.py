@@ -36,7 +36,7 @@ def _files(out: Path) -> dict[str, bytes]:
 def _always(metrics: list[str]) -> list[str]:
     """The metrics every run has (the cost and fleet columns are null where they do not
     apply: an unpriced run, a fixed fleet)."""
-    from blis_fast.output.parquet import schema_fields
+    from blis_fast.output.schemas import schema_fields
 
     optional = {f["name"] for f in schema_fields("summary") if f.get("nullable")}
     return [m for m in metrics if m not in optional]

@@ -79,7 +79,7 @@ def default_itl_path(trace_data: str) -> str:
 
 def observed_table(observed: Sequence[Observed], start_wall_us: int) -> pa.Table:
     """The observed requests as an Arrow table with the ``observed_requests`` schema."""
-    from blis_fast.output.parquet import load_schema
+    from blis_fast.output.schemas import load_schema
 
     schema = load_schema("observed_requests")
     n = len(observed)

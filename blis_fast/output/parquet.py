@@ -1,30 +1,27 @@
 """Parquet outputs of ``--output-dir``: ``summary.parquet`` (one row) and ``requests.parquet``.
 
 Column names and Arrow types come from the JSON schema files in ``schemas/`` (packaged as
-``blis_fast/data/schemas``), loaded by :func:`load_schema`; the writers build tables with
-exactly those schemas. Files are written atomically: a temporary file in the target's
-directory, then ``os.replace``, so a failed run never leaves a partial file behind.
+``blis_fast/data/schemas``), loaded by :func:`blis_fast.output.schemas.load_schema`; the
+writers build tables with exactly those schemas. Files are written atomically: a temporary file
+in the target's directory, then ``os.replace``, so a failed run never leaves a partial file
+behind.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from functools import cache
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from blis_fast.data import data_path
+from blis_fast.files import write_output_file
+from blis_fast.output.provenance import file_provenance, with_provenance
+from blis_fast.output.schemas import load_schema
 from blis_fast.output.summary import RequestColumns, results_order
 
 __all__ = [
-    "ARROW_TYPES",
     "atomic_write_table",
-    "load_schema",
-    "schema_fields",
-    "schema_version",
     "write_summary_parquet",
     "write_requests_parquet",
     "requests_table",
@@ -33,57 +30,15 @@ __all__ = [
     "write_decisions_parquet",
 ]
 
-ARROW_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(),
-    "int64": pa.int64(),
-    "int32": pa.int32(),
-    "float64": pa.float64(),
-    "bool": pa.bool_(),
-    "list<float64>": pa.list_(pa.float64()),
-    "list<string>": pa.list_(pa.string()),
-}
-
-
-@cache
-def _schema_doc(name: str) -> dict:
-    path = data_path("schemas") / f"{name}.json"
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
-
-
-def schema_fields(name: str) -> tuple[dict, ...]:
-    """The field entries (name, type, nullable, description) of ``schemas/<name>.json``."""
-    return tuple(_schema_doc(name)["fields"])
-
-
-def schema_version(name: str) -> int:
-    """The version of ``schemas/<name>.json`` (raised whenever its columns change), which
-    every Parquet file written with it records (``blis_fast.output.provenance``)."""
-    return int(_schema_doc(name)["version"])
-
-
-def load_schema(name: str) -> pa.Schema:
-    """Arrow schema of ``schemas/<name>.json`` (``summary`` or ``requests``)."""
-    return pa.schema(
-        [
-            pa.field(f["name"], ARROW_TYPES[f["type"]], nullable=bool(f.get("nullable", True)))
-            for f in schema_fields(name)
-        ]
-    )
-
 
 def atomic_write_table(path: str | os.PathLike, table: pa.Table, flag: str = "output") -> None:
     """Write ``table`` as Parquet atomically (``blis_fast.files.write_output_file``)."""
-    from blis_fast.files import write_output_file
-
     write_output_file(path, flag, lambda tmp: pq.write_table(table, tmp))
 
 
 def _stamped(table: pa.Table, schema: str) -> pa.Table:
     """``table`` with the version and schema provenance of a file written through this module's
     helpers (no run options: they are not known here)."""
-    from blis_fast.output.provenance import file_provenance, with_provenance
-
     return with_provenance(table, file_provenance(schema, "python"))
 
 

@@ -19,8 +19,8 @@ from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.pd import ParentField
 from blis_fast.kernels.state import InstanceCounter
 from blis_fast.output.cost import instance_gpus, run_end_us
-from blis_fast.output.parquet import load_schema
 from blis_fast.output.pd import run_ended_us
+from blis_fast.output.schemas import load_schema
 from blis_fast.output.stats import (
     distribution,
     sorted_weighted,

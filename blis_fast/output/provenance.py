@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.options import OPTIONS_BY_FIELD, build_options, coerce
+from blis_fast.output.schemas import schema_version
 from blis_fast.version import __version__
 
 __all__ = [
@@ -63,8 +64,6 @@ _SECRET_FIELDS = frozenset({"api_key"})
 
 def file_provenance(schema: str, command: str) -> dict[str, str]:
     """The keys every file carries: package version, schema name and version, command."""
-    from blis_fast.output.parquet import schema_version
-
     return {f"{PREFIX}version": __version__, f"{PREFIX}schema": schema,
             f"{PREFIX}schema_version": str(schema_version(schema)),
             f"{PREFIX}command": command}

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from blis_fast.kernels.autoscale_layout import AsInst, Signal
 from blis_fast.kernels.enums import InstanceKind
-from blis_fast.output.parquet import load_schema
+from blis_fast.output.schemas import load_schema
 
 _EVENTS = (  # (time column, state, order within a time)
     (AsInst.PLACED, "loading", 0), (AsInst.READY, "active", 1),

@@ -26,8 +26,9 @@ import pyarrow.parquet as pq
 
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.options import OPTIONS_BY_FIELD
-from blis_fast.output.parquet import atomic_write_table, load_schema
+from blis_fast.output.parquet import atomic_write_table
 from blis_fast.output.provenance import file_provenance, with_provenance
+from blis_fast.output.schemas import load_schema
 from blis_fast.output.summary import atomic_write_text
 from blis_fast.sweep.spec import SweepPlan
 from blis_fast.sweep.worker import ConfigResult
