@@ -2,7 +2,7 @@
 registries and option rows, configuration and workloads, the engine, the outputs, the runner,
 the API and the commands on top. A module may import its own folder and any folder of a lower
 layer, never one of its own layer or above; the layers below are the only statement of the
-allowed edges (docs/architecture.md draws them). Every import counts, at module level, inside a
+allowed edges (docs/architecture.md draws them, checked below). Every import counts, at module level, inside a
 function or under ``TYPE_CHECKING``: a function-level import hides an edge, it does not remove
 it. Inside a folder the modules form no import cycle.
 
@@ -175,7 +175,17 @@ def test_no_import_cycle_inside_a_folder():
     assert set(PENDING_CYCLES) - cycles == set(), "fixed: remove from PENDING_CYCLES"
 
 
-def test_the_graph_checks_see_breaches(tmp_path, monkeypatch):
+def render_layers() -> str:
+    """The layers as docs/architecture.md draws them: top first, one layer a line."""
+    return "\n".join(" · ".join(names) for names in reversed(LAYERS))
+
+
+def test_the_architecture_page_draws_these_layers():
+    page = (REPO / "docs" / "architecture.md").read_text()
+    assert f"```\n{render_layers()}\n```" in page
+
+
+def test_the_graph_checks_see_breaches(tmp_path):
     """The checks find an upward import and a cycle in a package of the test's own."""
     global REPO, PACKAGE
     pkg = tmp_path / "blis_fast"
@@ -186,7 +196,6 @@ def test_the_graph_checks_see_breaches(tmp_path, monkeypatch):
     (pkg / "kernels" / "a.py").write_text("def f():\n    from blis_fast.engine import b\n")
     (pkg / "engine" / "b.py").write_text("from blis_fast.engine.c import x\n")
     (pkg / "engine" / "c.py").write_text("from . import b\nx = 1\n")
-    monkeypatch.setattr(__import__(__name__), "REPO", tmp_path, raising=False)
     saved = REPO, PACKAGE
     REPO, PACKAGE = tmp_path, pkg
     try:
