@@ -9,10 +9,11 @@ import numpy as np
 
 from blis_fast.engine.engine_config import EngineConfig
 from blis_fast.errors import BlisRuntimeError
-from blis_fast.kernels.enums import RequestState, Routing, Status
+from blis_fast.kernels.enums import Registration, RequestState, Routing, Status
 from blis_fast.kernels.event_loop import SEQ_LIMIT
 from blis_fast.kernels.heap import MAX_INSTANCES
 from blis_fast.kernels.kv_layout import CpuMeta, KVMeta
+from blis_fast.kernels.pd import ParentField
 from blis_fast.kernels.router_state import RouterCfg, RouterVar
 from blis_fast.kernels.state import HotField, InstanceCounter, LogCursor, QueueField, Rejection
 
@@ -61,6 +62,12 @@ class PDRunData:
     first_token_us: np.ndarray
     first_itl_step_us: np.ndarray
     decode_sub: np.ndarray  # int8 per row: 1 = became a decode sub-request
+
+    @property
+    def disaggregated(self) -> np.ndarray:
+        """Per workload request, True when it was split into prefill and decode sub-requests
+        (its parent record's flag), so outputs need not read the ``par`` layout."""
+        return self.par[:, ParentField.FLAG] == 1
 
 
 @dataclass
@@ -113,6 +120,27 @@ class SimulationResult:
     def instance_name(self, i: int) -> str:
         """The id of instance ``i`` as the reference prints it."""
         return self.instance_names[i] if self.instance_names is not None else f"instance_{i}"
+
+    def instance_count(self, name: str) -> np.ndarray:
+        """Per-instance counter ``name`` (``COMPLETED``, ``DROPPED``, ``CLOCK``...: a field of
+        ``kernels.state.InstanceCounter``), so outputs name counters without the kernel's
+        column layout."""
+        return self.counters[:, getattr(InstanceCounter, name)]
+
+    @property
+    def completed(self) -> np.ndarray:
+        """Per request row, True when it completed (``RequestState.COMPLETED``)."""
+        return self.state == RequestState.COMPLETED
+
+    @property
+    def timed_out(self) -> np.ndarray:
+        """Per request row, True when it timed out (``RequestState.TIMED_OUT``)."""
+        return self.state == RequestState.TIMED_OUT
+
+    @property
+    def rejected_at_admission(self) -> np.ndarray:
+        """Per request row, True when the admission policy rejected it."""
+        return self.registered == Registration.REJECTED_ADMISSION
 
     @property
     def sim_ended_us(self) -> np.ndarray:

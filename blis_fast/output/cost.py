@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from blis_fast.kernels.state import InstanceCounter
+from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL, pool_tp
+from blis_fast.kernels.autoscale_layout import AsInst, AsVar
 
 DEFAULT_POOL = "default"
 
@@ -53,8 +54,6 @@ def summary_columns(res, cost: CostReport) -> dict:
                   "cost_per_1k_completed_usd": cost.cost_per_1k_completed_usd,
                   "peak_replicas": None, "scale_up_events": None, "scale_down_events": None}
     if res.fleet is not None:
-        from blis_fast.kernels.autoscale_layout import AsInst, AsVar
-
         inst = res.fleet.inst[: res.counters.shape[0]]
         ready, drained = inst[:, AsInst.READY], inst[:, AsInst.DRAINED]
         starts = np.sort(ready[ready >= 0])
@@ -76,8 +75,6 @@ def instance_gpus(res) -> np.ndarray:
     tp = max(1, int(cfg.latency.tp))
     gpus = np.full(n, tp, np.int64)
     if cfg.pd_on:
-        from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL, pool_tp
-
         roles = cfg.pd.roles(n)
         for pool, mask in (("prefill", roles == ROLE_PREFILL),
                            ("decode", (roles & ROLE_DECODE) > 0)):
@@ -87,10 +84,8 @@ def instance_gpus(res) -> np.ndarray:
 
 def run_end_us(res) -> int:
     """The end of the run: the horizon or the last instance event, whichever is earlier."""
-    last = int(res.counters[:, InstanceCounter.CLOCK].max(initial=0))
+    last = int(res.instance_count("CLOCK").max(initial=0))
     if res.fleet is not None:
-        from blis_fast.kernels.autoscale_layout import AsInst
-
         times = res.fleet.inst[: res.counters.shape[0], AsInst.PLACED:AsInst.TERMINATED + 1]
         last = max(last, int(times.max(initial=0)))
     return min(last, int(res.config.options.horizon))
@@ -112,8 +107,7 @@ def run_cost(res, completed: int) -> CostReport:
     if res.fleet is None:
         per_pool[DEFAULT_POOL] = float(instance_gpus(res).sum()) * end / 1e6
     else:
-        from blis_fast.kernels.autoscale_layout import AsInst
-        from blis_fast.output.scaling import node_names
+        from blis_fast.output.scaling import node_names  # lazy: scaling loads pyarrow
 
         pool_of, _ = node_names(setup.pools)
         inst = res.fleet.inst[: res.counters.shape[0]]

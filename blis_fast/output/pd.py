@@ -25,7 +25,7 @@ from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine.results import SimulationResult
 from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.pd import ParentField, PDCounter
-from blis_fast.output.run_outputs import (
+from blis_fast.output.requests import (
     client_meta,
     mean_itl,
     request_engine_records,

@@ -14,7 +14,7 @@ is computed in ``fitness.py``, the anomaly counters in ``anomalies.py``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -446,6 +446,4 @@ def render_report(report: ClusterReport) -> str:
 
 
 def _with_aggregate(report: ClusterReport, agg: InstanceMetrics) -> ClusterReport:
-    from dataclasses import replace
-
     return replace(report, aggregate=agg)

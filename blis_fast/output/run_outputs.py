@@ -17,11 +17,19 @@ import numpy as np
 from blis_fast.engine.results import SimulationResult
 from blis_fast.errors import BlisConfigError
 from blis_fast.files import OutputPlan
-from blis_fast.kernels.enums import Registration, RequestState
-from blis_fast.kernels.state import InstanceCounter
 from blis_fast.options import RUN_OPTIONS
 from blis_fast.output.cost import CostReport, run_cost, summary_columns
+from blis_fast.output.decisions import decision_columns
+from blis_fast.output.pd import (
+    cluster_aggregate_pd,
+    pd_figures,
+    pd_section,
+    pd_summary_columns,
+    project,
+    request_columns_pd,
+)
 from blis_fast.output.report import ClusterReport, render_report, summarize_trace
+from blis_fast.output.requests import request_columns
 from blis_fast.output.summary import (
     InstanceMetrics,
     RequestColumns,
@@ -84,23 +92,22 @@ def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
     ended = res.sim_ended_us
     otp = res.config.latency.output_token_time
     for i in range(res.counters.shape[0]):
-        c = res.counters[i]
         mine = res.instance == i
         ttft = res.ttft_us[mine & (res.ttft_us >= 0)].astype(np.float64)
         e2e = res.e2e_us[mine & (res.e2e_us >= 0)].astype(np.float64)
         sched = res.sched_delay_us[mine & (res.sched_delay_us >= 0)].astype(np.int64)
         steps = (res.step_instance == i) & (res.step_itl_count > 0)
         out.append(InstanceMetrics(
-            completed=int(c[InstanceCounter.COMPLETED]),
+            completed=int(res.instance_count("COMPLETED")[i]),
             still_queued=int(res.still_queued[i]),
             still_running=int(res.still_running[i]),
-            dropped_unservable=int(c[InstanceCounter.DROPPED]),
-            timed_out=int(c[InstanceCounter.TIMED_OUT]),
-            length_capped=int(c[InstanceCounter.LENGTH_CAPPED]),
-            total_input_tokens=int(c[InstanceCounter.IN_TOKENS]),
-            total_output_tokens=int(c[InstanceCounter.OUT_TOKENS]),
-            preemption_count=int(c[InstanceCounter.PREEMPTIONS]),
-            kv_allocation_failures=int(c[InstanceCounter.KV_FAILURES]),
+            dropped_unservable=int(res.instance_count("DROPPED")[i]),
+            timed_out=int(res.instance_count("TIMED_OUT")[i]),
+            length_capped=int(res.instance_count("LENGTH_CAPPED")[i]),
+            total_input_tokens=int(res.instance_count("IN_TOKENS")[i]),
+            total_output_tokens=int(res.instance_count("OUT_TOKENS")[i]),
+            preemption_count=int(res.instance_count("PREEMPTIONS")[i]),
+            kv_allocation_failures=int(res.instance_count("KV_FAILURES")[i]),
             sim_ended_time_us=int(ended[i]),
             ttft_us=ttft,
             e2e_us=e2e,
@@ -115,98 +122,6 @@ def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
     return out
 
 
-def mean_itl(res: SimulationResult, rows: np.ndarray, out_len: np.ndarray) -> np.ndarray:
-    """Per-request mean ITL of ``rows`` (ENG-7.2 step 4): the ITL sum over max(samples - 1, 1)
-    (samples = the output length, or the decode steps when length-capped); 0 without outputs,
-    NaN unless completed."""
-    capped = res.length_capped[rows] == 1
-    n_itl = np.where(capped, res.itl_count[rows], out_len)
-    denom = np.maximum(n_itl - 1, 1).astype(np.float64)
-    itl = res.itl_sum_us[rows].astype(np.float64) / denom
-    itl = np.where(out_len > 0, itl, 0.0)
-    return np.where(res.state[rows] == RequestState.COMPLETED, itl, np.nan)
-
-
-def client_meta(table: RequestTable, rows: np.ndarray, key: str) -> np.ndarray:
-    """Client metadata ``key`` (slo_class, tenant_id, model) of ``rows``, "" when none."""
-    clients = table.clients
-    values = np.array([str(c.get(key, "") or "") for c in clients] or [""], dtype=object)
-    return values[table.client_idx[rows]] if len(clients) else np.full(len(rows), "",
-                                                                         dtype=object)
-
-
-def request_identity(table: RequestTable, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The ``client_id``, ``session_id`` and ``round_index`` columns of ``rows`` (what
-    :class:`RequestColumns` holds for ``requests.parquet``): session and round None / -1
-    outside a session."""
-    sessions = np.array(list(table.sessions) + [None], dtype=object)
-    session_idx = table.session_idx[rows]
-    in_session = session_idx >= 0
-    return {
-        "client_id": client_meta(table, rows, "id"),
-        "session_id": sessions[np.where(in_session, session_idx, len(table.sessions))],
-        "round_index": np.where(in_session, table.round_index[rows], -1).astype(np.int64),
-    }
-
-
-def request_engine_records(res: SimulationResult, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The ``preemptions``, ``cached_prefix_tokens``, ``priority`` and ``slo_priority`` columns
-    of workload ``rows`` (what the kernel collected per request, for ``requests.parquet``).
-
-    In a P/D run a disaggregated parent reports its sub-requests: preemptions of both, the
-    cached prefix and the priority of its prefill sub-request (row ``n + r``, the one its
-    ``scheduling_delay_ms`` comes from); a local request's row ``n + r`` is never used."""
-    preemptions = res.preemptions[rows].astype(np.int64)
-    cached = res.cached_prefix_tokens[rows]
-    priority = res.priority[rows]
-    if res.pd is not None:
-        from blis_fast.kernels.pd import ParentField
-
-        n = res.table.n
-        split = res.pd.par[rows, ParentField.FLAG] == 1
-        preemptions = preemptions + res.preemptions[rows + n]
-        cached = np.where(split, res.cached_prefix_tokens[rows + n], cached)
-        priority = np.where(split, res.priority[rows + n], priority)
-    return {
-        "preemptions": preemptions,
-        "cached_prefix_tokens": cached.astype(np.int64),
-        "priority": priority.astype(np.float64),
-        "slo_priority": res.slo_priority[rows].astype(np.int64),
-    }
-
-
-def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumns:
-    """Per-request records of every request registered at an instance (ENG-7.6, CLU-7.24)."""
-    rows = np.flatnonzero(res.registered == 1)
-    out_len = table.output_len[rows]
-    capped = res.length_capped[rows] == 1
-    itl = mean_itl(res, rows, out_len)
-    ttft = res.ttft_us[rows]
-    e2e = res.e2e_us[rows]
-
-    def meta(key: str) -> np.ndarray:
-        return client_meta(table, rows, key)
-
-    return RequestColumns(
-        request_id=np.array(table.id_strings(), dtype=object)[rows],
-        arrival_us=table.arrival_us[rows],
-        num_prefill_tokens=table.input_len[rows],
-        num_decode_tokens=out_len,
-        ttft_us=np.where(ttft >= 0, ttft.astype(np.float64), np.nan),
-        itl_us=itl,
-        e2e_us=np.where(e2e >= 0, e2e.astype(np.float64), np.nan),
-        scheduling_delay_us=res.sched_delay_us[rows].astype(np.int64),
-        handled_by=res.instance[rows].astype(np.int32),
-        instance_names=res.instance_names,
-        slo_class=meta("slo_class"),
-        tenant_id=meta("tenant_id"),
-        model=meta("model"),
-        length_capped=capped,
-        **request_identity(table, rows),
-        **request_engine_records(res, rows),
-    )
-
-
 def trace_outcome(res: SimulationResult, n: int | None = None) -> TraceOutcome:
     """Per-request status/TTFT/ITL sums for the trace v2 export (WL-9.5) of the first ``n``
     requests (default: all). A disaggregated request is exported as the reference does: its
@@ -215,14 +130,12 @@ def trace_outcome(res: SimulationResult, n: int | None = None) -> TraceOutcome:
         n = res.table.n
     state = res.state[:n]
     status = np.full(state.shape[0], 2, dtype=np.int8)
-    status[state == RequestState.COMPLETED] = 0
-    status[state == RequestState.TIMED_OUT] = 1
+    status[res.completed[:n]] = 0
+    status[res.timed_out[:n]] = 1
     ttft = res.ttft_us[:n].astype(np.int64)
     itl = res.itl_sum_us[:n].astype(np.int64)
     if res.pd is not None:
-        from blis_fast.kernels.pd import ParentField
-
-        split = res.pd.par[:n, ParentField.FLAG] == 1
+        split = res.pd.disaggregated[:n]
         status[split] = 2
         ttft[split] = -1
         itl[split] = 0
@@ -235,7 +148,7 @@ def shed_by_tier(res: SimulationResult) -> dict[str, int]:
         return {}
     table = res.table
     counts: dict[str, int] = {}
-    for idx in np.flatnonzero(res.registered == Registration.REJECTED_ADMISSION):
+    for idx in np.flatnonzero(res.rejected_at_admission):
         client = table.clients[table.client_idx[idx]] if table.clients else {}
         tier = str(client.get("slo_class", "") or "") or "standard"
         counts[tier] = counts.get(tier, 0) + 1
@@ -256,14 +169,7 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
     pd_text = ""
     figures = pools = None
     if res.pd is not None:  # P/D: parents projected, counters corrected (output/pd.py)
-        from blis_fast.output.pd import (
-            cluster_aggregate_pd,
-            pd_figures,
-            pd_section,
-            project,
-            request_columns_pd,
-        )
-        from blis_fast.output.pools import pool_rows
+        from blis_fast.output.pools import pool_rows  # lazy: pools loads pyarrow, P/D only
 
         proj = project(res)
         requests = request_columns_pd(res, proj)
@@ -291,7 +197,6 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
         pd_section=pd_text,
     )
     cost = run_cost(res, int(aggregate.completed))
-    from blis_fast.output.pd import pd_summary_columns  # imports this module
     stdout = render_report(report)
     if cost.priced:
         stdout += cost.section()
@@ -332,29 +237,31 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
         plan.stage_text(opts.metrics_path or opts.results_path, flag,
                         results_text(head, outputs.requests))
     if opts.output_dir:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow only loads when files are written
 
-        from blis_fast.output.parquet import requests_table, summary_table
+        from blis_fast.output.parquet import requests_table, summary_table  # lazy: pyarrow
 
         tables = [("summary.parquet", summary_table({**outputs.summary,
                                                      **outputs.summary_extras})),
                   ("requests.parquet", requests_table(outputs.requests))]
         if res.decisions is not None:
-            from blis_fast.output.decisions import decision_columns
-            from blis_fast.output.parquet import decisions_table
+            from blis_fast.output.parquet import decisions_table  # lazy: pyarrow
 
             tables.append(("decisions.parquet", decisions_table(
                 decision_columns(res.decisions, _deciding_policy(res.config),
                                  res.instance_name))))
         if res.fleet is not None:
-            from blis_fast.output.scaling import scaling_table
+            from blis_fast.output.scaling import scaling_table  # lazy: pyarrow
 
             tables.append(("scaling.parquet", scaling_table(res)))
         if outputs.pools is not None:
-            from blis_fast.output.pools import pools_table
+            from blis_fast.output.pools import pools_table  # lazy: pyarrow
 
             tables.append(("pools.parquet", pools_table(outputs.pools)))
-        from blis_fast.output.provenance import run_provenance, with_provenance
+        from blis_fast.output.provenance import (  # lazy: pyarrow
+            run_provenance,
+            with_provenance,
+        )
 
         command = "replay" if replay else "run"
         out_dir = plan.make_dir(opts.output_dir, "--output-dir")

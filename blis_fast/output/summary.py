@@ -309,7 +309,7 @@ def results_order(request_id: Sequence[str] | np.ndarray, arrival_us: np.ndarray
     by_id = np.argsort(ids, kind="stable")
     arrived = np.asarray(arrival_us, dtype=np.int64)[by_id].astype(np.float64) / 1e6
     if arrived.size > 1 and np.unique(arrived).size < arrived.size:
-        from blis_fast.kernels.gosort import go_sort_slice_order
+        from blis_fast.kernels.gosort import go_sort_slice_order  # lazy: loads numba
 
         return by_id[go_sort_slice_order(arrived)]
     return by_id[np.argsort(arrived, kind="stable")]
@@ -414,7 +414,7 @@ def results_text(metrics_dict: dict, requests: RequestColumns | None) -> str:
 
 def atomic_write_text(path: str | os.PathLike, text: str, flag: str = "output") -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically (``blis_fast.files.write_output_file``)."""
-    from blis_fast.files import write_output_file
+    from blis_fast.files import write_output_file  # lazy: files loads yaml
 
     write_output_file(path, flag, text)
 
