@@ -149,3 +149,31 @@ def test_spec_reductions_drop_one_thing_each() -> None:
     assert variants[-1]["num_requests"] == 20
     assert spec["clients"][0]["prefix_group"] == "g"  # the original is left alone
     assert rd.spec_reductions({"clients": [{"id": "only"}], "num_requests": 9}) == []
+
+
+def test_exact_mode_compares_an_earlier_build_byte_for_byte(tmp_path, monkeypatch) -> None:
+    """``--exact``: the same build agrees on stdout, results, trace and Parquet data; a build
+    whose stdout differs only in layout (the parity rules read it as equal) differs."""
+    monkeypatch.setitem(rd.EXACT, "on", True)
+    same = rd.check_config(SMALL_CONFIG, _same_cli(tmp_path), timeout=120)
+    assert same["status"] == "agree", same["differences"]
+    spaced = _stand_in(tmp_path, "spaced-blis",
+                       _RUN_CLI + "sys.stdout.write(text + '\\n')\nsys.exit(code)\n")
+    record = rd.check_config(SMALL_CONFIG, spaced, timeout=120)
+    assert record["status"] == "differ" and record["differences"] == ["stdout: text differs"]
+    monkeypatch.setitem(rd.EXACT, "on", False)
+    assert rd.check_config(SMALL_CONFIG, spaced, timeout=120)["status"] == "agree"
+
+
+def test_exact_differences_read_parquet_by_data(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    new, old = tmp_path / "new", tmp_path / "old"
+    for side, extra in ((new, {"added": [7, 8]}), (old, {})):
+        side.mkdir()
+        table = pa.table({"x": [1, 2], **extra}).replace_schema_metadata({"k": str(side)})
+        pq.write_table(table, side / "t.parquet")
+    assert rd.exact_differences(new, "s", old, "s") == []  # added column, other metadata
+    pq.write_table(pa.table({"x": [1, 3]}), old / "t.parquet")
+    assert rd.exact_differences(new, "s", old, "s") == ["t.parquet: data differs"]

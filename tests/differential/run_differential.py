@@ -42,6 +42,11 @@ from parity import BOOL_FLAGS, case_flags, compare_results, compare_stdout  # no
 OUTPUT_ARGS = ["--metrics-path", "results.json", "--trace-output", "trace"]
 """Output flags added to every run (both sides), relative to the run's folder."""
 OUTPUT_FILES = ("results.json", "trace.yaml", "trace.csv")
+EXACT_OUTPUT_ARGS = ["--output-dir", "out"]
+EXACT = {"on": False}
+"""``--exact`` (set by :func:`main`): the other side is an earlier build of blis_fast, so stdout
+and every output file must be identical, not merely within the parity rules; Parquet files are
+compared by data, on the other side's columns (a newer build may add columns and metadata)."""
 
 _INVERSIONS_REASON = ("the reference counts priority inversions while iterating a Go map, so "
                       "the same command gives different counts from run to run (e.g. 123-129)")
@@ -131,8 +136,34 @@ def trace_csv_differences(mine: str, theirs: str, limit: int = 10) -> list[str]:
     return errors or ["trace.csv: text differs"]
 
 
+def exact_differences(blis_dir: Path, blis_stdout: str, ref_dir: Path,
+                      ref_stdout: str) -> list[str]:
+    """Every difference between two builds' stdout and output files, byte for byte (Parquet:
+    the data of the earlier build's columns)."""
+    import pyarrow.parquet as pq
+
+    errors = [] if blis_stdout == ref_stdout else ["stdout: text differs"]
+    mine = sorted(p.relative_to(blis_dir) for p in blis_dir.rglob("*") if p.is_file())
+    theirs = sorted(p.relative_to(ref_dir) for p in ref_dir.rglob("*") if p.is_file())
+    if mine != theirs:
+        errors.append(f"files: {[str(p) for p in mine]} != {[str(p) for p in theirs]}")
+    for rel in sorted(set(mine) & set(theirs)):
+        a, b = blis_dir / rel, ref_dir / rel
+        if rel.suffix == ".parquet":
+            old = pq.read_table(b).replace_schema_metadata(None)
+            new = pq.read_table(a)
+            if not set(old.column_names) <= set(new.column_names) or not new.select(
+                    old.column_names).replace_schema_metadata(None).equals(old):
+                errors.append(f"{rel}: data differs")
+        elif a.read_bytes() != b.read_bytes():
+            errors.append(f"{rel}: bytes differ")
+    return errors
+
+
 def compare_outputs(blis_dir: Path, blis_stdout: str, ref_dir: Path, ref_stdout: str) -> list[str]:
     """Every parity difference between the two runs' stdout and output files."""
+    if EXACT["on"]:
+        return exact_differences(blis_dir, blis_stdout, ref_dir, ref_stdout)
     try:
         errors = compare_stdout(blis_stdout, ref_stdout)
     except (ValueError, json.JSONDecodeError) as exc:
@@ -185,7 +216,7 @@ def check_config(config: dict[str, Any], reference: str, timeout: float,
             folder.mkdir()
             for name, text in config.get("files", {}).items():
                 (folder / name).write_text(text)
-        args = [*config["args"], *OUTPUT_ARGS]
+        args = [*config["args"], *OUTPUT_ARGS, *(EXACT_OUTPUT_ARGS if EXACT["on"] else [])]
         ref = run_reference(reference, args, dirs["reference"], timeout)
         blis = run_blis_fast(args, dirs["blis_fast"])
         errors: list[str] = []
@@ -411,7 +442,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSONL report written here")
     parser.add_argument("--keep-dirs", type=Path,
                         help="copy every run's folder (inputs and outputs) under this folder")
+    parser.add_argument("--exact", action="store_true",
+                        help="the other side is an earlier blis_fast build: stdout and files "
+                             "must be identical (Parquet by data, on its columns)")
     opts = parser.parse_args(argv)
+    EXACT["on"] = opts.exact
     configs = (load_configs(opts.configs) if opts.configs
                else generate_configs(opts.seed, opts.count, opts.max_requests))
     if opts.keep_dirs:
