@@ -15,7 +15,7 @@ __all__ = ["BlisConfigError", "BlisError", "BlisInputError", "BlisRuntimeError",
 
 def run(**options):
     """Run one simulation with the options of ``blis run``; see :func:`blis_fast.api.run`."""
-    from blis_fast.api import run as _run
+    from blis_fast.api import run as _run  # lazy: import blis_fast must not load numba
 
     return _run(**options)
 
@@ -23,6 +23,6 @@ def run(**options):
 def rerun(path, **overrides):
     """Re-run the simulation that wrote a Parquet file, from the options its metadata records;
     see :func:`blis_fast.api.rerun`."""
-    from blis_fast.api import rerun as _rerun
+    from blis_fast.api import rerun as _rerun  # lazy: import blis_fast must not load numba
 
     return _rerun(path, **overrides)

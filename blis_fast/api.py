@@ -6,6 +6,7 @@ from typing import Any
 
 from blis_fast.engine.engine_config import Hooks
 from blis_fast.errors import BlisConfigError
+from blis_fast.kernels import hooks as H
 from blis_fast.options import build_options
 from blis_fast.runner import RunResult, execute_replay, execute_run
 
@@ -78,8 +79,6 @@ def run(*, custom_scorer: Any = None, custom_admission: Any = None,
     with ``scheduler="custom"``. Each may be an ``@numba.njit`` function, a plain function
     Numba can compile, or a ``numba.cfunc`` of the documented signature.
     """
-    from blis_fast.kernels import hooks as H
-
     hooks = Hooks(
         scorer=_as_cfunc(custom_scorer, H.SCORER_SIG, "custom_scorer"),
         admission=_as_cfunc(custom_admission, H.ADMISSION_SIG, "custom_admission"),
@@ -100,7 +99,7 @@ def rerun(path: Any, *, custom_scorer: Any = None, custom_admission: Any = None,
     files (workload spec, trace, configs) are read again from their recorded paths. A run made
     with user policies needs them passed again; ``BlisConfigError`` says which.
     """
-    from blis_fast.kernels import hooks as H
+    # lazy: pyarrow, for rerun only
     from blis_fast.output.provenance import read_provenance, rerun_options
 
     provenance = read_provenance(path)

@@ -76,6 +76,7 @@ def run_command(ctx: click.Context, **raw: object) -> None:
 def _simulate_and_print(ctx: click.Context, raw: dict, replay: bool) -> None:
     """``blis run``/``blis replay``: build the options from the given flags, run, print."""
     _numba_without_scipy()
+    # lazy: blis --help must not load numba
     from blis_fast.runner import execute_replay, execute_run
 
     startup_done()

@@ -45,7 +45,7 @@ class NumError(ValueError):
         self.err = err
 
     def __str__(self) -> str:
-        from blis_fast.gofmt import go_quote
+        from blis_fast.gofmt import go_quote  # lazy: blis --help loads gonum, not gofmt
 
         return f"strconv.{self.func}: parsing {go_quote(self.num)}: {self.err}"
 

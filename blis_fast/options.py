@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from blis_fast.errors import BlisConfigError
 from blis_fast.gonum import INT64_MAX, parse_bool, parse_float, parse_int
 
 if TYPE_CHECKING:
@@ -99,13 +100,13 @@ def required(message: str) -> Check:
 
 
 def _go_g(v: float) -> str:
-    from blis_fast.gofmt import go_g
+    from blis_fast.gofmt import go_g  # lazy: blis --help loads options, not gofmt
 
     return go_g(v)
 
 
 def _session_mode_text(flag: str, value: str) -> str:
-    from blis_fast.gofmt import go_quote
+    from blis_fast.gofmt import go_quote  # lazy: blis --help loads options, not gofmt
 
     return f'--{flag} must be {" or ".join(map(go_quote, SESSION_MODES))}, got {go_quote(value)}'
 
@@ -397,7 +398,7 @@ def _run_options_class() -> type[RunOptions]:
     dataclass costs start-up time that ``blis --help`` and the other subcommands need not pay).
     A file left stale after a row changed is refused here, naming the command that regenerates
     it, rather than running with another default or failing on an unknown keyword later."""
-    from blis_fast.run_options import RunOptions
+    from blis_fast.run_options import RunOptions  # lazy: a 70-field dataclass, not for --help
 
     problems = run_options_disagreements(RunOptions)
     if problems:
@@ -421,8 +422,6 @@ def check_options(opts: RunOptions, stage: str) -> None:
         for check in spec.checks:
             message = check.error(flag, value)
             if message is not None:
-                from blis_fast.errors import BlisConfigError
-
                 raise BlisConfigError(message)
 
 
@@ -501,14 +500,10 @@ def build_options(given: dict[str, Any], *, keywords: bool = False) -> RunOption
     for name, value in given.items():
         spec = OPTIONS_BY_FIELD.get(name)
         if spec is None:
-            from blis_fast.errors import BlisConfigError
-
             raise BlisConfigError(f"unknown option {name!r}")
         try:
             values[name] = coerce(spec, value)
         except ValueError as exc:
-            from blis_fast.errors import BlisConfigError
-
             if keywords:
                 raise BlisConfigError(f"{name}={_short_repr(value)} (--{spec.flag}): {exc}"
                                       ) from None

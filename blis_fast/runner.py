@@ -40,6 +40,7 @@ from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels.heap import MAX_INSTANCES
 from blis_fast.options import LOG_LEVELS, TIME_LIMIT_US, check_options
 from blis_fast.output.fitness import FITNESS_KEYS, parse_fitness_weights
+from blis_fast.output.pd import pd_warnings
 from blis_fast.output.run_outputs import build_outputs, plan_outputs, write_outputs
 from blis_fast.output.summary import RequestColumns
 from blis_fast.workload.generated import apply_timeout_to_workload
@@ -110,7 +111,7 @@ class RunResult:
         """The provenance metadata of this run's file with ``schemas/<schema>.json``: version,
         schema version and options (``blis_fast.output.provenance``); the ``*_table`` methods
         attach it."""
-        from blis_fast.output.provenance import run_provenance
+        from blis_fast.output.provenance import run_provenance  # lazy: pyarrow, tables only
 
         return run_provenance(schema, self.prepared.given, self.simulation.config,
                               self.command)
@@ -120,8 +121,8 @@ class RunResult:
         P/D."""
         if self.pools is None:
             return None
-        from blis_fast.output.pools import pools_table
-        from blis_fast.output.provenance import with_provenance
+        from blis_fast.output.pools import pools_table  # lazy: pyarrow, tables only
+        from blis_fast.output.provenance import with_provenance  # lazy: pyarrow, tables only
 
         return with_provenance(pools_table(self.pools), self.provenance("pools"))
 
@@ -134,8 +135,8 @@ class RunResult:
 
     def requests_table(self):
         """Per-request results as a pyarrow Table (schema ``schemas/requests.json``)."""
-        from blis_fast.output.parquet import requests_table
-        from blis_fast.output.provenance import with_provenance
+        from blis_fast.output.parquet import requests_table  # lazy: pyarrow, tables only
+        from blis_fast.output.provenance import with_provenance  # lazy: pyarrow, tables only
 
         return with_provenance(requests_table(self.requests), self.provenance("requests"))
 
@@ -168,8 +169,6 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
         log.warning(msg)
     outputs = build_outputs(res, opts, replay)
     if res.pd is not None:
-        from blis_fast.output.pd import pd_warnings
-
         for msg in pd_warnings(res, opts):
             log.warning(msg)
     write_outputs(plan, opts, replay, prepared.table, res, outputs)

@@ -23,6 +23,7 @@ from blis_fast.config.autoscale_bundle import (
     LifecycleBundle,
     NodePoolBundle,
 )
+from blis_fast.config.kv_capacity import calculate_kv_blocks
 from blis_fast.errors import BlisConfigError
 from blis_fast.gofmt import go_g, go_quote
 from blis_fast.options import check_options
@@ -182,8 +183,6 @@ def _pool_kv(pool: NodePoolBundle, opts: Any, latency: Any, warnings: list[str]
              ) -> tuple[int, int]:
     """Per-instance KV capacity on a pool's GPU (Go ``kv_autocalc.go:
     applyPerInstanceKVCapacity``); a failure keeps the global figures with a warning."""
-    from blis_fast.config.kv_capacity import calculate_kv_blocks
-
     try:
         if not pool.gpu_memory_gib > 0:
             raise BlisConfigError(f"GPU memory {go_g(pool.gpu_memory_gib)} GiB")

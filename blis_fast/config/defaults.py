@@ -196,6 +196,7 @@ _FIXED_FIELDS: dict[str, Callable[[YamlContext, yaml.Node, str], Any]] = {
 
 def _coefficient_sections() -> tuple[str, ...]:
     """The sections holding latency backends' global coefficients (their registry entries)."""
+    # here: latency_backends imports this module, so a module-level import is circular
     from blis_fast.config.latency_backends import LATENCY_BACKENDS
 
     return tuple(b.coefficients.section for b in LATENCY_BACKENDS if b.coefficients)

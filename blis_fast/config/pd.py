@@ -15,9 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from blis_fast.config.hardware import get_hw_config
+from blis_fast.config.kv_capacity import (
+    calculate_kv_blocks,
+    extract_kv_capacity_params,
+    kv_bytes_per_token,
+)
+from blis_fast.config.latency import pack_latency_params
+from blis_fast.config.latency_backends import LATENCY_BACKENDS
+from blis_fast.config.model_config import parse_hf_config
+from blis_fast.config.policy_bundle import parse_scorer_list
 from blis_fast.errors import BlisConfigError
 from blis_fast.gofmt import go_pct_f, go_quote
 from blis_fast.options import check_options
+from blis_fast.policies.deciders import DECIDERS, ENCODE_DECIDERS
 
 ROLE_PREFILL, ROLE_DECODE, ROLE_ENCODE = 1, 2, 4
 """Pool role bits of an instance (PD-2); a shared instance has both prefill and decode."""
@@ -74,15 +85,12 @@ def _fail(message: str) -> None:
 
 
 def _decider_known(name: str) -> bool:
-    from blis_fast.policies.deciders import DECIDERS
 
     return name == "" or name in DECIDERS
 
 
 def check_encode(opts: Any) -> list[str]:
     """The encode-pool checks (PD-1.2 step 8); returns the warnings."""
-    from blis_fast.policies.deciders import ENCODE_DECIDERS
-
     e, dec = opts.encode_instances, opts.encode_decider
     if e < 0:
         _fail(f"--encode-instances must be >= 0, got {e}")
@@ -120,7 +128,6 @@ def topology_error(p: int, d: int, s: int, e: int, n: int) -> str | None:
 
 
 def _pool_scorers(opts: Any, pool: str, allow_custom: bool) -> tuple[tuple[str, float], ...]:
-    from blis_fast.config.policy_bundle import parse_scorer_list
 
     text = getattr(opts, f"{pool}_routing_scorers")
     try:
@@ -132,8 +139,6 @@ def _pool_scorers(opts: Any, pool: str, allow_custom: bool) -> tuple[tuple[str, 
 
 def _check_pool_flags(opts: Any) -> None:
     """Per-pool TP, latency model and max-model-len, prefill then decode (PD-1.2 step 10)."""
-    from blis_fast.config.latency_backends import LATENCY_BACKENDS
-
     for pool in ("prefill", "decode"):
         tp = getattr(opts, f"{pool}_tp")
         if opts.given(f"{pool}_tp") and tp <= 0:
@@ -156,8 +161,6 @@ def validate_pd(opts: Any, replay: bool = False, allow_custom: bool = False,
     warnings: list[str] = []
     decider = opts.pd_decider
     if not _decider_known(decider):
-        from blis_fast.policies.deciders import DECIDERS
-
         _fail(f"Unknown PD decider {go_quote(decider)}. Valid: "
               + ", ".join(DECIDERS.valid_names()))
     p, d, s, e = (opts.prefill_instances, opts.decode_instances, opts.prefill_decode_instances,
@@ -280,8 +283,6 @@ def with_transfer_sizing(pd: PDConfig, opts: Any, latency: Any) -> PDConfig:
     model's architecture; a model without one is refused."""
     from dataclasses import replace
 
-    from blis_fast.config.kv_capacity import kv_bytes_per_token
-
     if latency.model_config is None:
         _fail("P/D disaggregation needs the model's architecture for KV transfer sizing; "
               f"--latency-model {latency.backend} has none (not supported yet)")
@@ -329,11 +330,6 @@ def resolve_pools(pd: PDConfig, opts: Any, latency: Any) -> PoolClasses:
     max model length capped by them. A pool's TP or backend repacks its latency parameters
     from the global coefficients, model and hardware (a pool backend looks up no
     coefficients of its own, ``resolve.go: ResolvePoolConfig``)."""
-    from blis_fast.config.hardware import get_hw_config
-    from blis_fast.config.kv_capacity import calculate_kv_blocks, extract_kv_capacity_params
-    from blis_fast.config.latency import pack_latency_params
-    from blis_fast.config.model_config import parse_hf_config
-
     warnings: list[str] = []
     rows = [np.asarray(latency.params, np.float64)]
     codes = [int(latency.code)]

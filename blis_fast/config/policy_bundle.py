@@ -36,6 +36,8 @@ from blis_fast.config.strict_yaml import (
 )
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.files import read_input_text
+from blis_fast.gofmt import go_trim_space
+from blis_fast.gonum import NumError, parse_float
 from blis_fast.policies.admission import ADMISSION, admission_params
 from blis_fast.policies.priority import PRIORITY
 from blis_fast.policies.routing import ROUTING
@@ -252,9 +254,6 @@ def parse_scorer_list(text: str, allow_custom: bool = False) -> list[tuple[str, 
 
     ``custom`` (a user scorer given through the Python API) is accepted when ``allow_custom``.
     """
-    from blis_fast.gofmt import go_trim_space
-    from blis_fast.gonum import NumError, parse_float
-
     if text == "":
         return []
     out: list[tuple[str, float]] = []

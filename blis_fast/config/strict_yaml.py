@@ -14,8 +14,10 @@ from typing import Any
 
 import yaml
 
+from blis_fast.config.yaml_scalars import BOOL, FLOAT, INT, OLD_BOOLS, resolve_plain
 from blis_fast.errors import BlisInputError
 from blis_fast.files import YamlLimitError, check_yaml_limits
+from blis_fast.kernels.gomath import go_f2i
 
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
@@ -57,9 +59,6 @@ def _v3_number(ctx: YamlContext, node: yaml.Node, what: str, kind: str) -> int |
     """The value yaml.v3 stores for this scalar in a Go ``int``/``int64`` (``kind="int"``) or
     ``float64`` field: yaml.v3's own scalar resolution (``1e3``, ``0o17``, ``1_000``, ``.5``
     are numbers; ``1:30`` is not), and a float stored in an int field truncated toward zero."""
-    from blis_fast.config.yaml_scalars import FLOAT, INT, resolve_plain
-    from blis_fast.kernels.gomath import go_f2i
-
     expected = "an integer" if kind == "int" else "a number"
     if not isinstance(node, yaml.ScalarNode) or (
             node.style and node.tag not in (_INT_TAG, _FLOAT_TAG)):  # quoted: a string
@@ -98,8 +97,6 @@ def as_float(ctx: YamlContext, node: yaml.Node, what: str) -> float:
 def as_bool(ctx: YamlContext, node: yaml.Node, what: str) -> bool:
     """A Go ``bool`` field as yaml.v3 decodes it: ``true``/``false`` (three spellings each) and
     the YAML 1.1 words (``yes``/``no``/``on``/``off``/``y``/``n``) it still accepts there."""
-    from blis_fast.config.yaml_scalars import BOOL, OLD_BOOLS, resolve_plain
-
     if is_null(node):
         return False
     if isinstance(node, yaml.ScalarNode):

@@ -11,6 +11,7 @@ import numpy as np
 
 from blis_fast.config.latency_backends import LATENCY_BACKENDS
 from blis_fast.kernels.admission import RouterParam
+from blis_fast.kernels.latency import post_decode_fixed_overhead
 from blis_fast.kernels.router_state import RouterCfg
 from blis_fast.kernels.state import ConfigSlot
 from blis_fast.options import RUN_OPTIONS
@@ -97,8 +98,6 @@ class EngineConfig:
     def post_decode_per_instance(self) -> np.ndarray:
         """Each instance's fixed post-decode overhead (ticks) under its backend: the
         coefficients are the global ones whatever the backend (PD-1.8)."""
-        from blis_fast.kernels.latency import post_decode_fixed_overhead
-
         alpha = np.ascontiguousarray(self.latency.alpha, np.float64)
         codes = self.latency_class_codes or (self.latency.code,)
         per_class = np.array([post_decode_fixed_overhead(c, alpha) for c in codes], np.int64)

@@ -12,8 +12,10 @@ from blis_fast.engine.engine_config import EngineConfig
 from blis_fast.kernels.admission import RouterParam
 from blis_fast.kernels.gorand import new_source, subsystem_seed
 from blis_fast.kernels.kv_layout import new_kv_state
-from blis_fast.kernels.router_state import new_router_state
+from blis_fast.kernels.pd import new_pd_state
+from blis_fast.kernels.router_state import new_router_state, pool_router
 from blis_fast.kernels.state import ConfigSlot, InstanceSlot, RequestInputs
+from blis_fast.policies.deciders import DECIDERS
 from blis_fast.policies.priority import DEFAULT_SLO_PRIORITY, SLO_PRIORITIES
 from blis_fast.policies.routing import ROUTING
 from blis_fast.policies.scorers import SCORERS
@@ -233,8 +235,6 @@ def pool_routers(cfg: EngineConfig, rt) -> tuple:
     """The prefill and decode pools' policies (PD-2.3, PD-2.9, PD-2.11): a weighted policy
     of the pool's own scorers with its own Go-rand stream (``prefill-router`` /
     ``decode-router``), or the main router ``rt`` (packed already) when it has none."""
-    from blis_fast.kernels.router_state import pool_router
-
     out = []
     for pool in ("prefill", "decode"):
         scorers = getattr(cfg.pd, f"{pool}_scorers")
@@ -254,9 +254,6 @@ def pd_state(cfg: EngineConfig, parents, max_batch: int, inp: RequestInputs, ran
     after them in ``inp``), its pools routed by ``pool_routers`` over the main router ``rt``
     (packed already); with a ranked scheduler, the id ranks of all three kinds of rows
     (request, ``_prefill``, ``_decode``) are made one order and written into ``inp``."""
-    from blis_fast.kernels.pd import new_pd_state
-    from blis_fast.policies.deciders import DECIDERS
-
     pdc = cfg.pd
     opts = cfg.options
     n = parents.n

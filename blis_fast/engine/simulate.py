@@ -37,6 +37,7 @@ from blis_fast.engine.packing import (
 )
 from blis_fast.engine.results import SimulationResult, raise_failure, read_result
 from blis_fast.engine.sessions import SessionDriver
+from blis_fast.kernels import hooks as H
 from blis_fast.kernels.autoscale_layout import AsVar
 from blis_fast.kernels.enums import Status
 from blis_fast.kernels.event_loop import (
@@ -101,8 +102,6 @@ def hook_errors(hooks: Hooks | None) -> Iterator[list[tuple[str, BaseException]]
 
 def _kernel_hooks(hooks: Hooks | None) -> KernelHooks:
     """The kernel's scorer table and admission/scheduler hooks (user cfuncs or placeholders)."""
-    from blis_fast.kernels import hooks as H
-
     hooks = hooks or Hooks()
     return KernelHooks(SCORERS.table(hooks.scorer or H.no_scorer),
                        hooks.admission or H.admit_all, hooks.scheduler_key or H.zero_key)

@@ -19,6 +19,21 @@ import warnings
 import numpy as np
 
 from blis_fast.compile_notice import announce, has_cached_overload, start_background_compile
+from blis_fast.config.latency import LatencyConfig
+from blis_fast.config.pd import PDConfig
+from blis_fast.config.policy_bundle import select_policies
+from blis_fast.engine.simulate import EngineConfig, engine_variant, event_loop_arguments, run_engine
+from blis_fast.kernels import admission as adm
+from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels import latency as L
+from blis_fast.kernels import pd as pdk
+from blis_fast.kernels import routing as rtk
+from blis_fast.kernels.event_loop import run_events
+from blis_fast.kernels.generation import generate_kernel
+from blis_fast.kernels.latency import Backend, step_time
+from blis_fast.kernels.state import grow_event_heap, grow_step_log
+from blis_fast.options import RunOptions
+from blis_fast.workload.request_table import RequestTable
 
 log = logging.getLogger("blis_fast")
 
@@ -29,8 +44,6 @@ def compile_engine(pd: bool = False) -> None:
     run calls before it are small, and the first process may be compiling them)."""
     from numba.core.errors import NumbaWarning
 
-    from blis_fast.engine.simulate import event_loop_arguments, run_engine
-    from blis_fast.kernels.event_loop import run_events
 
     run = _one_request_run(pd)
     with warnings.catch_warnings():
@@ -43,10 +56,6 @@ def compile_engine(pd: bool = False) -> None:
 def compile_python_called_engine_parts() -> None:
     """Compile the kernels the engine's Python side calls only when the step log or the
     event heap must grow (``engine/simulate.py: KernelRun``): a one-request run never does."""
-    from blis_fast.engine.simulate import event_loop_arguments
-    from blis_fast.kernels.event_loop import run_events
-    from blis_fast.kernels.state import grow_event_heap, grow_step_log
-
     arguments = event_loop_arguments(*_one_request_run())
     typeof = run_events.typeof_pyval
     step_log, heap = arguments[5], arguments[7]
@@ -62,13 +71,6 @@ def compile_late_engine_parts(pd: bool = False) -> None:
     from numba.core import types
     from numba.core.errors import NumbaWarning
 
-    from blis_fast.engine.simulate import event_loop_arguments
-    from blis_fast.kernels import admission as adm
-    from blis_fast.kernels import kvcache as kvc
-    from blis_fast.kernels import pd as pdk
-    from blis_fast.kernels import routing as rtk
-    from blis_fast.kernels.event_loop import run_events
-    from blis_fast.kernels.latency import step_time
 
     with warnings.catch_warnings():
         # silent, as the second process is (the scorer table's first-class functions are
@@ -106,15 +108,6 @@ def compile_late_engine_parts(pd: bool = False) -> None:
 def _one_request_run(pd: bool = False) -> tuple:
     """A one-request workload and an engine configuration with the default policies (and one
     prefill and one decode instance with ``pd``)."""
-    from blis_fast.config.latency import LatencyConfig
-    from blis_fast.config.pd import PDConfig
-    from blis_fast.config.policy_bundle import select_policies
-    from blis_fast.engine.simulate import EngineConfig
-    from blis_fast.kernels import latency as L
-    from blis_fast.kernels.latency import Backend
-    from blis_fast.options import RunOptions
-    from blis_fast.workload.request_table import RequestTable
-
     table = RequestTable(
         arrival_us=np.array([0], np.int64), input_len=np.array([16], np.int64),
         output_len=np.array([2], np.int64), max_output_len=np.array([2], np.int64),
@@ -140,10 +133,6 @@ def notify_if_compiling(pd: bool = False) -> None:
     this one compiles the engine's parts the second would reach last, then the workload
     kernels; the first simulation waits for the second process
     (``compile_notice.finish_background_compile``)."""
-    from blis_fast.engine.simulate import engine_variant
-    from blis_fast.kernels.event_loop import run_events
-    from blis_fast.kernels.generation import generate_kernel
-
     engine_ready = has_cached_overload(run_events, engine_variant(pd))
     if engine_ready and has_cached_overload(generate_kernel):
         return

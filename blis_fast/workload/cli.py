@@ -37,9 +37,13 @@ def convert_group() -> None:
 def convert_preset_command(name: str, rate: float, num_requests: int,
                            defaults_filepath: str | None) -> None:
     """Convert a named workload preset from defaults.yaml to a v2 spec."""
-    from blis_fast.config.defaults import load_defaults
-    from blis_fast.data import data_path
-    from blis_fast.workload.convert import check_preset_flags, convert_preset, unknown_preset
+    from blis_fast.config.defaults import load_defaults  # lazy: not for blis --help
+    from blis_fast.data import data_path  # lazy: not for blis --help
+    from blis_fast.workload.convert import (  # lazy: not for blis --help
+        check_preset_flags,
+        convert_preset,
+        unknown_preset,
+    )
 
     check_preset_flags(rate, num_requests)
     cfg = load_defaults(defaults_filepath or str(data_path("defaults.yaml")))
@@ -51,7 +55,7 @@ def convert_preset_command(name: str, rate: float, num_requests: int,
 
 def _print_converted(convert: Callable[[Any], WorkloadSpec], arg: Any, failure: str) -> None:
     """Run one conversion and print the validated spec; a failure is ``<failure>: <error>``."""
-    from blis_fast.workload.convert import spec_yaml_for_stdout
+    from blis_fast.workload.convert import spec_yaml_for_stdout  # lazy: not for blis --help
 
     try:
         spec = convert(arg)
@@ -64,7 +68,7 @@ def _print_converted(convert: Callable[[Any], WorkloadSpec], arg: Any, failure: 
 @click.option("--path", "path", required=True, help="Path to the ServeGen data directory")
 def convert_servegen_command(path: str) -> None:
     """Convert a ServeGen data directory (chunk-*-trace.csv + datasets) to a v2 spec."""
-    from blis_fast.workload.convert import convert_servegen
+    from blis_fast.workload.convert import convert_servegen  # lazy: not for blis --help
 
     _print_converted(convert_servegen, path, "ServeGen conversion failed")
 
@@ -73,7 +77,7 @@ def convert_servegen_command(path: str) -> None:
 @click.option("--spec", "spec_path", required=True, help="Path to an inference-perf YAML spec")
 def convert_inference_perf_command(spec_path: str) -> None:
     """Expand a spec's inference_perf block into explicit clients (v2 spec)."""
-    from blis_fast.workload.convert import convert_inference_perf
+    from blis_fast.workload.convert import convert_inference_perf  # lazy: not for blis --help
 
     _print_converted(convert_inference_perf, spec_path, "inference-perf conversion failed")
 
@@ -83,8 +87,8 @@ def convert_inference_perf_command(spec_path: str) -> None:
               help="Path to a v2 WorkloadSpec YAML file (repeatable)")
 def compose_command(from_paths: tuple[str, ...]) -> None:
     """Merge several v2 workload specs into one (clients concatenated, rates re-weighted)."""
-    from blis_fast.workload.convert import compose_specs
-    from blis_fast.workload.spec_yaml import load_workload_spec
+    from blis_fast.workload.convert import compose_specs  # lazy: not for blis --help
+    from blis_fast.workload.spec_yaml import load_workload_spec  # lazy: not for blis --help
 
     specs = []
     for path in from_paths:

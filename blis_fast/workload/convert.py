@@ -21,6 +21,7 @@ from blis_fast.workload.spec import (
     WorkloadSpec,
 )
 from blis_fast.workload.spec_yaml import load_workload_spec
+from blis_fast.workload.synthesis import validate_rate
 from blis_fast.workload.validate import validate_spec
 from blis_fast.workload.yaml_writer import marshal_spec
 
@@ -128,8 +129,6 @@ def spec_yaml_for_stdout(spec: WorkloadSpec) -> str:
 def check_preset_flags(rate: float, num_requests: int) -> None:
     """``blis convert preset`` flag checks (before the preset is looked up); ``--rate``'s is
     its ``blis run`` row's."""
-    from blis_fast.workload.synthesis import validate_rate
-
     validate_rate(rate)
     if num_requests <= 0:
         raise BlisConfigError(f"--num-requests must be > 0, got {num_requests}")

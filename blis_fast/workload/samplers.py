@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blis_fast.gofmt import go_pct_f, go_quote, go_sscanf_int
+from blis_fast.gonum import or_none, parse_float
 from blis_fast.kernels.gomath import (
     go_f2i,
     go_gamma,
@@ -201,8 +202,6 @@ def arrival_params(process: str, cv: float | None, rate_us: float) -> tuple[int,
 # --- think-time distributions (DELTA-59) ------------------------------------------------------
 def _parse_time_us(v: str) -> int:
     """``parseTimeToMicros``: suffix us, ms, s, or bare milliseconds; non-negative finite."""
-    from blis_fast.gonum import parse_float
-
     num, mult = v, 1_000.0
     for suffix, factor in (("us", 1.0), ("ms", 1_000.0), ("s", 1_000_000.0)):
         if v.endswith(suffix):
@@ -218,8 +217,6 @@ def parse_think_time_dist(text: str) -> SamplerSpec:
     """``ParseThinkTimeDist``: ``lognormal:mu=..,sigma=..[,min=..,max=..]`` or
     ``constant:value=<time>``, as a sampler of µs. Raises ValueError with the reference's text.
     """
-    from blis_fast.gonum import or_none, parse_float
-
     colon = text.find(":")
     if colon < 0:
         raise ValueError(f"think-time-dist must have format type:key=value,...; got {go_quote(text)}")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from blis_fast.workload.spec import ArrivalSpec, ClientSpec, DistSpec, WorkloadSpec
+from blis_fast.workload.yaml_writer import marshal_spec
 
 
 def _exp(mean: float) -> DistSpec:
@@ -86,8 +87,6 @@ SCENARIOS: dict[str, Callable[[int, float], WorkloadSpec]] = {
 def write_scenario(name: str, path: str | Path, *, seed: int = 42, rate: float = 10.0,
                    num_requests: int = 0) -> Path:
     """Write scenario ``name`` as a workload-spec YAML file (usable with ``--workload-spec``)."""
-    from blis_fast.workload.yaml_writer import marshal_spec
-
     if name not in SCENARIOS:
         raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
     spec = SCENARIOS[name](seed, rate)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from blis_fast.files import OutputPlan
 from blis_fast.gofmt import go_f
 from blis_fast.workload.request_table import RequestTable
 
@@ -239,8 +240,6 @@ def build_trace_header(seed: int | None, mode: str = "generated") -> str:
 def export_trace_v2(prefix: str | Path, table: RequestTable, outcome: TraceOutcome,
                     replayed: bool = False) -> None:
     """Write ``<prefix>.yaml`` and ``<prefix>.csv``, as ``--trace-output`` does."""
-    from blis_fast.files import OutputPlan
-
     with OutputPlan() as plan:
         for path, text in trace_v2_files(prefix, table, outcome, replayed):
             plan.stage_text(path, "--trace-output", text)
