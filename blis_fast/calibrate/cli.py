@@ -13,6 +13,7 @@ import logging
 import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
+from blis_fast.errors import BlisConfigError
 
 log = logging.getLogger("blis_fast")
 
@@ -55,16 +56,15 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
                       warmup_requests: int, network_rtt_us: int, network_bandwidth_mbps: float,
                       itl_data: str, plot_path: str) -> None:
     """Compare the latencies of an observed trace with a replay's SimResults."""
-    from blis_fast.calibrate.calibration import calibrate
-    from blis_fast.calibrate.report import report_text, summary_lines
-    from blis_fast.errors import BlisConfigError
+    from blis_fast.calibrate.calibration import calibrate  # lazy: not for blis --help
+    from blis_fast.calibrate.report import report_text, summary_lines  # lazy: not for blis --help
 
     given = {"trace-header": trace_header, "trace-data": trace_data,
              "sim-results": sim_results, "report": report}
     for name in _REQUIRED:
         if not given[name]:
             raise BlisConfigError(f"--{name} is required")
-    from blis_fast.files import OutputPlan
+    from blis_fast.files import OutputPlan  # lazy: not for blis --help
 
     plan = OutputPlan()
     plan.add_inputs([("--trace-header", trace_header), ("--trace-data", trace_data),
@@ -72,6 +72,7 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
     plan.check_file(report, "--report")
     plot_format = None
     if plot_path:
+        # lazy: not for blis --help (polars)
         from blis_fast.calibrate.plot import check_plot_path
 
         plot_format = check_plot_path(plot_path)
@@ -84,6 +85,7 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
     with plan:  # the report and its asked-for plot are written together or not at all
         plan.stage_text(report, "--report", text)
         if plot_format is not None:
+            # lazy: not for blis --help (polars)
             from blis_fast.calibrate.plot import plot_calibration, render_plot
 
             image = render_plot(plot_calibration(result.pairs, result.report), plot_format)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 
 def _warm() -> None:
-    import blis_fast
-    from blis_fast.evolve.benchmark import MODEL
-    from blis_fast.evolve.evaluate import compile_candidate
+    import blis_fast  # in _warm: a failure is caught below
+    from blis_fast.evolve.benchmark import MODEL  # in _warm: a failure is caught below
+    from blis_fast.evolve.evaluate import compile_candidate  # in _warm: a failure is caught below
 
     scorer = compile_candidate(
         "def custom_scorer(snapshots, request, out):\n"

@@ -12,6 +12,7 @@ import yaml
 from blis_fast.evolve import FUNCTION_NAMES, TARGETS
 from blis_fast.evolve.benchmark import Benchmark, load_benchmark
 from blis_fast.evolve.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, Evaluator
+from blis_fast.files import OutputPlan
 
 COMPONENT = "policy"
 """GEPA: the name of the candidate component holding the policy source."""
@@ -144,8 +145,6 @@ def write_openevolve_files(out_dir: str | Path, target: str, bench: Benchmark, *
                            memory_mb: int = DEFAULT_MEMORY_MB) -> list[Path]:
     """Write evaluator.py, initial_program.py, config.yaml and benchmark.yaml into
     ``out_dir``; returns the paths written."""
-    from blis_fast.files import OutputPlan
-
     files = {
         "evaluator.py": EVALUATOR_TEMPLATE.format(target=target, function=FUNCTION_NAMES[target],
                                                   timeout=timeout_s, memory=memory_mb),

@@ -176,6 +176,7 @@ def benchmark_from_dict(data: Any, where: str = "benchmark") -> Benchmark:
     if not isinstance(fitness, dict) or fitness.get("kind") not in FITNESS_KINDS:
         _fail(where, f"fitness.kind: expected one of {', '.join(FITNESS_KINDS)}")
     if fitness["kind"] == "weights":
+        # lazy: a weights fitness only
         from blis_fast.output.fitness import FITNESS_KEYS, parse_fitness_weights
 
         weights = parse_fitness_weights(str(fitness.get("weights", "")))

@@ -9,6 +9,7 @@ import sys
 import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
+from blis_fast.errors import BlisConfigError
 from blis_fast.evolve import TARGETS
 
 
@@ -31,9 +32,8 @@ def evolve_group() -> None:
 def init_command(framework: str, target: str, benchmark: str | None, out_dir: str,
                  timeout_s: float, memory_mb: int) -> None:
     """Write evaluator.py, initial_program.py, config.yaml and benchmark.yaml for FRAMEWORK."""
-    from blis_fast.errors import BlisConfigError
-    from blis_fast.evolve.adapters import write_openevolve_files
-    from blis_fast.evolve.benchmark import load_benchmark
+    from blis_fast.evolve.adapters import write_openevolve_files  # lazy: not for blis --help
+    from blis_fast.evolve.benchmark import load_benchmark  # lazy: not for blis --help
 
     if timeout_s <= 0 or memory_mb <= 0:
         raise BlisConfigError("--timeout and --memory-mb must be > 0")
@@ -58,13 +58,12 @@ def init_command(framework: str, target: str, benchmark: str | None, out_dir: st
 def eval_command(candidate: str, target: str, benchmark: str | None, stage: str,
                  timeout_s: float, memory_mb: int) -> None:
     """Score CANDIDATE.py (contained); print fitness, metrics and feedback as JSON."""
-    from blis_fast.errors import BlisConfigError
-    from blis_fast.evolve.benchmark import load_benchmark
-    from blis_fast.evolve.sandbox import evaluate_contained
+    from blis_fast.evolve.benchmark import load_benchmark  # lazy: not for blis --help
+    from blis_fast.evolve.sandbox import evaluate_contained  # lazy: not for blis --help
 
     if timeout_s <= 0 or memory_mb <= 0:
         raise BlisConfigError("--timeout and --memory-mb must be > 0")
-    from blis_fast.files import read_input_text
+    from blis_fast.files import read_input_text  # lazy: not for blis --help
 
     try:
         source = read_input_text(candidate)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+import blis_fast
 from blis_fast.errors import BlisError
 from blis_fast.evolve import FUNCTION_NAMES, TARGETS, WORST_FITNESS
 from blis_fast.evolve.benchmark import BASELINES, Benchmark, run_plan
@@ -92,8 +93,8 @@ def compile_candidate(source: str, target: str) -> Any:
     cfunc of the hook signature; raises CandidateError(compile|exception|memory)."""
     import numba
 
-    from blis_fast.api import _as_cfunc
-    from blis_fast.kernels import hooks as H
+    from blis_fast.api import _as_cfunc  # lazy: numba; the parent imports this module
+    from blis_fast.kernels import hooks as H  # lazy: numba; the parent imports this module
 
     if target not in TARGETS:
         raise CandidateError("compile", f"unknown target {target!r}")
@@ -127,7 +128,7 @@ def compile_candidate(source: str, target: str) -> Any:
 def _probe(target: str, fn: Any) -> None:
     """Call the policy on a few synthetic inputs: a raise or a non-finite value fails early
     with a readable reason (inside a simulation it is only reported afterwards)."""
-    from blis_fast.kernels import hooks as H
+    from blis_fast.kernels import hooks as H  # lazy: numba; the parent imports this module
 
     snaps = np.zeros((4, H.SNAP_COLS))
     snaps[:, H.SNAP_QUEUE] = [0, 3, 1, 7]
@@ -220,9 +221,15 @@ def _run_metrics(result: Any, bench: Benchmark) -> dict[str, float]:
 
 def _weighted_fitness(result: Any, weights: str) -> float:
     """The ``--fitness-weights`` score of one run (the fitness section's number)."""
-    from blis_fast.output.fitness import compute_fitness, parse_fitness_weights
-    from blis_fast.output.report import ClusterReport, collect_raw_metrics
-    from blis_fast.output.run_outputs import instance_metrics
+    from blis_fast.output.fitness import (  # lazy: weights fitness only
+        compute_fitness,
+        parse_fitness_weights,
+    )
+    from blis_fast.output.report import (  # lazy: weights fitness only
+        ClusterReport,
+        collect_raw_metrics,
+    )
+    from blis_fast.output.run_outputs import instance_metrics  # lazy: weights fitness only
 
     sim = result.simulation
     report = ClusterReport(instances=instance_metrics(sim), requests=result.requests,
@@ -236,8 +243,6 @@ def _run_benchmark(bench: Benchmark, policy: dict[str, Any], hooks: dict[str, An
                    trace: bool) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """Run every run of the plan; per-workload means of the run metrics, and the first run
     of each workload (for the feedback excerpts). Raises CandidateError on a hook error."""
-    import blis_fast
-
     runs: dict[str, list[dict[str, float]]] = {}
     first: dict[str, Any] = {}
     for _cluster, workload, _seed, opts in run_plan(bench):

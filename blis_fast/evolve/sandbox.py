@@ -28,6 +28,7 @@ from typing import Any
 
 from blis_fast.errors import BlisConfigError
 from blis_fast.evolve.benchmark import Benchmark, benchmark_from_dict
+from blis_fast.evolve.evaluate import evaluate_source, failure_record
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MEMORY_MB = 2048
@@ -65,7 +66,6 @@ def _child(conn: Any, source: str, target: str, bench_data: dict, stage: str,
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except (ValueError, OSError):
         pass
-    from blis_fast.evolve.evaluate import evaluate_source, failure_record
 
     try:
         bench = benchmark_from_dict(bench_data, "benchmark")
@@ -102,8 +102,6 @@ def evaluate_contained(source: str, target: str, bench: Benchmark, *, stage: str
     ``stage``: ``full`` (the whole benchmark, with feedback) or ``tiny`` (a few requests of
     the first workload: does it compile and run?).
     """
-    from blis_fast.evolve.evaluate import failure_record
-
     ctx = _context()
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child_conn, source, target, bench.to_dict(), stage,
@@ -192,7 +190,7 @@ class Evaluator:
                  memory_mb: int = DEFAULT_MEMORY_MB, workers: int | None = None,
                  cache: EvalCache | None = None, backend: str = "local",
                  ray_address: str | None = None) -> None:
-        from blis_fast.sweep.execute import BACKENDS, default_workers
+        from blis_fast.sweep.execute import BACKENDS, default_workers  # lazy: an Evaluator only
 
         if backend not in BACKENDS:
             raise BlisConfigError(f"backend: unknown value {backend!r}. Valid: "
@@ -227,7 +225,7 @@ class Evaluator:
             return list(pool.map(lambda s: self.evaluate(s, stage=stage), sources))
 
     def _evaluate_many_ray(self, sources: Sequence[str], stage: str) -> list[dict]:
-        from blis_fast.sweep.execute import TaskRunner
+        from blis_fast.sweep.execute import TaskRunner  # lazy: the Ray backend only
 
         keys = [EvalCache.key(s, self.target, self.bench, stage) for s in sources]
         records: list[dict | None] = [self.cache.get(k) for k in keys]

@@ -14,19 +14,18 @@ import sys
 
 import click
 
+from blis_fast.cli_numbers import GO_FLOAT, GO_INT, flag_number
+from blis_fast.errors import BlisConfigError
+
 _PASSED = ("model", "hardware", "tp", "vllm-version", "total-kv-blocks", "max-num-running-reqs",
            "max-num-scheduled-tokens", "num-instances")
 
 
 def _fail(msg: str):
-    from blis_fast.errors import BlisConfigError
-
     raise BlisConfigError(msg)
 
 
 def _number(name: str, text: str, *, integer: bool = False) -> float:
-    from blis_fast.cli_numbers import GO_FLOAT, GO_INT, flag_number
-
     return flag_number(GO_INT if integer else GO_FLOAT, name, text)
 
 
@@ -93,8 +92,8 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
                 max_evaluations, time_limit, seed, starts, workers, backend, out_coeffs, report,
                 plot_path, **replay) -> None:
     """Fit the latency model's coefficients so replays reproduce observed traces."""
-    from blis_fast.files import OutputPlan
-    from blis_fast.fit.problem import load_fit_trace
+    from blis_fast.files import OutputPlan  # lazy: not for blis --help
+    from blis_fast.fit.problem import load_fit_trace  # lazy: not for blis --help
 
     if not trace_header or not trace_data:
         _fail("--trace-header and --trace-data are required")
@@ -106,12 +105,12 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
               f"give one per trace or none")
     if not model:
         _fail("--model is required")
-    from blis_fast.fit.optimize import FIT_MODELS
+    from blis_fast.fit.optimize import FIT_MODELS  # lazy: not for blis --help
 
     if latency_model not in FIT_MODELS:
         _fail(f"--latency-model: {latency_model!r} cannot be fitted; choose one of "
               f"{', '.join(FIT_MODELS)}")
-    from blis_fast.fit.problem import LOSSES
+    from blis_fast.fit.problem import LOSSES  # lazy: not for blis --help
 
     if loss_function not in LOSSES:
         _fail(f"--loss: unknown value {loss_function!r}. Valid: {', '.join(LOSSES)}")
@@ -140,7 +139,7 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
     if backend not in ("local", "ray"):
         _fail(f"--backend: unknown value {backend!r}. Valid: local, ray")
     if plot_path:
-        from blis_fast.calibrate.plot import check_plot_path
+        from blis_fast.calibrate.plot import check_plot_path  # lazy: not for blis --help
 
         plot_format = check_plot_path(plot_path)
     plan = OutputPlan()  # every output checked before the fit, written together after it
@@ -165,8 +164,8 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
               for i, (h, d) in enumerate(zip(trace_header, trace_data, strict=True))]
     held = [load_fit_trace(p[0], p[1], p[2] if len(p) == 3 else None, warmup_requests=warm_up,
                            network_rtt_us=rtt) for p in holdouts]
-    from blis_fast.fit.optimize import starting_point
-    from blis_fast.fit.problem import ITL_BURST_FRACTION, simulate
+    from blis_fast.fit.optimize import starting_point  # lazy: not for blis --help
+    from blis_fast.fit.problem import ITL_BURST_FRACTION, simulate  # lazy: not for blis --help
 
     guess = starting_point(FIT_MODELS[latency_model], traces, base)
     for ft in traces + held:  # refuses bad replay flags and traces before the fit starts
@@ -177,8 +176,8 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
                 f"fit: {ft.itl_path}: ITL of {len(ft.itl_bursts)} request(s) left out (chunks "
                 f"delivered in a burst: mean gap under {ITL_BURST_FRACTION:g} of the trace's "
                 f"median), e.g. request {ft.itl_bursts[0]}\n")
-    from blis_fast.fit.optimize import fit
-    from blis_fast.fit.report import build_fit_report
+    from blis_fast.fit.optimize import fit  # lazy: not for blis --help
+    from blis_fast.fit.report import build_fit_report  # lazy: not for blis --help
 
     result = fit(traces, base, weights, latency_model=latency_model, max_evaluations=max_evals,
                  time_limit_s=limit, seed=seed_value, starts=n_starts, workers=n_workers,
@@ -194,8 +193,8 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
     if report:
         outputs.append(("report", report, (json.dumps(fit_report, indent=2) + "\n").encode()))
     if plot_path:
-        from blis_fast.calibrate.plot import render_plot
-        from blis_fast.fit.plot import plot_fit
+        from blis_fast.calibrate.plot import render_plot  # lazy: not for blis --help
+        from blis_fast.fit.plot import plot_fit  # lazy: not for blis --help
 
         outputs.append(("plot", plot_path, render_plot(plot_fit(result, figures), plot_format)))
     with plan:

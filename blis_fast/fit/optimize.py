@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from blis_fast.config.defaults import load_defaults
+from blis_fast.data import data_path
 from blis_fast.fit.problem import (
     DEFAULT_LOSS,
     FitTrace,
@@ -163,9 +165,6 @@ def initial_guess(traces: list[FitTrace]) -> tuple[float, ...]:
 def physics_start(base_options: dict[str, Any]) -> tuple[float, ...]:
     """trained-physics starting coefficients: the published ones (``defaults.yaml``, section
     ``trained_physics_coefficients``), padded to 10 betas; the fit's first stage rescales them."""
-    from blis_fast.config.defaults import load_defaults
-    from blis_fast.data import data_path
-
     path = base_options.get("defaults_filepath") or str(data_path("defaults.yaml"))
     coeffs = load_defaults(path).coefficients.get("trained_physics_coefficients")
     alpha = list(coeffs.alpha_coeffs or ()) if coeffs is not None else []
@@ -331,7 +330,7 @@ def fit(traces: list[FitTrace], base_options: dict[str, Any], weights: dict[str,
                         _spread_start(model, start, seed, k), per_search, time_limit_s,
                         seed + k, loss) for k in range(starts)]
     if workers > 1 and starts > 1:
-        from blis_fast.sweep.execute import TaskRunner
+        from blis_fast.sweep.execute import TaskRunner  # lazy: parallel starts only
 
         results = []
         with TaskRunner(backend, min(workers, starts)) as runner:

@@ -43,6 +43,8 @@ from blis_fast.calibrate.pairing import CalibrationPairs, pair_requests
 from blis_fast.calibrate.report import build_report
 from blis_fast.calibrate.stats import mape_and_bias
 from blis_fast.errors import BlisInputError
+from blis_fast.options import build_options
+from blis_fast.runner import execute_replay
 
 __all__ = ["DEFAULT_LOSS", "LOSSES", "METRICS", "FitTrace", "Loss", "load_fit_trace",
            "metric_errors", "metric_mapes", "pair_trace", "simulate", "trace_loss"]
@@ -124,9 +126,6 @@ def sim_results(requests: Any) -> list[SimResult]:
 def simulate(ft: FitTrace, base_options: dict[str, Any], latency_model: str,
              alpha: tuple[float, ...], beta: tuple[float, ...]) -> list[SimResult]:
     """Replay ``ft`` in-process with the given coefficients (diagnostics silenced)."""
-    from blis_fast.options import build_options
-    from blis_fast.runner import execute_replay
-
     opts = dict(base_options, trace_header=ft.header_path, trace_data=ft.data_path,
                 latency_model=latency_model, alpha_coeffs=tuple(alpha),
                 beta_coeffs=tuple(beta), log="error")

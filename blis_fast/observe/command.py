@@ -187,7 +187,7 @@ def validate_flags(o: ObserveOptions) -> None:
     if o.warmup_requests < 0:
         _fail(f"--warmup-requests must be >= 0, got {o.warmup_requests}")
     if o.is_given("rate"):
-        from blis_fast.workload.synthesis import validate_rate
+        from blis_fast.workload.synthesis import validate_rate  # lazy: not for blis --help
 
         validate_rate(o.rate)
     if o.api_format not in ("completions", "chat"):
@@ -212,7 +212,7 @@ def validate_flags(o: ObserveOptions) -> None:
 def _output_plan(o: ObserveOptions):
     """The checked output paths of one observation (``blis_fast.files.OutputPlan``): every
     file's folder exists and takes a file, none is a directory or one of the inputs."""
-    from blis_fast.files import OutputPlan
+    from blis_fast.files import OutputPlan  # lazy: not for blis --help
 
     plan = OutputPlan()
     plan.add_inputs([("--workload-spec", o.workload_spec),
@@ -227,7 +227,7 @@ def _output_plan(o: ObserveOptions):
 
 
 def _itl_path(o: ObserveOptions) -> str:
-    from blis_fast.observe.output import default_itl_path
+    from blis_fast.observe.output import default_itl_path  # lazy: not for blis --help
 
     return o.itl_output or default_itl_path(o.trace_data)
 
@@ -248,17 +248,17 @@ def build_workload(o: ObserveOptions) -> Workload:
     """Workload from a spec, a preset, or the distribution/concurrency flags (OBS-2)."""
     import numpy as np
 
-    from blis_fast.config.defaults import load_defaults
-    from blis_fast.data import data_path
-    from blis_fast.engine.sessions import SessionDriver
-    from blis_fast.observe.client import DEFAULT_MAX_OUTPUT_TOKENS
-    from blis_fast.observe.orchestrator import Job
-    from blis_fast.observe.prompts import group_lengths
-    from blis_fast.workload.expand import expand_sources
-    from blis_fast.workload.generator import generate_workload
-    from blis_fast.workload.samplers import parse_think_time_dist
-    from blis_fast.workload.spec_yaml import load_workload_spec
-    from blis_fast.workload.synthesis import (
+    from blis_fast.config.defaults import load_defaults  # lazy: not for blis --help
+    from blis_fast.data import data_path  # lazy: not for blis --help
+    from blis_fast.engine.sessions import SessionDriver  # lazy: not for blis --help
+    from blis_fast.observe.client import DEFAULT_MAX_OUTPUT_TOKENS  # lazy: not for blis --help
+    from blis_fast.observe.orchestrator import Job  # lazy: not for blis --help
+    from blis_fast.observe.prompts import group_lengths  # lazy: not for blis --help
+    from blis_fast.workload.expand import expand_sources  # lazy: not for blis --help
+    from blis_fast.workload.generator import generate_workload  # lazy: not for blis --help
+    from blis_fast.workload.samplers import parse_think_time_dist  # lazy: not for blis --help
+    from blis_fast.workload.spec_yaml import load_workload_spec  # lazy: not for blis --help
+    from blis_fast.workload.synthesis import (  # lazy: not for blis --help
         DistributionParams,
         lookup_preset,
         synthesize_concurrency,
@@ -358,8 +358,8 @@ def build_workload(o: ObserveOptions) -> Workload:
 
 async def _measure_ratio(client: RealClient) -> float:
     """Token-ratio request (OBS-3.2): 100 vocabulary words, ``max_tokens`` 1."""
-    from blis_fast.observe.client import PendingRequest
-    from blis_fast.observe.prompts import RATIO_PROMPT, VOCABULARY
+    from blis_fast.observe.client import PendingRequest  # lazy: not for blis --help
+    from blis_fast.observe.prompts import RATIO_PROMPT, VOCABULARY  # lazy: not for blis --help
 
     rec = await client.send(PendingRequest(request_id=-1, input_tokens=0, max_output_tokens=1,
                                            prompt=RATIO_PROMPT, streaming=False),
@@ -394,9 +394,12 @@ class ObserveResult:
 
 
 async def _observe(o: ObserveOptions, w: Workload) -> ObserveResult:
-    from blis_fast.observe.client import RealClient
-    from blis_fast.observe.orchestrator import DispatchConfig, Dispatcher
-    from blis_fast.observe.prompts import build_prefixes
+    from blis_fast.observe.client import RealClient  # lazy: not for blis --help
+    from blis_fast.observe.orchestrator import (  # lazy: not for blis --help
+        DispatchConfig,
+        Dispatcher,
+    )
+    from blis_fast.observe.prompts import build_prefixes  # lazy: not for blis --help
 
     async with RealClient(o.server_url, o.model, o.api_key, o.api_format, o.timeout) as client:
         tpw = await _measure_ratio(client)
@@ -420,7 +423,12 @@ async def _observe(o: ObserveOptions, w: Workload) -> ObserveResult:
 
 def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
     """Header, trace CSV, ITL file and Parquet, all renamed into place together (OBS-8)."""
-    from blis_fast.observe.output import itl_csv, observed_table, trace_csv, trace_header
+    from blis_fast.observe.output import (  # lazy: not for blis --help
+        itl_csv,
+        observed_table,
+        trace_csv,
+        trace_header,
+    )
 
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     with _output_plan(o) as plan:  # all files renamed into place together, or none
@@ -436,7 +444,7 @@ def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
             import pyarrow.parquet as pq
 
             folder = plan.make_dir(o.output_dir, "--output-dir")
-            from blis_fast.output.provenance import (
+            from blis_fast.output.provenance import (  # lazy: not for blis --help
                 file_provenance,
                 options_record,
                 with_provenance,

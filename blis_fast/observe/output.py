@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from blis_fast.gofmt import go_g
 from blis_fast.observe.orchestrator import Observed
+from blis_fast.output.schemas import load_schema
 from blis_fast.workload.trace_v2 import TRACE_V2_COLUMNS, go_csv_field
 from blis_fast.workload.yaml_writer import yaml_string
 
@@ -79,8 +80,6 @@ def default_itl_path(trace_data: str) -> str:
 
 def observed_table(observed: Sequence[Observed], start_wall_us: int) -> pa.Table:
     """The observed requests as an Arrow table with the ``observed_requests`` schema."""
-    from blis_fast.output.schemas import load_schema
-
     schema = load_schema("observed_requests")
     n = len(observed)
     i64 = {name: np.zeros(n, dtype=np.int64) for name in (

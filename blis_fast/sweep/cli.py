@@ -8,6 +8,7 @@ import sys
 import click
 
 from blis_fast.cli_numbers import GO_FLOAT, GO_INT
+from blis_fast.errors import BlisConfigError
 from blis_fast.sweep import BACKENDS
 
 _BACKEND_OPTIONS = (
@@ -39,7 +40,7 @@ def sweep_command(spec: str, out_dir: str, workers: int | None, backend: str,
                   ray_address: str | None, resume: bool, with_requests: bool,
                   chunk_size: int | None) -> None:
     """Run every configuration of SPEC (base + grid/zip/random/seeds axes) into --out."""
-    from blis_fast.sweep.run import run_sweep
+    from blis_fast.sweep.run import run_sweep  # lazy: not for blis --help
 
     try:
         outcome = run_sweep(spec, out_dir, workers=workers, backend=backend,
@@ -70,11 +71,15 @@ def saturate_command(spec: str, slos: tuple[str, ...], low: float, high: float, 
     """Per configuration of SPEC, bisect the highest request rate at which every SLO holds."""
     import polars as pl
 
-    from blis_fast.sweep.saturate import find_saturation, parse_slo, write_saturation
+    from blis_fast.sweep.saturate import (  # lazy: not for blis --help
+        find_saturation,
+        parse_slo,
+        write_saturation,
+    )
 
     parsed = [parse_slo(s) for s in slos]
     if out_path:
-        from blis_fast.files import OutputPlan
+        from blis_fast.files import OutputPlan  # lazy: not for blis --help
 
         plan = OutputPlan()
         plan.add_inputs([("SPEC", spec)])
@@ -115,12 +120,11 @@ def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by:
                  facet: str | None, where: tuple[str, ...], logy: bool, scaling: bool,
                  window: float, output: str, width: float, height: float, dpi: int) -> None:
     """Plot a sweep directory (SOURCE) or a Parquet file: y vs x lines, or a CDF."""
-    from blis_fast.errors import BlisConfigError
-    from blis_fast.sweep import plot as P
+    from blis_fast.sweep import plot as P  # lazy: not for blis --help
 
     if not (width > 0 and height > 0 and dpi > 0):
         raise BlisConfigError("--width, --height and --dpi must be > 0")
-    from blis_fast.files import OutputPlan
+    from blis_fast.files import OutputPlan  # lazy: not for blis --help
 
     plan = OutputPlan()
     plan.add_inputs([("SOURCE", source)])

@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from blis_fast.errors import BlisConfigError
 from blis_fast.gonum import NumError, parse_float
-from blis_fast.output.parquet import atomic_write_table
+from blis_fast.output.parquet import atomic_write_table, summary_table
+from blis_fast.output.provenance import file_provenance, with_provenance
 from blis_fast.sweep.execute import TaskRunner
 from blis_fast.sweep.progress import Progress
 from blis_fast.sweep.spec import SweepPlan, load_sweep_plan, validate_plan
@@ -97,8 +98,7 @@ class SaturationResult:
 
 def bisect_rate(task: SaturationTask) -> SaturationResult:
     """Bisect the rate of one configuration (runs in a worker)."""
-    from blis_fast import api
-    from blis_fast.output.parquet import summary_table
+    from blis_fast import api  # runs in the worker process only
 
     runs = 0
 
@@ -198,7 +198,5 @@ def saturation_table(plan: SweepPlan, results: list[SaturationResult], slos: lis
 def write_saturation(path: str | Path, table: pa.Table) -> None:
     """Write the saturation table as Parquet, atomically, with the version provenance (its
     metric columns are ``schemas/summary.json``'s)."""
-    from blis_fast.output.provenance import file_provenance, with_provenance
-
     atomic_write_table(path, with_provenance(table, file_provenance("summary", "saturate")),
                        flag="--out")

@@ -339,7 +339,7 @@ def validate_plan(plan: SweepPlan, overrides: dict[str, Any] | None = None) -> N
     """Check every configuration (with ``overrides``) as ``blis run`` would, before anything
     runs or is written. Configurations differing only in ``seed`` are checked once (no check
     depends on the seed)."""
-    from blis_fast.runner import prepare
+    from blis_fast.runner import prepare  # lazy: numba, to check configurations only
 
     checked: set[str] = set()
     for config in plan.configs:

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.files import OutputPlan, read_input_text
 from blis_fast.options import OPTIONS_BY_FIELD
 from blis_fast.output.parquet import atomic_write_table
 from blis_fast.output.provenance import file_provenance, with_provenance
@@ -83,8 +84,6 @@ class SweepStore:
 
         Reads only: nothing is created here, so a refused sweep leaves no trace.
         """
-        from blis_fast.files import OutputPlan
-
         if self.root.exists() and not self.root.is_dir():
             raise BlisConfigError(f"--out {self.root}: not a directory")
         plan = OutputPlan()
@@ -134,8 +133,6 @@ class SweepStore:
 
     def _read_manifest(self) -> dict[str, Any]:
         """The manifest of a previous run; unreadable or malformed is an error naming it."""
-        from blis_fast.files import read_input_text
-
         try:
             doc = json.loads(read_input_text(self.manifest_path))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:

@@ -71,8 +71,8 @@ def raise_if_interrupted(exc: BaseException) -> None:
 
 def run_chunk(task: ChunkTask) -> list[ConfigResult]:
     """Run each configuration of ``task``; a failure becomes that configuration's error."""
-    from blis_fast import api
-    from blis_fast.output.parquet import summary_table
+    from blis_fast import api  # runs in the worker process only
+    from blis_fast.output.parquet import summary_table  # runs in the worker process only
 
     results = []
     for config_id, kwargs in task.configs:

@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+import blis_fast
+from blis_fast.observe.output import trace_header
+
 __all__ = ["make_observed_trace"]
 
 
@@ -27,9 +30,6 @@ def make_observed_trace(prefix: str | Path, *, alpha: tuple[float, float, float]
     ``workload`` holds ``blis_fast.run`` keywords (``num_requests``, ``rate``, ...); ``noise``
     is the standard deviation of the multiplicative error on TTFT and on E2E - TTFT.
     """
-    import blis_fast
-    from blis_fast.observe.output import trace_header
-
     with tempfile.TemporaryDirectory() as tmp:
         exported = Path(tmp) / "sim"
         blis_fast.run(model=model, latency_model=latency_model, alpha_coeffs=alpha,

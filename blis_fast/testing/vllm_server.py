@@ -123,7 +123,7 @@ model.save_pretrained(str(out), safe_serialization=True)
 
 def ensure_model(python: Path, root: Path | None = None) -> Path:
     """The tiny model folder, built with the venv's python if missing."""
-    from blis_fast.observe.prompts import VOCABULARY
+    from blis_fast.observe.prompts import VOCABULARY  # lazy: numba, to build the model only
 
     root = root or cache_root()
     model = root / f"tiny-llama-v{_MODEL_VERSION}"
