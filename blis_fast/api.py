@@ -6,7 +6,7 @@ from typing import Any
 
 from blis_fast.engine.engine_config import Hooks
 from blis_fast.errors import BlisConfigError
-from blis_fast.kernels import hooks as H
+from blis_fast.kernels.cluster import hooks as H
 from blis_fast.options import build_options
 from blis_fast.runner import RunResult, execute_replay, execute_run
 
@@ -72,7 +72,7 @@ def run(*, custom_scorer: Any = None, custom_admission: Any = None,
     given take the CLI defaults. Files are written only when asked for (``metrics_path``,
     ``trace_output``, ``output_dir``). Raises ``BlisConfigError``/``BlisInputError`` on bad input.
 
-    User policies (see ``blis_fast.kernels.hooks`` for what they observe and return):
+    User policies (see ``blis_fast.kernels.cluster.hooks`` for what they observe and return):
     ``custom_scorer`` joins weighted routing as the scorer named ``custom``
     (``routing_policy="weighted", routing_scorers="custom:1,queue-depth:1"``);
     ``custom_admission`` is used with ``admission_policy="custom"``; ``custom_scheduler_key``

@@ -37,7 +37,7 @@ from blis_fast.engine.results import SimulationResult
 from blis_fast.engine.simulate import run_engine
 from blis_fast.engine.warmup import notify_if_compiling
 from blis_fast.errors import BlisConfigError, BlisInputError
-from blis_fast.kernels.heap import MAX_INSTANCES
+from blis_fast.kernels.engine.heap import MAX_INSTANCES
 from blis_fast.options import LOG_LEVELS, TIME_LIMIT_US, check_options
 from blis_fast.output.fitness import FITNESS_KEYS, parse_fitness_weights
 from blis_fast.output.pd import pd_warnings

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 
 import blis_fast
-from blis_fast.kernels import hooks as H
+from blis_fast.kernels.cluster import hooks as H
 
 
 @numba.njit

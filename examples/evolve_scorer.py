@@ -20,7 +20,7 @@ from blis_fast.evolve.sandbox import Evaluator
 LEAST_LOADED = INITIAL_PROGRAMS["scorer"]
 
 PREFIX_AND_LOAD = '''
-from blis_fast.kernels import hooks as H
+from blis_fast.kernels.cluster import hooks as H
 
 
 def custom_scorer(snapshots, request, out):

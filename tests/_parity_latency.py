@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from blis_fast.config.latency import LatencyConfig
-from blis_fast.kernels import latency as K
+from blis_fast.kernels.engine import latency as K
 from blis_fast.options import RunOptions
 
 CASES_DIR = Path(__file__).resolve().parent / "reference_cases" / "cases"

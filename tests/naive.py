@@ -17,7 +17,7 @@ The module is long on purpose: it is the one place every twin lives. Sections:
 * one vLLM instance: events, queue order, batch formation, chunked prefill, preemption,
   completion, timeouts (ENG-1..4, ENG-7, DELTA-1..7).
 
-The only package code twins use is the Go ``math/rand`` port (``blis_fast.kernels.gorand``,
+The only package code twins use is the Go ``math/rand`` port (``blis_fast.kernels.go.gorand``,
 checked against Go's own outputs in ``test_gorand.py``) and the 64-bit content digest that
 names a block's tokens, so that generated workloads can be compared digest by digest.
 """
@@ -341,7 +341,7 @@ def kv_blocks(L, d, H, hkv, inter, vocab, bpp, mem, tp, block, util, moe=None,
 
 def gaussian_length(s, mean: float, std: float, lo: float, hi: float) -> int:
     """A gaussian length draw of the distribution workload (WL-4): clamp, round, >= 1."""
-    from blis_fast.kernels import gorand
+    from blis_fast.kernels.go import gorand
 
     if lo == hi:
         return lo
@@ -355,7 +355,7 @@ def distribution_tokens(prefix_tokens: int, lengths: Sequence[tuple[float, float
     the reference's draw order (WL-14): the prefix from the ``workload-gen`` stream, then per
     request from the client stream its input and output lengths and ids. ``lengths`` holds the
     (mean, stdev, min, max) of the prompt and the output."""
-    from blis_fast.kernels import gorand
+    from blis_fast.kernels.go import gorand
 
     (pm, ps, plo, phi), (om, osd, olo, ohi) = lengths
     wg = gorand.new_source(gorand.subsystem_seed(seed, "workload-gen"))
@@ -379,7 +379,7 @@ def replay_token_ids(records: Sequence[tuple[str, int, int, int]],
     with a group and a positive prefix length, as long as that first record says; then per
     record its input ids and its output ids. ``records`` holds (prefix group, "" for none,
     prefix length, input tokens, output tokens)."""
-    from blis_fast.kernels import gorand
+    from blis_fast.kernels.go import gorand
 
     s = gorand.new_source(seed)
     prefixes: dict[str, list[int]] = {}
@@ -396,7 +396,7 @@ def replay_token_ids(records: Sequence[tuple[str, int, int, int]],
 
 def sampled_length(s, dist) -> int:
     """One length draw of a spec distribution (gaussian, exponential, constant; WL-4)."""
-    from blis_fast.kernels import gorand
+    from blis_fast.kernels.go import gorand
 
     p = dist.params
     if dist.type == "gaussian":
@@ -419,7 +419,7 @@ def generate_requests(spec, rates: Sequence[float], horizon: int, max_requests: 
     ``rates`` are the clients' normalized rates (WL-3)."""
     import numpy as np
 
-    from blis_fast.kernels import gorand as g
+    from blis_fast.kernels.go import gorand as g
     from blis_fast.kernels.hashing import content_digest
 
     wg = g.new_source(g.subsystem_seed(spec.seed, "workload-gen"))

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import blis_fast
 from blis_fast.engine import fleet
-from blis_fast.kernels.autoscale import AsInst, AsVar
+from blis_fast.kernels.cluster.autoscale import AsInst, AsVar
+from blis_fast.kernels.engine.state import InstanceCounter
 from blis_fast.kernels.enums import InstanceKind, Lifecycle, Registration
-from blis_fast.kernels.state import InstanceCounter
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 BASE = dict(model=MODEL, latency_model="roofline", snapshot_refresh_interval=0, log="warn")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import blis_fast
-from blis_fast.kernels import hooks as H
+from blis_fast.kernels.cluster import hooks as H
 from blis_fast.policies.scorers import SCORERS
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"

@@ -11,8 +11,8 @@ import pytest
 from blis_fast.config.latency import resolve_latency
 from blis_fast.data import data_path
 from blis_fast.errors import BlisConfigError, BlisInputError
-from blis_fast.kernels import latency as K
-from blis_fast.kernels.latency import Backend
+from blis_fast.kernels.engine import latency as K
+from blis_fast.kernels.engine.latency import Backend
 
 try:
     from tests._parity_latency import (

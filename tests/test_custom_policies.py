@@ -9,7 +9,7 @@ from numba import cfunc
 
 import blis_fast
 from blis_fast.errors import BlisConfigError
-from blis_fast.kernels import hooks as H
+from blis_fast.kernels.cluster import hooks as H
 
 BASE = dict(model="meta-llama/llama-3.1-8b-instruct", num_instances=4, rate=40,
             num_requests=300, total_kv_blocks=3000, log="error")

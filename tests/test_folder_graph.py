@@ -88,7 +88,7 @@ def imports_of(path: Path) -> list[tuple[str, int]]:
 
 
 def folder_of(module: str) -> str:
-    """``kernels`` for ``blis_fast.kernels.heap``, ``runner`` for ``blis_fast.runner``."""
+    """``kernels`` for ``blis_fast.kernels.engine.heap``, ``runner`` for ``blis_fast.runner``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ROOT
 

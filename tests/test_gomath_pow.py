@@ -1,4 +1,4 @@
-"""The one Go ``math.Pow`` port (``kernels/gomath.py: go_pow``) against plain-Python
+"""The one Go ``math.Pow`` port (``kernels/go/gomath.py: go_pow``) against plain-Python
 transcriptions of its two behaviours, on many inputs.
 
 Go's released ``math.Pow`` raises the Frexp mantissa to the integral part of the exponent by
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blis_fast.kernels.gomath import go_pow
+from blis_fast.kernels.go.gomath import go_pow
 from tests.naive import go_pow as naive_go_pow
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blis_fast.kernels import gorand as g
+from blis_fast.kernels.go import gorand as g
 
 # Arguments used by regress_test.go for methods taking an int32 / int64 / int.
 INT32S = [1, 10, 32, 1 << 20, (1 << 20) + 1, 1000000000, 1 << 30, (1 << 31) - 2, (1 << 31) - 1]

@@ -1,4 +1,4 @@
-"""The event heap (``kernels/heap.py``) pops keys in (time, tie) order, so any lexicographic key
+"""The event heap (``kernels/engine/heap.py``) pops keys in (time, tie) order, so any lexicographic key
 packed into the tie comes out sorted: the cluster loop's (cluster first, instance, priority,
 sequence) and the workload generator's (arrival, client, generation order) alike."""
 
@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blis_fast.kernels.heap import heap_pop, heap_push
+from blis_fast.kernels.engine.heap import heap_pop, heap_push
 
 CLIENT_SHIFT = 40  # a generator's tie: client << 40 | generation order (order < 2^40)
 

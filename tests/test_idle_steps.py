@@ -1,4 +1,4 @@
-"""Steps without work are counted, not taken (``kernels/step.py: skip_idle_steps``).
+"""Steps without work are counted, not taken (``kernels/engine/step.py: skip_idle_steps``).
 
 A P/D decode instance whose KV is held by reservations for its own queue forms empty batches
 until a timeout frees it; the reference takes every one of those steps (here ~3e6 one-µs
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 import blis_fast
-from blis_fast.kernels.state import InstanceCounter
+from blis_fast.kernels.engine.state import InstanceCounter
 
 # found by the P/D invariant strategy: one shared pod whose decode reservations fill its KV
 SPIN = dict(model="meta-llama/llama-3.1-8b-instruct", num_instances=5, prefill_instances=0,

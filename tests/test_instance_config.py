@@ -12,8 +12,8 @@ from dataclasses import replace
 import numpy as np
 
 from blis_fast.engine.simulate import run_engine
-from blis_fast.kernels import kvcache as kvc
-from blis_fast.kernels.state import InstanceCounter
+from blis_fast.kernels.engine.state import InstanceCounter
+from blis_fast.kernels.kv import kvcache as kvc
 from blis_fast.options import build_options
 from blis_fast.runner import prepare
 

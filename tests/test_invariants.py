@@ -60,10 +60,10 @@ from blis_fast.engine import packing
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisConfigError
 from blis_fast.gonum import INT64_MAX
-from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.engine.latency import queueing_time
+from blis_fast.kernels.engine.state import InstanceCounter
 from blis_fast.kernels.enums import Registration, RequestState
-from blis_fast.kernels.latency import queueing_time
-from blis_fast.kernels.state import InstanceCounter
+from blis_fast.kernels.kv import kvcache as kvc
 from blis_fast.options import build_options
 from blis_fast.runner import prepare
 
@@ -96,7 +96,7 @@ TIERED_LIVELOCK = dict(
     kv_cpu_blocks=154, kv_transfer_bandwidth=701.1797404395907, kv_transfer_base_latency=10)
 
 # A tiered run whose reloads overflowed a request's slice of the KV block-list pool before
-# 30c545d (kernels/kvcache.py new_kv_state sized it ceil((input + output) / block size) + 1
+# 30c545d (kernels/kv/kvcache.py new_kv_state sized it ceil((input + output) / block size) + 1
 # blocks; the reload commits can append more): request_18 ended with 55 blocks in a 54-block
 # slice and overwrote request_19's first entry, reference counts went wrong, then negative.
 TIERED_POOL_OVERFLOW = dict(
@@ -488,7 +488,7 @@ def test_clock_monotonicity(opts: dict) -> None:
     for i in range(eng.options.num_instances):
         t = sim.step_time[sim.step_instance == i]
         assert (np.diff(t) > 0).all(), f"instance {i}: step times not strictly increasing"
-        # idle steps taken as counts (kernels/step.py: skip_idle_steps) are not logged
+        # idle steps taken as counts (kernels/engine/step.py: skip_idle_steps) are not logged
         assert int(sim.counters[i, InstanceCounter.STEPS]) == len(t) + int(
             sim.counters[i, InstanceCounter.IDLE_SKIPPED])
         assert 0 <= ended[i] <= horizon

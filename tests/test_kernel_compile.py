@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba.core.compiler import Flags
 
-from blis_fast.kernels import gorand, jit
+from blis_fast.kernels import jit
+from blis_fast.kernels.go import gorand
 
 BOOL_OPTIONS = sorted(name for name, option in Flags.options.items() if option.type is bool)
 
@@ -232,7 +233,7 @@ def test_every_cached_kernel_is_keyed_by_all_kernel_sources(tmp_path: Path) -> N
     file only: the key holds the digest of every kernel module (subpackages included) and of
     the frozen leaves, so any such edit makes every kernel compile again instead of loading
     stale code."""
-    from blis_fast.kernels import hooks
+    from blis_fast.kernels.cluster import hooks
 
     codegen = gorand.new_source.targetctx.codegen()
     for cache in (gorand.new_source._cache, gorand.seed_source._cache,  # njit (both kinds)

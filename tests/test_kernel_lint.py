@@ -6,7 +6,7 @@ and changes results against the reference), and contains no ``print``, ``raise``
 ``open``: kernels report failures with status codes, and Python does the talking. Jitted code
 lives only in ``blis_fast/kernels/``. Kernels stay short enough to be named for what they do:
 at most MAX_KERNEL_LINES lines and MAX_KERNEL_PARAMS parameters each (state travels in the
-NamedTuple groups of ``kernels/state.py``).
+NamedTuple groups of ``kernels/engine/state.py``).
 
 Kernel code imports nothing of the package but other kernel modules and the leaves
 ``jit.FROZEN_LEAVES`` names: every compile-time constant a kernel reads is defined under
@@ -252,6 +252,18 @@ def test_kernel_modules_take_njit_from_the_jit_module():
     assert [v for p in KERNEL_MODULES for v in numba_decorator_imports(p)] == []
 
 
+KERNEL_PACKAGES = {"blis_fast.kernels", *(
+    "blis_fast.kernels." + ".".join(p.parent.relative_to(KERNELS).parts)
+    for p in KERNELS.rglob("__init__.py") if p.parent != KERNELS)}
+"""The kernels' package and its subpackages (``from <package> import module as alias``)."""
+
+
+def _module_name(path: Path) -> str:
+    """``blis_fast.kernels.engine.heap`` for ``blis_fast/kernels/engine/heap.py``."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def outside_references(paths: list[Path]) -> dict[tuple[str, str], set[str]]:
     """(kernel module, name) -> files outside ``blis_fast/kernels/`` naming it:
     ``from blis_fast.kernels.M import name`` and ``alias.name`` after
@@ -261,15 +273,15 @@ def outside_references(paths: list[Path]) -> dict[tuple[str, str], set[str]]:
         tree = ast.parse(path.read_text(), filename=str(path))
         aliases = {}
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == "blis_fast.kernels":
+            if isinstance(node, ast.ImportFrom) and node.module in KERNEL_PACKAGES:
                 aliases.update({a.asname or a.name: a.name for a in node.names})
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
                     "blis_fast.kernels."):
-                module = node.module.split(".")[2]
+                module = node.module.split(".")[-1]
                 for a in node.names:
                     refs.setdefault((module, a.name), set()).add(path.name)
             elif isinstance(node, ast.Import):
-                aliases.update({a.asname: a.name.split(".")[2] for a in node.names
+                aliases.update({a.asname: a.name.split(".")[-1] for a in node.names
                                 if a.asname and a.name.startswith("blis_fast.kernels.")})
         # ``module.kernel.attribute`` uses the dispatcher (``.compile(signature)``), not a call
         dispatcher_uses = {id(node.value) for node in ast.walk(tree)
@@ -292,7 +304,7 @@ def wrapper_mismatches(refs: dict[tuple[str, str], set[str]]) -> list[str]:
     out = []
     seen = set()
     for path in KERNEL_MODULES:
-        module = importlib.import_module(f"blis_fast.kernels.{path.stem}")
+        module = importlib.import_module(_module_name(path))
         for name, value in vars(module).items():
             if not (isinstance(value, Dispatcher) and value.py_func.__module__ == module.__name__):
                 continue
@@ -338,7 +350,7 @@ def test_python_callable_kernels_cache_apart_from_internal_ones():
 
     kinds = {True: 0, False: 0}
     for path in KERNEL_MODULES:
-        module = importlib.import_module(f"blis_fast.kernels.{path.stem}")
+        module = importlib.import_module(_module_name(path))
         for value in vars(module).values():
             if isinstance(value, Dispatcher) and value.py_func.__module__ == module.__name__:
                 wrapped = has_python_wrapper(value)

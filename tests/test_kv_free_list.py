@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from naive import LRUFreeList
 
-from blis_fast.kernels import kv_blocks as kvb
-from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.kv import kv_blocks as kvb
+from blis_fast.kernels.kv import kvcache as kvc
 
 TOTAL = 6  # blocks per instance: a ring of 16 entries, so long runs compact it often
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from _cli import invoke
 
-from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.kv import kvcache as kvc
 
 # request_21 is the first request whose end differs when the hashes follow the list index
 CHUNKED_PREEMPTION_RUN = [

@@ -11,8 +11,8 @@ from naive import roofline_step_time
 
 from blis_fast.config.latency import pack_latency_params, resolve_latency
 from blis_fast.config.model_config import ModelConfig
-from blis_fast.kernels import latency as K
-from blis_fast.kernels.latency import Backend
+from blis_fast.kernels.engine import latency as K
+from blis_fast.kernels.engine.latency import Backend
 
 try:
     from tests._parity_latency import (

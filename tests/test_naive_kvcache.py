@@ -21,7 +21,7 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.kv import kvcache as kvc
 
 SETTINGS = dict(deadline=None, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -15,7 +15,7 @@ from _output_parity import (
     typed_metrics,
 )
 
-from blis_fast.kernels.gosort import go_sort_slice_order
+from blis_fast.kernels.go.gosort import go_sort_slice_order
 from blis_fast.output.gojson import marshal_indent
 from blis_fast.output.summary import (
     InstanceMetrics,

@@ -18,8 +18,8 @@ from _cli import invoke
 from blis_fast import policies
 from blis_fast.engine.simulate import run_engine
 from blis_fast.errors import BlisRuntimeError
-from blis_fast.kernels.heap import MAX_INSTANCES, make_tie, tie_instance, tie_is_instance
-from blis_fast.kernels.latency import Backend, is_known_backend, step_time
+from blis_fast.kernels.engine.heap import MAX_INSTANCES, make_tie, tie_instance, tie_is_instance
+from blis_fast.kernels.engine.latency import Backend, is_known_backend, step_time
 from blis_fast.options import build_options
 from blis_fast.runner import prepare
 

@@ -44,10 +44,10 @@ from test_invariants import _KVCapture
 import blis_fast
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine import packing
-from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.cluster.pd import ParentField, PDCounter
+from blis_fast.kernels.engine.state import InstanceCounter
 from blis_fast.kernels.enums import RequestState
-from blis_fast.kernels.pd import ParentField, PDCounter
-from blis_fast.kernels.state import InstanceCounter
+from blis_fast.kernels.kv import kvcache as kvc
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 SETTINGS = dict(deadline=None, database=None, print_blob=True,

@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 
 import blis_fast
-from blis_fast.kernels.pd import PDCounter
+from blis_fast.kernels.cluster.pd import PDCounter
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 PD_COLUMNS = ["disaggregated", "pd_outcome", "prefill_instance", "decode_instance",

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import blis_fast
-from blis_fast.kernels.pd import ParentField, PDCounter
+from blis_fast.kernels.cluster.pd import ParentField, PDCounter
 from blis_fast.output.pd import PD_SUMMARY_COLUMNS
 from blis_fast.output.schemas import load_schema, schema_fields
 

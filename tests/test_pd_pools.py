@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import blis_fast
-from blis_fast.kernels.gorand import intn, new_source, subsystem_seed
-from blis_fast.kernels.pd import ParentField
+from blis_fast.kernels.cluster.pd import ParentField
+from blis_fast.kernels.go.gorand import intn, new_source, subsystem_seed
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 WORKLOAD = {"model": MODEL, "num_requests": 12, "rate": 2.0, "seed": 42, "log": "error"}

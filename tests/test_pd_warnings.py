@@ -64,7 +64,7 @@ def test_warning_once_where_it_happens(fragment, trigger, neighbour, caplog, tmp
 
 def test_the_counts_in_the_warnings_are_the_runs(caplog, tmp_path):
     res = blis_fast.run(**KV_DROPS, log="error")
-    from blis_fast.kernels.pd import PDCounter
+    from blis_fast.kernels.cluster.pd import PDCounter
 
     dropped = int(res.simulation.pd.counters[PDCounter.DROPPED_AT_DECODE_KV])
     assert dropped > 0 and res.summary["dropped_unservable"] >= dropped

@@ -12,11 +12,11 @@ from blis_fast.cli_options import help_text
 from blis_fast.config.policy_bundle import load_policy_bundle, select_policies
 from blis_fast.engine import engine_config
 from blis_fast.errors import BlisConfigError
-from blis_fast.kernels.admission import Admission, AdmissionReason, RouterParam
-from blis_fast.kernels.batch import Priority
+from blis_fast.kernels.cluster.admission import Admission, AdmissionReason, RouterParam
+from blis_fast.kernels.cluster.router_state import RouterCfg
+from blis_fast.kernels.engine.batch import Priority
+from blis_fast.kernels.engine.state import ConfigSlot
 from blis_fast.kernels.enums import Routing, StatefulScorer
-from blis_fast.kernels.router_state import RouterCfg
-from blis_fast.kernels.state import ConfigSlot
 from blis_fast.options import (
     CHECK_ORDER,
     OPTIONS_BY_FLAG,

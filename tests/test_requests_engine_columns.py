@@ -15,7 +15,7 @@ import yaml
 from _cli import invoke
 
 import blis_fast
-from blis_fast.kernels.state import InstanceCounter
+from blis_fast.kernels.engine.state import InstanceCounter
 from blis_fast.output.provenance import read_provenance
 from blis_fast.policies.priority import DEFAULT_SLO_PRIORITY, SLO_PRIORITIES
 

@@ -19,8 +19,8 @@ from blis_fast.engine.sessions import (
     SessionDriver,
     session_deadline,
 )
+from blis_fast.kernels.engine.state import InstanceCounter
 from blis_fast.kernels.enums import RequestState
-from blis_fast.kernels.state import InstanceCounter
 from blis_fast.workload.generated import SessionBlueprint
 from blis_fast.workload.samplers import constant_sampler
 

@@ -2,7 +2,7 @@
 
 Compile-time constants are frozen into Numba's cached machine code, and Numba keys a cached
 kernel by its own file only. The codes a kernel branches on are defined in the kernel modules
-(``kernels/admission.py`` for the admission policies) and every cached kernel's key digests all
+(``kernels/cluster/admission.py`` for the admission policies) and every cached kernel's key digests all
 kernel modules (``kernels/jit.py``), so renumbering a code in a scratch copy of the package must
 make the copy compile its engine again and give the very same results; a stale engine would
 read the token bucket's new code as another policy's.
@@ -23,7 +23,7 @@ CHILD = r'''
 import json, sys
 import blis_fast
 assert blis_fast.__file__.startswith(sys.argv[1]), blis_fast.__file__
-from blis_fast.kernels.admission import Admission
+from blis_fast.kernels.cluster.admission import Admission
 r = blis_fast.run(model="meta-llama/llama-3.1-8b-instruct", num_instances=2, rate=80,
                   num_requests=150, seed=5, log="error", admission_policy="token-bucket",
                   token_bucket_capacity=4000, token_bucket_refill_rate=20000)
@@ -41,7 +41,7 @@ def _run(root: Path, tmp: Path) -> dict:
 
 
 def _engine_cache_entries(root: Path) -> set[str]:
-    cache = root / "blis_fast" / "kernels" / "__pycache__"
+    cache = root / "blis_fast" / "kernels" / "engine" / "__pycache__"
     return {p.name for p in cache.glob("event_loop.run_events*.nbc")}
 
 
@@ -52,7 +52,7 @@ def test_renumbered_admission_code_recompiles_the_engine(tmp_path: Path) -> None
     entries = _engine_cache_entries(root)
     assert entries  # the first run left the engine in the copy's cache
 
-    admission = root / "blis_fast" / "kernels" / "admission.py"
+    admission = root / "blis_fast" / "kernels" / "cluster" / "admission.py"
     source = admission.read_text()
     swapped = re.sub(r"^    TOKEN_BUCKET: int = 2$", "    TOKEN_BUCKET: int = 3", source,
                      flags=re.M)

@@ -19,7 +19,7 @@ import blis_fast
 from blis_fast.config.pd import requested as pd_requested
 from blis_fast.engine.simulate import engine_variant, event_loop_arguments
 from blis_fast.engine.warmup import _one_request_run, compile_engine
-from blis_fast.kernels.event_loop import PD_ARGUMENT, run_events
+from blis_fast.kernels.engine.event_loop import PD_ARGUMENT, run_events
 
 ROOT = Path(blis_fast.__file__).resolve().parents[1]
 QUICK_START = ROOT / "tests" / "reference_cases" / "cases" / "quickstart-llama31-8b"
@@ -106,29 +106,29 @@ def test_the_warm_up_compiles_the_variant_a_run_calls(flags: dict, pd: bool) -> 
 def test_the_loops_compile_finds_the_late_parts_in_the_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     early = _compiled_by("compile_late_engine_parts", cache, tmp_path)
-    assert {"blis_fast.kernels.routing.route", "blis_fast.kernels.admission.admit",
-            "blis_fast.kernels.latency.step_time.py", "blis_fast.kernels.kv_cpu.mirror_to_cpu",
-            "blis_fast.kernels.routing.take_snapshots",
-            "blis_fast.kernels.routing.refresh_cache_signal"} <= _names(early)
+    assert {"blis_fast.kernels.cluster.routing.route", "blis_fast.kernels.cluster.admission.admit",
+            "blis_fast.kernels.engine.latency.step_time.py", "blis_fast.kernels.kv.kv_cpu.mirror_to_cpu",
+            "blis_fast.kernels.cluster.routing.take_snapshots",
+            "blis_fast.kernels.cluster.routing.refresh_cache_signal"} <= _names(early)
     assert not any(".pd." in name for name in _names(early))
     late = _compiled_by("compile_engine", cache, tmp_path)
-    assert "blis_fast.kernels.event_loop.run_events.py" in _names(late)
+    assert "blis_fast.kernels.engine.event_loop.run_events.py" in _names(late)
     # nothing compiled twice (a kernel for one signature): the loop's compile loaded them
     assert early & late == set()
     grown = _compiled_by("compile_python_called_engine_parts", cache, tmp_path)
-    assert "blis_fast.kernels.state.grow_step_log.py" in _names(grown)
+    assert "blis_fast.kernels.engine.state.grow_step_log.py" in _names(grown)
     assert grown & (early | late) == set()
 
 
 def test_the_pd_loops_compile_finds_the_pd_handlers_in_the_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     early = _compiled_by("compile_late_engine_parts", cache, tmp_path, "--pd")
-    assert {"blis_fast.kernels.pd.route_decode_first", "blis_fast.kernels.pd.on_transfer_done",
-            "blis_fast.kernels.pd.on_prefill_routing", "blis_fast.kernels.pd.on_transfer_start",
-            "blis_fast.kernels.routing.route"} <= _names(early)
+    assert {"blis_fast.kernels.cluster.pd.route_decode_first", "blis_fast.kernels.cluster.pd.on_transfer_done",
+            "blis_fast.kernels.cluster.pd.on_prefill_routing", "blis_fast.kernels.cluster.pd.on_transfer_start",
+            "blis_fast.kernels.cluster.routing.route"} <= _names(early)
     late = _compiled_by("compile_engine", cache, tmp_path, "--pd")
-    assert {"blis_fast.kernels.event_loop.run_events.py",
-            "blis_fast.kernels.pd.detect"} <= _names(late)
+    assert {"blis_fast.kernels.engine.event_loop.run_events.py",
+            "blis_fast.kernels.cluster.pd.detect"} <= _names(late)
     assert early & late == set()
 
 

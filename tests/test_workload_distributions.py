@@ -10,9 +10,13 @@ import numpy as np
 import pytest
 
 from blis_fast.gofmt import go_f, go_g, go_sscanf_int
-from blis_fast.kernels import gomath as gm
-from blis_fast.kernels.gorand import new_source
-from blis_fast.kernels.samplers import normalized_exp_intervals, sample_iats, sample_lengths
+from blis_fast.kernels.generation.samplers import (
+    normalized_exp_intervals,
+    sample_iats,
+    sample_lengths,
+)
+from blis_fast.kernels.go import gomath as gm
+from blis_fast.kernels.go.gorand import new_source
 from blis_fast.workload.expand import diurnal_windows, drain_windows, expand_cohorts
 from blis_fast.workload.samplers import (
     arrival_params,

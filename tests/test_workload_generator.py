@@ -120,7 +120,7 @@ def test_kernel_matches_naive_twin(bs):
 def test_the_generator_without_session_code_draws_the_same():
     """A workload without multi-turn clients runs the generator compiled without the session
     code (``multi_turn_on`` None); the variant compiled with it draws the very same rows."""
-    from blis_fast.kernels.generation import generate_kernel
+    from blis_fast.kernels.generation.generation import generate_kernel
     from blis_fast.workload.client_params import resolve_clients
 
     spec = _mixed_spec(seed=7)

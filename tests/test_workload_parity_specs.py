@@ -20,9 +20,9 @@ from parity import CASES_DIR, case_distribution_params, run_case_params
 
 from blis_fast.errors import BlisInputError
 from blis_fast.gonum import INT64_MAX
-from blis_fast.kernels.gorand import new_source
-from blis_fast.kernels.samplers import sample_length
-from blis_fast.kernels.token_ids import skip_token_ids
+from blis_fast.kernels.generation.samplers import sample_length
+from blis_fast.kernels.generation.token_ids import skip_token_ids
+from blis_fast.kernels.go.gorand import new_source
 from blis_fast.workload.generated import apply_timeout_to_workload
 from blis_fast.workload.generator import generate_workload
 from blis_fast.workload.precedence import (

@@ -48,7 +48,7 @@ from blis_fast.config.latency_inputs import LatencyInputs
 from blis_fast.config.model_config import ModelConfig
 from blis_fast.data import data_path
 from blis_fast.errors import BlisConfigError, BlisInputError
-from blis_fast.kernels import latency as K
+from blis_fast.kernels.engine import latency as K
 from blis_fast.options import check_options
 
 __all__ = [

@@ -6,7 +6,7 @@ betas it needs, how its inputs are resolved (``resolve``: coefficients, model an
 blocks, max-model-len, with its own checks and messages, from the stages of
 ``config/latency_inputs.py``) and how its kernel parameters are packed from the coefficients
 and the model and hardware descriptions (with the checks the reference makes when it builds
-the model; the layouts are documented in ``blis_fast/kernels/latency.py``, whose
+the model; the layouts are documented in ``blis_fast/kernels/engine/latency.py``, whose
 ``step_time`` runs it).
 """
 
@@ -23,8 +23,8 @@ from blis_fast.config.hardware import HardwareCalib
 from blis_fast.config.latency_inputs import LatencyInputs
 from blis_fast.config.model_config import HFConfig, ModelConfig
 from blis_fast.errors import BlisConfigError
-from blis_fast.kernels import latency as K
-from blis_fast.kernels.latency import Backend as BackendCode
+from blis_fast.kernels.engine import latency as K
+from blis_fast.kernels.engine.latency import Backend as BackendCode
 from blis_fast.policies.registry import Registry
 
 Packer = Callable[[Sequence[float], Sequence[float], ModelConfig, HardwareCalib, int, list[str]],
@@ -264,7 +264,7 @@ def _pack_trained_roofline(alpha: Sequence[float], beta: Sequence[float], mc: Mo
         )
     check_coefficients("--beta-coeffs", beta)
     head_dim = mc.hidden_dim // mc.num_heads
-    # the trained-physics layout (kernels/latency.py says why the step times are the same)
+    # the trained-physics layout (kernels/engine/latency.py says why the step times are the same)
     p = _physics_layout(mc, kv_heads, head_dim, tp)
     p[0:7] = beta[:7]
     p[K.TP_IS_MOE] = 1.0 if mc.num_local_experts > 0 else 0.0

@@ -17,7 +17,7 @@ import yaml
 from blis_fast.config.yaml_scalars import BOOL, FLOAT, INT, OLD_BOOLS, resolve_plain
 from blis_fast.errors import BlisInputError
 from blis_fast.files import YamlLimitError, check_yaml_limits
-from blis_fast.kernels.gomath import go_f2i
+from blis_fast.kernels.go.gomath import go_f2i
 
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"

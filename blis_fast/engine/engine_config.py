@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from blis_fast.config.latency_backends import LATENCY_BACKENDS
-from blis_fast.kernels.admission import RouterParam
-from blis_fast.kernels.latency import post_decode_fixed_overhead
-from blis_fast.kernels.router_state import RouterCfg
-from blis_fast.kernels.state import ConfigSlot
+from blis_fast.kernels.cluster.admission import RouterParam
+from blis_fast.kernels.cluster.router_state import RouterCfg
+from blis_fast.kernels.engine.latency import post_decode_fixed_overhead
+from blis_fast.kernels.engine.state import ConfigSlot
 from blis_fast.options import RUN_OPTIONS
 from blis_fast.policies.admission import ADMISSION, admission_params
 from blis_fast.policies.priority import PRIORITY
@@ -136,7 +136,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class Hooks:
-    """User policy hooks, each a Numba cfunc of the signature in blis_fast.kernels.hooks."""
+    """User policy hooks, each a Numba cfunc of the signature in blis_fast.kernels.cluster.hooks."""
 
     scorer: object | None = None
     admission: object | None = None

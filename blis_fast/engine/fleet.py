@@ -15,11 +15,11 @@ import numpy as np
 from blis_fast.config.autoscale import AutoscaleSetup
 from blis_fast.engine.engine_config import EngineConfig
 from blis_fast.errors import BlisRuntimeError
-from blis_fast.kernels import autoscale as ak
+from blis_fast.kernels.cluster import autoscale as ak
+from blis_fast.kernels.engine.heap import MAX_INSTANCES
 from blis_fast.kernels.enums import Event, EventPriority, InstanceKind, Lifecycle, Registration
-from blis_fast.kernels.gomath import INT64_MAX
-from blis_fast.kernels.gorand import new_source, subsystem_seed
-from blis_fast.kernels.heap import MAX_INSTANCES
+from blis_fast.kernels.go.gomath import INT64_MAX
+from blis_fast.kernels.go.gorand import new_source, subsystem_seed
 
 ACTUATION_RING = 256
 """Actuations that can be in flight at once (a scrape delay of 256 intervals)."""

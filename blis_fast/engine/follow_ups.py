@@ -9,9 +9,9 @@ import numpy as np
 
 from blis_fast.engine.packing import Capacity, RequestMeta
 from blis_fast.engine.sessions import FollowUp, SessionDriver
+from blis_fast.kernels.engine.state import RequestInputs
 from blis_fast.kernels.enums import SessionOutcome
-from blis_fast.kernels.kv_layout import BlockList, KVConfig, pool_slots
-from blis_fast.kernels.state import RequestInputs
+from blis_fast.kernels.kv.kv_layout import BlockList, KVConfig, pool_slots
 
 
 @dataclass

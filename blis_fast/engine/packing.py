@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from blis_fast.engine.engine_config import EngineConfig
-from blis_fast.kernels.admission import RouterParam
-from blis_fast.kernels.gorand import new_source, subsystem_seed
-from blis_fast.kernels.kv_layout import new_kv_state
-from blis_fast.kernels.pd import new_pd_state
-from blis_fast.kernels.router_state import new_router_state, pool_router
-from blis_fast.kernels.state import ConfigSlot, InstanceSlot, RequestInputs
+from blis_fast.kernels.cluster.admission import RouterParam
+from blis_fast.kernels.cluster.pd import new_pd_state
+from blis_fast.kernels.cluster.router_state import new_router_state, pool_router
+from blis_fast.kernels.engine.state import ConfigSlot, InstanceSlot, RequestInputs
+from blis_fast.kernels.go.gorand import new_source, subsystem_seed
+from blis_fast.kernels.kv.kv_layout import new_kv_state
 from blis_fast.policies.deciders import DECIDERS
 from blis_fast.policies.priority import DEFAULT_SLO_PRIORITY, SLO_PRIORITIES
 from blis_fast.policies.routing import ROUTING

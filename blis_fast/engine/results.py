@@ -9,13 +9,19 @@ import numpy as np
 
 from blis_fast.engine.engine_config import EngineConfig
 from blis_fast.errors import BlisRuntimeError
+from blis_fast.kernels.cluster.pd import ParentField
+from blis_fast.kernels.cluster.router_state import RouterCfg, RouterVar
+from blis_fast.kernels.engine.event_loop import SEQ_LIMIT
+from blis_fast.kernels.engine.heap import MAX_INSTANCES
+from blis_fast.kernels.engine.state import (
+    HotField,
+    InstanceCounter,
+    LogCursor,
+    QueueField,
+    Rejection,
+)
 from blis_fast.kernels.enums import Registration, RequestState, Routing, Status
-from blis_fast.kernels.event_loop import SEQ_LIMIT
-from blis_fast.kernels.heap import MAX_INSTANCES
-from blis_fast.kernels.kv_layout import CpuMeta, KVMeta
-from blis_fast.kernels.pd import ParentField
-from blis_fast.kernels.router_state import RouterCfg, RouterVar
-from blis_fast.kernels.state import HotField, InstanceCounter, LogCursor, QueueField, Rejection
+from blis_fast.kernels.kv.kv_layout import CpuMeta, KVMeta
 
 KERNEL_FAILURES = {
     Status.UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
@@ -52,7 +58,7 @@ class DecisionTrace:
 
 @dataclass
 class PDRunData:
-    """What a P/D run leaves besides the per-row arrays (``kernels/pd.py``): per workload
+    """What a P/D run leaves besides the per-row arrays (``kernels/cluster/pd.py``): per workload
     request its parent record (``par[r, ParentField.*]``), the P/D counters, and per row the
     time of its first token (0 = none) and the duration of its first ITL sample's step (-1 =
     no ITL run in its last attempt)."""

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from blis_fast.kernels.gorand import new_source
+from blis_fast.kernels.generation.samplers import DIST_SEQUENCE, sample_length
+from blis_fast.kernels.generation.token_ids import draw_token_ids
+from blis_fast.kernels.go.gorand import new_source
 from blis_fast.kernels.hashing import block_digests
-from blis_fast.kernels.samplers import DIST_SEQUENCE, sample_length
-from blis_fast.kernels.token_ids import draw_token_ids
 from blis_fast.workload.spec import DEFAULT_TIMEOUT_US
 
 ACTIVE, COMPLETED, CANCELLED, HORIZON_INTERRUPTED, BUDGET_EXHAUSTED = range(5)

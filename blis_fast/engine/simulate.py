@@ -37,17 +37,15 @@ from blis_fast.engine.packing import (
 )
 from blis_fast.engine.results import SimulationResult, raise_failure, read_result
 from blis_fast.engine.sessions import SessionDriver
-from blis_fast.kernels import hooks as H
-from blis_fast.kernels.autoscale_layout import AsVar
-from blis_fast.kernels.enums import Status
-from blis_fast.kernels.event_loop import (
+from blis_fast.kernels.cluster import hooks as H
+from blis_fast.kernels.cluster.autoscale_layout import AsVar
+from blis_fast.kernels.engine.event_loop import (
     ASC_ARGUMENT,
     PD_ARGUMENT,
     push_cluster_arrivals,
     run_events,
 )
-from blis_fast.kernels.gomath import INT64_MAX
-from blis_fast.kernels.state import (
+from blis_fast.kernels.engine.state import (
     ConfigSlot,
     KernelHooks,
     LogCursor,
@@ -63,7 +61,9 @@ from blis_fast.kernels.state import (
     new_step_log,
     new_work,
 )
-from blis_fast.kernels.step import itl_counts_from_marks
+from blis_fast.kernels.engine.step import itl_counts_from_marks
+from blis_fast.kernels.enums import Status
+from blis_fast.kernels.go.gomath import INT64_MAX
 from blis_fast.policies.scorers import SCORERS
 
 __all__ = ["EngineConfig", "Hooks", "SessionPlan", "SimulationResult", "hook_errors",
@@ -139,7 +139,7 @@ def _compiled_overload(dispatcher, args):
 
 
 class KernelRun:
-    """Calls of the event loop (``kernels/event_loop.py: run_events``) until the run ends or
+    """Calls of the event loop (``kernels/engine/event_loop.py: run_events``) until the run ends or
     closed-loop outcomes wait for their follow-ups, growing the heap and the step log between
     calls. After the first call the compiled entry point is called directly: resolving the
     argument types (the function-pointer table especially) costs more than a short re-entry."""
@@ -198,7 +198,7 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     ``event_loop`` replaces the loop's caller (:class:`KernelRun`), for
     :func:`event_loop_arguments`."""
     parents = table
-    if given.pd_on:  # prefill sub-requests get rows of their own (kernels/pd.py)
+    if given.pd_on:  # prefill sub-requests get rows of their own (kernels/cluster/pd.py)
         table = with_prefill_rows(table)
     n0 = table.n
     n = n0 + room.rows

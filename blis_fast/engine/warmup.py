@@ -7,7 +7,7 @@ work: the second compiles the event loop and everything it calls, in the order N
 them; the first starts with what the loop reaches last (:func:`compile_late_engine_parts`:
 routing, admission, the step time, CPU mirroring), then compiles the generator. The loop compiles for
 the run's variant: P/D or not (``--pd``); without P/D its code is left out of the compile
-(``kernels/event_loop.py: run_events``)."""
+(``kernels/engine/event_loop.py: run_events``)."""
 
 from __future__ import annotations
 
@@ -23,15 +23,15 @@ from blis_fast.config.latency import LatencyConfig
 from blis_fast.config.pd import PDConfig
 from blis_fast.config.policy_bundle import select_policies
 from blis_fast.engine.simulate import EngineConfig, engine_variant, event_loop_arguments, run_engine
-from blis_fast.kernels import admission as adm
-from blis_fast.kernels import kvcache as kvc
-from blis_fast.kernels import latency as L
-from blis_fast.kernels import pd as pdk
-from blis_fast.kernels import routing as rtk
-from blis_fast.kernels.event_loop import run_events
-from blis_fast.kernels.generation import generate_kernel
-from blis_fast.kernels.latency import Backend, step_time
-from blis_fast.kernels.state import grow_event_heap, grow_step_log
+from blis_fast.kernels.cluster import admission as adm
+from blis_fast.kernels.cluster import pd as pdk
+from blis_fast.kernels.cluster import routing as rtk
+from blis_fast.kernels.engine import latency as L
+from blis_fast.kernels.engine.event_loop import run_events
+from blis_fast.kernels.engine.latency import Backend, step_time
+from blis_fast.kernels.engine.state import grow_event_heap, grow_step_log
+from blis_fast.kernels.generation.generation import generate_kernel
+from blis_fast.kernels.kv import kvcache as kvc
 from blis_fast.options import RunOptions
 from blis_fast.workload.request_table import RequestTable
 
@@ -79,7 +79,7 @@ def compile_late_engine_parts(pd: bool = False) -> None:
         arguments = event_loop_arguments(*_one_request_run(pd))
         typeof = run_events.typeof_pyval
         i64 = types.int64  # times, rows, counts: the heap's and the config's int64 values
-        if pd:  # as the loop calls them (kernels/event_loop.py: _on_routing, run_events)
+        if pd:  # as the loop calls them (kernels/engine/event_loop.py: _on_routing, run_events)
             cfg, inp, rs, ins, kv, _lg, rt, heap, work, hooks, _sess, pds, _asc = (
                 typeof(a) for a in arguments)
             pdk.route_decode_first.compile((cfg, inp, rs, ins, kv, rt, heap, hooks, pds, i64,
@@ -88,8 +88,8 @@ def compile_late_engine_parts(pd: bool = False) -> None:
             pdk.on_transfer_start.compile((inp, rs, kv, heap, work, pds, i64, i64))
             pdk.on_transfer_done.compile((cfg, inp, rs, ins, rt, heap, pds, i64, i64))
         cfg, inp, _rs, ins, kv, _lg, rt, _heap, work, hooks, _sess, _pd, _asc = arguments
-        # as the loop calls them (kernels/event_loop.py: _on_routing, _on_admission;
-        # kernels/step.py: run_step), the latest reached first
+        # as the loop calls them (kernels/engine/event_loop.py: _on_routing, _on_admission;
+        # kernels/engine/step.py: run_step), the latest reached first
         rtk.route.compile((typeof(rt), typeof(kv), i64, typeof(inp.input_len[0]), i64,
                            typeof(cfg.instance_rank), typeof(inp.arrival[0]),
                            typeof(hooks.scorer_table), typeof(rt.routable), i64))

@@ -22,7 +22,7 @@ INITIAL_PROGRAMS = {
 
 import numpy as np  # noqa: F401  (numpy and math work inside the function)
 
-from blis_fast.kernels import hooks as H
+from blis_fast.kernels.cluster import hooks as H
 
 
 # EVOLVE-BLOCK-START
@@ -37,7 +37,7 @@ def custom_scorer(snapshots, request, out):
 ''',
     "admission": '''"""Admission rule: return True to admit the request."""
 
-from blis_fast.kernels import hooks as H
+from blis_fast.kernels.cluster import hooks as H
 
 
 # EVOLVE-BLOCK-START
@@ -48,7 +48,7 @@ def custom_admission(snapshots, request):
 ''',
     "scheduler": '''"""Scheduler key: each step the wait queue is sorted by this key, ascending."""
 
-from blis_fast.kernels import hooks as H
+from blis_fast.kernels.cluster import hooks as H
 
 
 # EVOLVE-BLOCK-START

@@ -94,7 +94,7 @@ def compile_candidate(source: str, target: str) -> Any:
     import numba
 
     from blis_fast.api import _as_cfunc  # lazy: numba; the parent imports this module
-    from blis_fast.kernels import hooks as H  # lazy: numba; the parent imports this module
+    from blis_fast.kernels.cluster import hooks as H  # lazy: numba; the parent imports this module
 
     if target not in TARGETS:
         raise CandidateError("compile", f"unknown target {target!r}")
@@ -128,7 +128,7 @@ def compile_candidate(source: str, target: str) -> Any:
 def _probe(target: str, fn: Any) -> None:
     """Call the policy on a few synthetic inputs: a raise or a non-finite value fails early
     with a readable reason (inside a simulation it is only reported afterwards)."""
-    from blis_fast.kernels import hooks as H  # lazy: numba; the parent imports this module
+    from blis_fast.kernels.cluster import hooks as H  # lazy: numba; the parent imports this module
 
     snaps = np.zeros((4, H.SNAP_COLS))
     snaps[:, H.SNAP_QUEUE] = [0, 3, 1, 7]

@@ -67,7 +67,7 @@ class FitModel:
 # β0 does at a steady batch size, so observed latencies cannot tell them apart: it stays 0.
 BLACKBOX = FitModel("blackbox", BLACKBOX_NAMES, BLACKBOX_BOUNDS, (0, 1, 3, 4, 5), prescale=False)
 
-# trained-physics (kernels/latency.py): α0 queueing µs, α1 post-decode µs, α2 µs per output
+# trained-physics (kernels/engine/latency.py): α0 queueing µs, α1 post-decode µs, α2 µs per output
 # token; β0 prefill compute, β1 decode compute, β2 weight loading, β3 TP all-reduce, β4 µs per
 # layer, β5 µs per request, β6 µs per step, β7 MoE per layer, β8 prefill KV, β9 decode KV.
 # Free: the terms a single-GPU dense deployment's latencies can tell apart. α2 and β4 are

@@ -12,8 +12,8 @@ layer imports it from there, never the other way: a kernel's cache key covers th
 modules only, see ``kernels/jit.py``). A policy family's codes live in the kernel module that
 branches on them, so a built-in policy is one kernel module and one registry module:
 ``Admission``, ``AdmissionReason`` and the admission parameters' slots ``RouterParam`` in
-``kernels/admission.py``; ``Priority`` and ``Scheduler`` in ``kernels/batch.py``; the latency
-backends' ``Backend`` in ``kernels/latency.py``. Codes read by several kernel modules are here:
+``kernels/cluster/admission.py``; ``Priority`` and ``Scheduler`` in ``kernels/engine/batch.py``; the latency
+backends' ``Backend`` in ``kernels/engine/latency.py``. Codes read by several kernel modules are here:
 the routing policies (:data:`Routing`), the P/D deciders, the stateful routing scorers
 (:data:`StatefulScorer`), the kernels' return statuses (:data:`Status`), a request's lifecycle
 (:data:`RequestState`, :data:`Registration`, :data:`SessionOutcome`) and the event loop's kinds

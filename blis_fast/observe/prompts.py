@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from blis_fast.kernels.gorand import intn, new_source
+from blis_fast.kernels.go.gorand import intn, new_source
 
 VOCABULARY: tuple[str, ...] = (
     "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL, pool_tp
-from blis_fast.kernels.autoscale_layout import AsInst, AsVar
+from blis_fast.kernels.cluster.autoscale_layout import AsInst, AsVar
 
 DEFAULT_POOL = "default"
 

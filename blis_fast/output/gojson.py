@@ -9,7 +9,7 @@ Strings are escaped as Go does with HTML escaping on (``<``, ``>``, ``&`` become
 use their short forms and other control characters ``\\u00XX``). The short ``\\b``/``\\f``
 forms are Go >= 1.22 behaviour: the reference's go.mod says 1.21, but the order of tied
 records in the parity results files is only reproduced by the sort of Go >= 1.24 (see
-``blis_fast/kernels/gosort.py``), so the binary was built with a newer toolchain.
+``blis_fast/kernels/go/gosort.py``), so the binary was built with a newer toolchain.
 Invalid UTF-8 (a lone surrogate in a Python string) becomes ``\\ufffd``.
 
 Which fields exist, which are omitted (``omitempty``) and whether a slice is empty or

@@ -23,8 +23,8 @@ import numpy as np
 
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine.results import SimulationResult
+from blis_fast.kernels.cluster.pd import ParentField, PDCounter
 from blis_fast.kernels.enums import RequestState
-from blis_fast.kernels.pd import ParentField, PDCounter
 from blis_fast.output.requests import (
     client_meta,
     mean_itl,

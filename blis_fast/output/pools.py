@@ -15,9 +15,9 @@ import pyarrow as pa
 
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine.results import SimulationResult
+from blis_fast.kernels.cluster.pd import ParentField
+from blis_fast.kernels.engine.state import InstanceCounter
 from blis_fast.kernels.enums import RequestState
-from blis_fast.kernels.pd import ParentField
-from blis_fast.kernels.state import InstanceCounter
 from blis_fast.output.cost import instance_gpus, run_end_us
 from blis_fast.output.pd import run_ended_us
 from blis_fast.output.schemas import load_schema

@@ -1,5 +1,5 @@
 """``scaling.parquet``: the fleet's timeline (one row per lifecycle change of an instance) of an
-autoscaled run or a run on node pools, built from the end state of ``kernels/autoscale.py``
+autoscaled run or a run on node pools, built from the end state of ``kernels/cluster/autoscale.py``
 (each instance's placement, ready, drain and termination times and the signal values of the
 decision that placed or drained it)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from blis_fast.kernels.autoscale_layout import AsInst, Signal
+from blis_fast.kernels.cluster.autoscale_layout import AsInst, Signal
 from blis_fast.kernels.enums import InstanceKind
 from blis_fast.output.schemas import load_schema
 

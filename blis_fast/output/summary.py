@@ -309,7 +309,7 @@ def results_order(request_id: Sequence[str] | np.ndarray, arrival_us: np.ndarray
     by_id = np.argsort(ids, kind="stable")
     arrived = np.asarray(arrival_us, dtype=np.int64)[by_id].astype(np.float64) / 1e6
     if arrived.size > 1 and np.unique(arrived).size < arrived.size:
-        from blis_fast.kernels.gosort import go_sort_slice_order  # lazy: loads numba
+        from blis_fast.kernels.go.gosort import go_sort_slice_order  # lazy: loads numba
 
         return by_id[go_sort_slice_order(arrived)]
     return by_id[np.argsort(arrived, kind="stable")]

@@ -2,7 +2,7 @@
 
 One ``register`` call per built-in policy: its name, kernel code, parameters (bundle key,
 default, checks, slot) and decision-trace reason text. The policy itself is a branch of
-``_policy_decision`` in ``blis_fast/kernels/admission.py``, which also defines the codes this
+``_policy_decision`` in ``blis_fast/kernels/cluster/admission.py``, which also defines the codes this
 module imports (:data:`Admission`, the refusal reasons' :data:`AdmissionReason`, the float
 parameters' slots :data:`RouterParam`): compile-time constants live with the kernels that
 freeze them. Recipe: docs/extending.md.
@@ -10,7 +10,7 @@ freeze them. Recipe: docs/extending.md.
 
 from __future__ import annotations
 
-from blis_fast.kernels.admission import Admission, AdmissionReason
+from blis_fast.kernels.cluster.admission import Admission, AdmissionReason
 from blis_fast.options import Check, finite_positive
 from blis_fast.policies.registry import Param, Policy, Registry
 

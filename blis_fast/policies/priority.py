@@ -1,13 +1,13 @@
 """Priority policies (ENG-3, DELTA-38): the priority a scheduler orders waiting requests by.
 
 One ``register`` per policy with its kernel code (:data:`Priority`, defined beside the
-policy's branch in ``kernels/batch.py``). ``SLO_PRIORITIES`` is the SLO-class
+policy's branch in ``kernels/engine/batch.py``). ``SLO_PRIORITIES`` is the SLO-class
 map the priority-based policies and admission read (a bundle's ``slo_priorities`` override it).
 """
 
 from __future__ import annotations
 
-from blis_fast.kernels.batch import Priority
+from blis_fast.kernels.engine.batch import Priority
 from blis_fast.policies.registry import Policy, Registry
 
 PRIORITY = Registry[Policy]("priority", flag="priority-policy", slot="ConfigSlot.PRIORITY")

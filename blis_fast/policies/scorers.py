@@ -1,6 +1,6 @@
 """Weighted-routing scorers (CLU-3.19..3.21, DELTA-30..36): one ``register`` per scorer.
 
-A stateless scorer is a ``cfunc`` in ``blis_fast/kernels/scorers.py`` (``function``), called
+A stateless scorer is a ``cfunc`` in ``blis_fast/kernels/cluster/scorers.py`` (``function``), called
 through a table of function pointers; a stateful one keeps router state inside the routing
 kernel (``code``); ``custom`` is the user's scorer of the Python API. Every entry says whether
 it reads the instances' cached prefix blocks (``SNAP_CACHED_BLOCKS``): the kernel fills that
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blis_fast.kernels import scorers as S
+from blis_fast.kernels.cluster import scorers as S
 from blis_fast.kernels.enums import StatefulScorer
 from blis_fast.policies.registry import Registry
 

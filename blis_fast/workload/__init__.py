@@ -10,10 +10,10 @@ Modules:
 * ``synthesis`` - CLI flags / presets / ``--concurrency`` -> spec (WL-2, DELTA-29);
 * ``expand`` - cohorts, inference-perf and ServeGen expansions (WL-7, WL-8, DELTA-53/57);
 * ``samplers`` - length, arrival and think-time samplers built from a spec (WL-5.2/5.3,
-  DELTA-59); their draws are the kernels of ``blis_fast.kernels.samplers``;
+  DELTA-59); their draws are the kernels of ``blis_fast.kernels.generation.samplers``;
 * ``generator`` - ``generate_requests`` / ``generate_workload`` (-> RequestTable, session
   blueprints, follow-up budget) and the WL-1.2-1.4 precedence helpers; the generation kernel
-  itself (a merge of lazily advanced client streams) is ``blis_fast.kernels.generation``
+  itself (a merge of lazily advanced client streams) is ``blis_fast.kernels.generation.generation``
   (layouts in ``kernels.generation_layout``);
 * ``scenarios`` - the built-in scenario specs (WL-8.3);
 * ``request_table`` - the RequestTable contract;

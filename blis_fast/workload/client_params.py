@@ -15,15 +15,15 @@ import numpy as np
 from blis_fast.errors import BlisInputError
 from blis_fast.gofmt import go_quote
 from blis_fast.gonum import INT64_MAX
-from blis_fast.kernels.generation_layout import (
+from blis_fast.kernels.generation.generation_layout import (
     GEN_CLIENT_COLS,
     GEN_RATE_COLS,
     MM_SAMPLER_SLOTS,
     ClientParams,
 )
-from blis_fast.kernels.generation_layout import GenClientCol as C
-from blis_fast.kernels.generation_layout import GenRateCol as F
-from blis_fast.kernels.samplers import ARRIVAL_FACTORY_POISSON, ARRIVAL_NORMALIZED_EXP
+from blis_fast.kernels.generation.generation_layout import GenClientCol as C
+from blis_fast.kernels.generation.generation_layout import GenRateCol as F
+from blis_fast.kernels.generation.samplers import ARRIVAL_FACTORY_POISSON, ARRIVAL_NORMALIZED_EXP
 from blis_fast.workload.samplers import SAMPLER_ABSENT, SamplerSpec, arrival_params, build_sampler
 from blis_fast.workload.spec import (
     DEFAULT_PREFIX_LENGTH,

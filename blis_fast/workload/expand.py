@@ -17,7 +17,7 @@ from blis_fast.errors import BlisInputError
 from blis_fast.files import MAX_TRACE_BYTES, read_input_text
 from blis_fast.gofmt import go_pct_f, go_trim_space
 from blis_fast.gonum import NumError, parse_float
-from blis_fast.kernels.gomath import go_cos, go_f2i
+from blis_fast.kernels.go.gomath import go_cos, go_f2i
 from blis_fast.workload.spec import (
     ActiveWindow,
     ArrivalFactory,

@@ -30,15 +30,19 @@ from blis_fast.compile_notice import announce_if_compiling
 from blis_fast.errors import BlisInputError
 from blis_fast.gofmt import go_quote
 from blis_fast.gonum import INT64_MAX
-from blis_fast.kernels.generation import generate_kernel
-from blis_fast.kernels.generation_layout import (
+from blis_fast.kernels.generation.generation import generate_kernel
+from blis_fast.kernels.generation.generation_layout import (
     ClientParams,
     GenStatus,
 )
-from blis_fast.kernels.generation_layout import GenClientCol as C
-from blis_fast.kernels.generation_layout import GenRowCol as R
-from blis_fast.kernels.gorand import subsystem_seed
-from blis_fast.kernels.session_seeds import concurrency_kernel, gather_two, int63_sequence
+from blis_fast.kernels.generation.generation_layout import GenClientCol as C
+from blis_fast.kernels.generation.generation_layout import GenRowCol as R
+from blis_fast.kernels.generation.session_seeds import (
+    concurrency_kernel,
+    gather_two,
+    int63_sequence,
+)
+from blis_fast.kernels.go.gorand import subsystem_seed
 from blis_fast.workload.client_params import SamplerTable, resolve_clients
 from blis_fast.workload.expand import expand_cohorts, expand_sources
 from blis_fast.workload.generated import (

@@ -27,9 +27,9 @@ from blis_fast.errors import BlisInputError
 from blis_fast.files import MAX_TRACE_BYTES, read_input_text
 from blis_fast.gofmt import go_quote
 from blis_fast.gonum import INT64_MAX, NumError, atoi, parse_float
-from blis_fast.kernels import gorand
-from blis_fast.kernels.replay_tokens import replay_digests
-from blis_fast.kernels.samplers import DIST_SEQUENCE
+from blis_fast.kernels.generation.replay_tokens import replay_digests
+from blis_fast.kernels.generation.samplers import DIST_SEQUENCE
+from blis_fast.kernels.go import gorand
 from blis_fast.workload.generated import SessionBlueprint
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import SamplerSpec

@@ -1,7 +1,7 @@
 """Building length, arrival and think-time samplers from a spec (WL-5.2, WL-5.3, DELTA-52/59).
 
 A length sampler is described by an integer ``code`` and a float64 parameter vector (see
-:class:`SamplerSpec`); the kernels in :mod:`blis_fast.kernels.samplers` draw from it exactly as
+:class:`SamplerSpec`); the kernels in :mod:`blis_fast.kernels.generation.samplers` draw from it exactly as
 the reference's ``LengthSampler.Sample`` does. Building a sampler from a :class:`DistSpec`
 (:func:`build_sampler`) reproduces ``NewLengthSampler``'s checks; a failed build is kept as an
 error message so generation can report it at the moment the reference would (the first time
@@ -19,12 +19,7 @@ import numpy as np
 
 from blis_fast.gofmt import go_pct_f, go_quote, go_sscanf_int
 from blis_fast.gonum import or_none, parse_float
-from blis_fast.kernels.gomath import (
-    go_f2i,
-    go_gamma,
-    go_log,
-)
-from blis_fast.kernels.samplers import (
+from blis_fast.kernels.generation.samplers import (
     ARRIVAL_CONSTANT,
     ARRIVAL_GAMMA,
     ARRIVAL_POISSON,
@@ -32,6 +27,11 @@ from blis_fast.kernels.samplers import (
     DIST_CONSTANT,
     DIST_EMPIRICAL,
     DIST_LOGNORMAL,
+)
+from blis_fast.kernels.go.gomath import (
+    go_f2i,
+    go_gamma,
+    go_log,
 )
 from blis_fast.workload.spec import (
     DIST_REQUIRED_PARAMS,

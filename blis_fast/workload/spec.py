@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-from blis_fast.kernels.samplers import (  # the generation kernel's integer codes
+from blis_fast.kernels.generation.samplers import (  # the generation kernel's integer codes
     ARRIVAL_CONSTANT,
     ARRIVAL_GAMMA,
     ARRIVAL_POISSON,

@@ -38,7 +38,7 @@ from blis_fast.config.yaml_scalars import (
 from blis_fast.errors import BlisInputError
 from blis_fast.files import YamlLimitError, check_yaml_limits, read_input_text
 from blis_fast.gofmt import go_quote
-from blis_fast.kernels.gomath import go_f2i
+from blis_fast.kernels.go.gomath import go_f2i
 from blis_fast.workload import spec as S
 
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.kernels.arrivals import next_arrival, start_client_streams
 from blis_fast.kernels.buffers import copy_range, grow_1d
-from blis_fast.kernels.generation_layout import (
+from blis_fast.kernels.generation.arrivals import next_arrival, start_client_streams
+from blis_fast.kernels.generation.generation_layout import (
     GEN_ROW_COLS,
     ROUND0_COLS,
     GenConfig,
@@ -39,11 +39,11 @@ from blis_fast.kernels.generation_layout import (
     RowBuffers,
     SessionBuffers,
 )
-from blis_fast.kernels.generation_layout import GenClientCol as C
-from blis_fast.kernels.generation_layout import GenCount as N
-from blis_fast.kernels.generation_layout import GenStatus as S
-from blis_fast.kernels.generation_layout import PendCol as P
-from blis_fast.kernels.generation_rows import (
+from blis_fast.kernels.generation.generation_layout import GenClientCol as C
+from blis_fast.kernels.generation.generation_layout import GenCount as N
+from blis_fast.kernels.generation.generation_layout import GenStatus as S
+from blis_fast.kernels.generation.generation_layout import PendCol as P
+from blis_fast.kernels.generation.generation_rows import (
     close_row,
     draw_length,
     grow_heap,
@@ -56,10 +56,14 @@ from blis_fast.kernels.generation_rows import (
     tie_shift,
     write_row,
 )
-from blis_fast.kernels.generation_sessions import emit_session, new_pending, release_slot
-from blis_fast.kernels.gorand import new_source
+from blis_fast.kernels.generation.generation_sessions import emit_session, new_pending, release_slot
+from blis_fast.kernels.generation.token_ids import (
+    draw_token_ids,
+    fill_block_digests,
+    group_prefixes,
+)
+from blis_fast.kernels.go.gorand import new_source
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.token_ids import draw_token_ids, fill_block_digests, group_prefixes
 
 
 @njit(cache=True)

@@ -8,14 +8,14 @@ from typing import NamedTuple
 import numpy as np
 
 from blis_fast.kernels.buffers import append_ids, copy_range, grow_1d
-from blis_fast.kernels.generation_layout import GEN_ROW_COLS, GenStatus
-from blis_fast.kernels.generation_layout import GenClientCol as C
-from blis_fast.kernels.generation_layout import GenRowCol as R
-from blis_fast.kernels.gorand import int63, new_source
+from blis_fast.kernels.generation.generation_layout import GEN_ROW_COLS, GenStatus
+from blis_fast.kernels.generation.generation_layout import GenClientCol as C
+from blis_fast.kernels.generation.generation_layout import GenRowCol as R
+from blis_fast.kernels.generation.samplers import sample_length_at
+from blis_fast.kernels.generation.token_ids import draw_token_ids
+from blis_fast.kernels.go.gorand import int63, new_source
 from blis_fast.kernels.hashing import block_digests
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.samplers import sample_length_at
-from blis_fast.kernels.token_ids import draw_token_ids
 
 
 class ConcurrencySeeds(NamedTuple):

@@ -4,9 +4,9 @@
 router's Go-rand stream for tie-breaking, the token bucket, the prefix-affinity LRU index per
 instance, frozen copies of the instance prefix tables for the cache-signal delay (DELTA-33),
 the no-hit LRU, tenant counters (DELTA-40), per-request router inputs, decision-trace buffers
-(CLU-6) and what user hooks observe (``kernels/hooks.py``). Admission is in
-``kernels/admission.py``, routing in ``kernels/routing.py``, the scorers in
-``kernels/scorers.py``.
+(CLU-6) and what user hooks observe (``kernels/cluster/hooks.py``). Admission is in
+``kernels/cluster/admission.py``, routing in ``kernels/cluster/routing.py``, the scorers in
+``kernels/cluster/scorers.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from blis_fast.kernels import hooks as hk
+from blis_fast.kernels.cluster import hooks as hk
 from blis_fast.kernels.enums import Routing, StatefulScorer
 
 PREFIX_LRU_CAPACITY = 10000  # sim/routing_prefix_scorer.go defaultLRUCapacity
@@ -127,12 +127,12 @@ class RouterState(NamedTuple):
     """Everything the router keeps (see the module docstring)."""
 
     rcfg: np.ndarray  # RouterCfg
-    rfl: np.ndarray  # the admission policies' float parameters (kernels/admission.py: RouterParam)
+    rfl: np.ndarray  # the admission policies' float parameters (kernels/cluster/admission.py: RouterParam)
     st: np.ndarray  # RouterVar
     tb_tokens: np.ndarray  # float64 [1] token-bucket level
     scorer_codes: np.ndarray  # StatefulScorer codes or TABLE_BASE + table index
     scorer_weights: np.ndarray  # normalised weights
-    rng: np.ndarray  # Go rand state (kernels/gorand.py)
+    rng: np.ndarray  # Go rand state (kernels/go/gorand.py)
     # the instances eligible for a decision (CLU-3.7: routable, in index order); a fixed fleet
     # lists every instance; ``cand`` holds a filtered list (a pool) and ``pos`` maps an
     # instance to its place in the candidate list of the decision at hand (-1 = not in it)
@@ -181,7 +181,7 @@ class RouterState(NamedTuple):
     cf_score: np.ndarray
     cf_int: np.ndarray  # [records, k, CandidateCount]
     cf_kv: np.ndarray
-    # what user hooks observe (kernels/hooks.py): one row per candidate, and the request
+    # what user hooks observe (kernels/cluster/hooks.py): one row per candidate, and the request
     hook_snap: np.ndarray
     hook_req: np.ndarray
 
@@ -214,7 +214,7 @@ def new_router_state(
     besides this policy reads the cache view (the P/D decider, a pool's scorers);
     ``trace_scores``: traced decisions carry scores even when ``routing`` is not weighted (a
     pool's weighted policy makes them); ``admission_param_slots``: the length of ``rfl``
-    (``kernels/admission.py: RouterParam.SIZE``, which imports this module). The policy codes
+    (``kernels/cluster/admission.py: RouterParam.SIZE``, which imports this module). The policy codes
     and parameters in ``rcfg``/``rfl`` are packed by the caller from the declared slots
     (engine/engine_config.py)."""
     n = n_instances

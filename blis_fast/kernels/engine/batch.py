@@ -17,12 +17,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from blis_fast.kernels import hooks as hk
-from blis_fast.kernels import kvcache as kvc
+from blis_fast.kernels.cluster import hooks as hk
+from blis_fast.kernels.engine.state import ConfigSlot, HotField, InstanceCounter, QueueField
 from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.jit import njit
+from blis_fast.kernels.kv import kvcache as kvc
 from blis_fast.kernels.prefetch import prefetch
-from blis_fast.kernels.state import ConfigSlot, HotField, InstanceCounter, QueueField
 
 
 class PriorityT(NamedTuple):

@@ -227,7 +227,7 @@ class PendingRounds(NamedTuple):
 
 
 class GenHeap(NamedTuple):
-    """``kernels/heap.py`` arrays: arrival, tie (client, seq), unused kind, pending slot."""
+    """``kernels/engine/heap.py`` arrays: arrival, tie (client, seq), unused kind, pending slot."""
 
     times: np.ndarray
     ties: np.ndarray

@@ -1,9 +1,9 @@
 """Block KV cache with prefix caching, LRU free list and optional CPU tier (ENG-5, DELTA-13/14):
 the operations the engine calls.
 
-The state and its slot families are in ``kernels/kv_layout.py`` (re-exported here), the block
-hashes, free list and block contents in ``kernels/kv_blocks.py``, the CPU tier in
-``kernels/kv_cpu.py``, the prefix tables in ``kernels/hashtable.py``.
+The state and its slot families are in ``kernels/kv/kv_layout.py`` (re-exported here), the block
+hashes, free list and block contents in ``kernels/kv/kv_blocks.py``, the CPU tier in
+``kernels/kv/kv_cpu.py``, the prefix tables in ``kernels/kv/hashtable.py``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.kernels.hashing import chain_hash
-from blis_fast.kernels.hashtable import leading_matches
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.kv_blocks import (
+from blis_fast.kernels.kv.hashtable import leading_matches
+from blis_fast.kernels.kv.kv_blocks import (
     block_digest,
     commit_cached,
     free_append,
@@ -28,8 +28,8 @@ from blis_fast.kernels.kv_blocks import (
     sync_frozen_copy,
     sync_last,
 )
-from blis_fast.kernels.kv_cpu import mirror_to_cpu, reload_prefix
-from blis_fast.kernels.kv_layout import (
+from blis_fast.kernels.kv.kv_cpu import mirror_to_cpu, reload_prefix
+from blis_fast.kernels.kv.kv_layout import (
     LOOK_HASH,
     LOOK_RECORD,
     POS_MASK,

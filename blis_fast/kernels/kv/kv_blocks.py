@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.kernels.hashing import splitmix64
-from blis_fast.kernels.hashtable import table_del, table_put
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.kv_layout import (
+from blis_fast.kernels.kv.hashtable import table_del, table_put
+from blis_fast.kernels.kv.kv_layout import (
     LOG_DELETE,
     LOOK_HASH,
     LOOK_RECORD,

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.kernels import kvcache as kvc
-from blis_fast.kernels.autoscale_layout import (
+from blis_fast.kernels.cluster.autoscale_layout import (
     ACT_DELTA,
     ACT_LABEL,
     ACT_TP,
@@ -31,15 +30,16 @@ from blis_fast.kernels.autoscale_layout import (
     AutoscaleState,
     Signal,
 )
+from blis_fast.kernels.cluster.router_state import RouterVar, SnapField
+from blis_fast.kernels.cluster.routing import refresh_cache_signal, take_snapshots
+from blis_fast.kernels.engine.heap import heap_push, make_tie
+from blis_fast.kernels.engine.state import InstanceCounter, InstanceSlot, LoopSlot, QueueField
 from blis_fast.kernels.enums import Event, EventPriority, InstanceKind, Lifecycle
-from blis_fast.kernels.gomath import INT64_MAX, go_f2i
-from blis_fast.kernels.gorand import norm_float64
-from blis_fast.kernels.heap import heap_push, make_tie
+from blis_fast.kernels.go.gomath import INT64_MAX, go_f2i
+from blis_fast.kernels.go.gorand import norm_float64
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.kv_layout import KVConfig, KVMeta
-from blis_fast.kernels.router_state import RouterVar, SnapField
-from blis_fast.kernels.routing import refresh_cache_signal, take_snapshots
-from blis_fast.kernels.state import InstanceCounter, InstanceSlot, LoopSlot, QueueField
+from blis_fast.kernels.kv import kvcache as kvc
+from blis_fast.kernels.kv.kv_layout import KVConfig, KVMeta
 
 _ID_BASE = np.int64(11)
 _ID_DIGITS = 17

@@ -18,7 +18,7 @@ ordinary engine (arrival, enqueue guards, steps, preemption, timeout); this modu
 * :func:`on_decode_timeout` - a decode sub-request's timeout ends its parent.
 
 All P/D state is one ``PDState``; a run without P/D passes None instead, and the event loop
-then compiles without these handlers (``kernels/event_loop.py: run_events``).
+then compiles without these handlers (``kernels/engine/event_loop.py: run_events``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from blis_fast.kernels import admission as adm
-from blis_fast.kernels import kvcache as kvc
-from blis_fast.kernels import routing as rtk
-from blis_fast.kernels.batch import wq_push_back
+from blis_fast.kernels.cluster import admission as adm
+from blis_fast.kernels.cluster import routing as rtk
+from blis_fast.kernels.cluster.router_state import RouterCfg, RouterState, RouterVar
+from blis_fast.kernels.engine.batch import wq_push_back
+from blis_fast.kernels.engine.events import CLUSTER, INSTANCE, push_event, schedule_step
+from blis_fast.kernels.engine.state import (
+    ConfigSlot,
+    HotField,
+    InstanceCounter,
+    InstanceSlot,
+    Rejection,
+)
 from blis_fast.kernels.enums import (
     Decider,
     Event,
@@ -39,16 +47,8 @@ from blis_fast.kernels.enums import (
     RequestState,
     Routing,
 )
-from blis_fast.kernels.events import CLUSTER, INSTANCE, push_event, schedule_step
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.router_state import RouterCfg, RouterState, RouterVar
-from blis_fast.kernels.state import (
-    ConfigSlot,
-    HotField,
-    InstanceCounter,
-    InstanceSlot,
-    Rejection,
-)
+from blis_fast.kernels.kv import kvcache as kvc
 
 
 class PDConfT(NamedTuple):
@@ -128,7 +128,7 @@ PDCounter = PDCounterT()
 
 
 class PDState(NamedTuple):
-    """P/D configuration and state (``kernels/pd.py``)."""
+    """P/D configuration and state (``kernels/cluster/pd.py``)."""
 
     conf: np.ndarray  # int64 [PDConf.SIZE]
     rate: np.ndarray  # float64 [PDRate.SIZE]

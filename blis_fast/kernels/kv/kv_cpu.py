@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.kernels.hashing import chain_hash
-from blis_fast.kernels.hashtable import table_del, table_get, table_put
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.kv_blocks import (
+from blis_fast.kernels.kv.hashtable import table_del, table_get, table_put
+from blis_fast.kernels.kv.kv_blocks import (
     free_append,
     get_block_hash,
     ht_put,
@@ -18,7 +18,7 @@ from blis_fast.kernels.kv_blocks import (
     set_block_hash,
     sync_last,
 )
-from blis_fast.kernels.kv_layout import BlockField, BlockList, CpuMeta, KVConfig, KVMeta
+from blis_fast.kernels.kv.kv_layout import BlockField, BlockList, CpuMeta, KVConfig, KVMeta
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")

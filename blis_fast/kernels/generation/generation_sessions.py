@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.kernels.arrivals import in_window
 from blis_fast.kernels.buffers import copy_range, grow_1d, grow_2d
-from blis_fast.kernels.generation_layout import (
+from blis_fast.kernels.generation.arrivals import in_window
+from blis_fast.kernels.generation.generation_layout import (
     GEN_ROW_COLS,
     PEND_COLS,
     ROUND0_COLS,
     PendingRounds,
     SessionBuffers,
 )
-from blis_fast.kernels.generation_layout import GenClientCol as C
-from blis_fast.kernels.generation_layout import GenCount as N
-from blis_fast.kernels.generation_layout import GenStatus as S
-from blis_fast.kernels.generation_layout import PendCol as P
-from blis_fast.kernels.generation_layout import Round0Col as R0
-from blis_fast.kernels.generation_rows import (
+from blis_fast.kernels.generation.generation_layout import GenClientCol as C
+from blis_fast.kernels.generation.generation_layout import GenCount as N
+from blis_fast.kernels.generation.generation_layout import GenStatus as S
+from blis_fast.kernels.generation.generation_layout import PendCol as P
+from blis_fast.kernels.generation.generation_layout import Round0Col as R0
+from blis_fast.kernels.generation.generation_rows import (
     close_row,
     draw_length,
     grow_row_data,
@@ -35,10 +35,14 @@ from blis_fast.kernels.generation_rows import (
     short_of_room,
     write_row,
 )
-from blis_fast.kernels.gomath import go_max, go_min
-from blis_fast.kernels.gorand import int63
+from blis_fast.kernels.generation.token_ids import (
+    draw_token_ids,
+    fill_block_digests,
+    skip_token_ids,
+)
+from blis_fast.kernels.go.gomath import go_max, go_min
+from blis_fast.kernels.go.gorand import int63
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.token_ids import draw_token_ids, fill_block_digests, skip_token_ids
 
 NO_MODAL = (0, 0, 0, 0)
 """Multimodal counts of a session round (sessions are text only)."""

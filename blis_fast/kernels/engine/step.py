@@ -1,7 +1,7 @@
 """One engine iteration of one instance, and what a finishing request leaves behind.
 
 :func:`run_step` is the reference's step (ENG-2 with DELTA-2/3/4/5/6): scheduleBatch (the
-queue's order and batch formation, ``kernels/batch.py``), a step-log entry, executeBatchStep
+queue's order and batch formation, ``kernels/engine/batch.py``), a step-log entry, executeBatchStep
 (the latency backend's step time over the scheduled requests, then the progress pass with TTFT
 and ITL samples) and the KV statistics. :func:`finish_requests` is processCompletions
 (ENG-2.4, DELTA-8), :func:`record_completion` recordRequestCompletion (DELTA-6/7).
@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.kernels import kvcache as kvc
-from blis_fast.kernels.batch import Priority, Scheduler, form_batch, order_wait_queue
-from blis_fast.kernels.enums import RequestState
-from blis_fast.kernels.gomath import INT64_MAX
-from blis_fast.kernels.jit import njit
-from blis_fast.kernels.latency import step_time
-from blis_fast.kernels.state import (
+from blis_fast.kernels.engine.batch import Priority, Scheduler, form_batch, order_wait_queue
+from blis_fast.kernels.engine.latency import step_time
+from blis_fast.kernels.engine.state import (
     ITL_RUN_END,
     ConfigSlot,
     HotField,
@@ -34,6 +30,10 @@ from blis_fast.kernels.state import (
     QueueField,
     QueueStat,
 )
+from blis_fast.kernels.enums import RequestState
+from blis_fast.kernels.go.gomath import INT64_MAX
+from blis_fast.kernels.jit import njit
+from blis_fast.kernels.kv import kvcache as kvc
 
 _PI, _NNT, _COMP = HotField.PROGRESS, HotField.NEW_TOKENS, HotField.COMPUTED
 

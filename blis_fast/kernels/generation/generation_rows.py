@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.kernels.buffers import grow_1d, grow_2d
-from blis_fast.kernels.generation_layout import GenCount as N
-from blis_fast.kernels.generation_layout import GenHeap, RowBuffers
-from blis_fast.kernels.generation_layout import GenRowCol as R
-from blis_fast.kernels.heap import heap_pop, heap_push
+from blis_fast.kernels.engine.heap import heap_pop, heap_push
+from blis_fast.kernels.generation.generation_layout import GenCount as N
+from blis_fast.kernels.generation.generation_layout import GenHeap, RowBuffers
+from blis_fast.kernels.generation.generation_layout import GenRowCol as R
+from blis_fast.kernels.generation.samplers import sample_length_at
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.samplers import sample_length_at
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -107,7 +107,7 @@ def write_row(row, t, n_in, n_out, plen, k, session, rnd, modal, dropped):
     row[R.DROPPED] = dropped
 
 
-# --- heap: kernels/heap.py keyed (arrival, client << tie_shift | push count) ----------------------
+# --- heap: kernels/engine/heap.py keyed (arrival, client << tie_shift | push count) ----------------------
 @njit(cache=True)
 def tie_shift(n_clients):
     """Bits left for the push counter once the client index takes the high bits of a tie."""

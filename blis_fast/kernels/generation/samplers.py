@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from blis_fast.kernels.gomath import go_exp, go_f2i, go_log, go_max, go_min, go_pow, go_round
-from blis_fast.kernels.gorand import exp_float64, float64_, new_source, norm_float64
+from blis_fast.kernels.go.gomath import go_exp, go_f2i, go_log, go_max, go_min, go_pow, go_round
+from blis_fast.kernels.go.gorand import exp_float64, float64_, new_source, norm_float64
 from blis_fast.kernels.jit import njit
 
 # --- arrival process codes --------------------------------------------------------------------

@@ -8,12 +8,12 @@ the choice of a target instance for an admitted request.
 * :func:`route` runs the routing policy (``enums.Routing``) over a candidate list (the
   instances eligible for the decision, in index order: every routable instance, or a pool of
   them): round-robin, least-loaded, always-busiest, or weighted scoring over the configured
-  scorers (``kernels/scorers.py``), ties broken by the router's Go-rand stream; and records the
+  scorers (``kernels/cluster/scorers.py``), ties broken by the router's Go-rand stream; and records the
   decision trace (CLU-6). Per-decision scratch (``scores``, ``dim``, ``tied``, ``order``, the
   hook view's rows) is indexed by candidate position, router state that outlives a decision
   (snapshots, prefix-affinity index, no-hit LRU) by instance.
 
-All state is in ``RouterState`` (``kernels/router_state.py``); every function is compiled
+All state is in ``RouterState`` (``kernels/cluster/router_state.py``); every function is compiled
 without reference counting.
 """
 
@@ -21,14 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.kernels import hooks as hk
-from blis_fast.kernels import kvcache as kvc
-from blis_fast.kernels.enums import Routing
-from blis_fast.kernels.gorand import intn
-from blis_fast.kernels.hashtable import leading_matches
-from blis_fast.kernels.jit import njit
-from blis_fast.kernels.kv_layout import CpuMeta, KVMeta
-from blis_fast.kernels.router_state import (
+from blis_fast.kernels.cluster import hooks as hk
+from blis_fast.kernels.cluster.router_state import (
     CandidateCount,
     RouterCfg,
     RouterVar,
@@ -36,8 +30,14 @@ from blis_fast.kernels.router_state import (
     SnapGroup,
     SnapRate,
 )
-from blis_fast.kernels.scorers import observe_routing, score_dimension
-from blis_fast.kernels.state import InstanceCounter, QueueField
+from blis_fast.kernels.cluster.scorers import observe_routing, score_dimension
+from blis_fast.kernels.engine.state import InstanceCounter, QueueField
+from blis_fast.kernels.enums import Routing
+from blis_fast.kernels.go.gorand import intn
+from blis_fast.kernels.jit import njit
+from blis_fast.kernels.kv import kvcache as kvc
+from blis_fast.kernels.kv.hashtable import leading_matches
+from blis_fast.kernels.kv.kv_layout import CpuMeta, KVMeta
 
 # ---------------------------------------------------------------- snapshots
 
@@ -112,7 +112,7 @@ def cached_prefix_blocks(rt, kv, r, i, n_blocks):
 @njit(cache=True, _nrt=False, error_model="numpy")
 def fill_hook_view(rt, kv, r, input_len, n_blocks, cand, n, clock, with_cache):
     """Fill rt.hook_snap (row k: candidate ``cand[k]``) and rt.hook_req with what a user hook
-    observes (``kernels/hooks.py``)."""
+    observes (``kernels/cluster/hooks.py``)."""
     for k in range(n):
         i = cand[k]
         rt.hook_snap[k, hk.SNAP_QUEUE] = rt.snap_i[i, SnapField.QUEUE]

@@ -16,10 +16,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from blis_fast.kernels import hooks as hk
+from blis_fast.kernels.cluster import hooks as hk
+from blis_fast.kernels.cluster.router_state import RouterCfg, RouterVar, SnapField, SnapRate
+from blis_fast.kernels.cluster.routing import fill_hook_view, instance_load
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.router_state import RouterCfg, RouterVar, SnapField, SnapRate
-from blis_fast.kernels.routing import fill_hook_view, instance_load
 
 
 class AdmissionT(NamedTuple):

@@ -1,4 +1,4 @@
-"""Layouts of the autoscaler's state (``kernels/autoscale.py``): the slots of its parameter,
+"""Layouts of the autoscaler's state (``kernels/cluster/autoscale.py``): the slots of its parameter,
 variable and per-instance arrays, the signal record columns, and the :class:`AutoscaleState`
 NamedTuple itself; kept apart from the kernels so that Python (``engine/fleet.py``, the
 outputs) and the kernels read one definition."""
@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from blis_fast.kernels.gomath import INT64_MIN
+from blis_fast.kernels.go.gomath import INT64_MIN
 
 
 class AsParamT(NamedTuple):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.kernels.generation_layout import GroupPrefixes
-from blis_fast.kernels.gorand import FEED_INDEX, REGISTER_LEN, TAP_INDEX, int31n
+from blis_fast.kernels.generation.generation_layout import GroupPrefixes
+from blis_fast.kernels.go.gorand import FEED_INDEX, REGISTER_LEN, TAP_INDEX, int31n
 from blis_fast.kernels.hashing import block_digests, content_digest
 from blis_fast.kernels.jit import njit
 

@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from blis_fast.kernels.gomath import INT64_MAX, INT64_MIN, go_max, go_min, go_pow
+from blis_fast.kernels.go.gomath import INT64_MAX, INT64_MIN, go_max, go_min, go_pow
 from blis_fast.kernels.jit import njit
 
 

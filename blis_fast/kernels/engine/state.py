@@ -12,7 +12,7 @@ Groups (each a ``NamedTuple`` of arrays, so a kernel signature names a handful o
 * :class:`InstanceArrays` – per-instance counters (:data:`InstanceCounter`), wait queue
   (:data:`QueueField`), running batch, wait-queue statistics, rejection counts;
 * :class:`StepLog` – growable per-step logs and the ITL run pool (cursors :data:`LogCursor`);
-* :class:`EventHeap` – the event heap's arrays (``kernels/heap.py``) and the loop's scalars
+* :class:`EventHeap` – the event heap's arrays (``kernels/engine/heap.py``) and the loop's scalars
   (:data:`LoopSlot`); :class:`SessionBuffers` – closed-loop outcomes for the session driver
   (columns :data:`OutcomeField`); :class:`Work` – scratch buffers; :class:`KernelHooks` – the
   scorer table and the user's admission and scheduler-key hooks.
@@ -24,9 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from blis_fast.kernels import hooks as hk
 from blis_fast.kernels.buffers import copy_range
-from blis_fast.kernels.gomath import INT64_MAX
+from blis_fast.kernels.cluster import hooks as hk
+from blis_fast.kernels.go.gomath import INT64_MAX
 from blis_fast.kernels.jit import njit
 
 
@@ -189,7 +189,7 @@ class SimConfig(NamedTuple):
     """The run's configuration as the kernels read it."""
 
     ints: np.ndarray  # int64 [ConfigSlot.SIZE]
-    latency_params: np.ndarray  # float64 [classes, P]: the backend's layout (kernels/latency.py)
+    latency_params: np.ndarray  # float64 [classes, P]: the backend's layout (kernels/engine/latency.py)
     alpha: np.ndarray  # float64 [3]
     instance_rank: np.ndarray  # int64 [n_instances]: rank of ``instance_<i>`` in string order
     inst: np.ndarray  # int64 [n_instances, InstanceSlot.SIZE]: per-instance configuration
@@ -265,7 +265,7 @@ class StepLog(NamedTuple):
 
 
 class EventHeap(NamedTuple):
-    """The event heap's parallel arrays (key time and tie, kind, payload; ``kernels/heap.py``)
+    """The event heap's parallel arrays (key time and tie, kind, payload; ``kernels/engine/heap.py``)
     and the loop's scalars (``loop[LoopSlot.*]``)."""
 
     times: np.ndarray
@@ -299,7 +299,7 @@ class Work(NamedTuple):
 
 class KernelHooks(NamedTuple):
     """The scorer table (cfuncs, ``policies.scorer_table``) and the user's admission rule and
-    scheduler key (placeholders when unused); see ``kernels/hooks.py``."""
+    scheduler key (placeholders when unused); see ``kernels/cluster/hooks.py``."""
 
     scorer_table: tuple
     admit: object

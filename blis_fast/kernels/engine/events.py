@@ -1,12 +1,12 @@
-"""Scheduling events on the one heap (``kernels/heap.py``) with the loop's sequence counter:
+"""Scheduling events on the one heap (``kernels/engine/heap.py``) with the loop's sequence counter:
 shared by the cluster loop (``event_loop.py``) and the P/D handlers (``pd.py``)."""
 
 from __future__ import annotations
 
+from blis_fast.kernels.engine.heap import heap_push, make_tie
+from blis_fast.kernels.engine.state import InstanceCounter, LoopSlot
 from blis_fast.kernels.enums import Event, EventPriority
-from blis_fast.kernels.heap import heap_push, make_tie
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.state import InstanceCounter, LoopSlot
 
 CLUSTER = False
 INSTANCE = True

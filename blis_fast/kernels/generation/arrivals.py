@@ -15,12 +15,10 @@ from typing import NamedTuple
 import numpy as np
 
 from blis_fast.kernels.buffers import copy_range
-from blis_fast.kernels.generation_layout import GenClientCol as C
-from blis_fast.kernels.generation_layout import GenRateCol as F
-from blis_fast.kernels.generation_layout import GenStatus
-from blis_fast.kernels.gorand import STATE_LEN, int63, new_source, seed_source
-from blis_fast.kernels.jit import njit
-from blis_fast.kernels.samplers import (
+from blis_fast.kernels.generation.generation_layout import GenClientCol as C
+from blis_fast.kernels.generation.generation_layout import GenRateCol as F
+from blis_fast.kernels.generation.generation_layout import GenStatus
+from blis_fast.kernels.generation.samplers import (
     ARRIVAL_FACTORY_POISSON,
     ARRIVAL_NORMALIZED_EXP,
     DIST_EMPIRICAL,
@@ -30,6 +28,8 @@ from blis_fast.kernels.samplers import (
     normalized_exp_intervals,
     sample_iat,
 )
+from blis_fast.kernels.go.gorand import STATE_LEN, int63, new_source, seed_source
+from blis_fast.kernels.jit import njit
 
 
 class ClientStreams(NamedTuple):

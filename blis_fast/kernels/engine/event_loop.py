@@ -4,16 +4,16 @@ One call of :func:`run_events` runs the simulation until it ends, a buffer must 
 closed-loop follow-ups are due (``engine/simulate.py: KernelRun`` grows the buffers and calls
 it again: the loop of re-entries is Python, so no compiled function sits above this one and
 the engine is not optimized and linked a second time one level up, a cold compile's cost).
-All state is in the NamedTuple groups of ``kernels/state.py``, the KV caches
-(``kernels/kv_layout.py``) and the router state (``kernels/router_state.py``); see
+All state is in the NamedTuple groups of ``kernels/engine/state.py``, the KV caches
+(``kernels/kv/kv_layout.py``) and the router state (``kernels/cluster/router_state.py``); see
 ``blis_fast/engine/`` (``packing.py``, ``results.py``) for how they are built and read back.
 
-The loop pops the earliest event of one heap (``kernels/heap.py``: cluster events before
+The loop pops the earliest event of one heap (``kernels/engine/heap.py``: cluster events before
 instance events at a tick, then instance index, priority and sequence, CLU-1.5/1.6, ENG-1.2)
 and hands it to the handler of its kind: a cluster arrival goes to admission after the
 admission latency, admission (CLU-2) to routing after the routing latency, routing (CLU-3)
 injects it into the chosen instance; there it arrives, is queued after the queueing delay
-(enqueue guards ENG-3.4), runs in the instance's steps (ENG-2, ``kernels/step.py``) until it
+(enqueue guards ENG-3.4), runs in the instance's steps (ENG-2, ``kernels/engine/step.py``) until it
 completes, is dropped or times out (DELTA-1), and leaves.
 
 Rules implemented: CLU-1, ENG-1..ENG-5 and ENG-7 with the adopted upstream fixes DELTA-1..8
@@ -32,23 +32,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.kernels import admission as adm
-from blis_fast.kernels import autoscale as asx
-from blis_fast.kernels import kvcache as kvc
-from blis_fast.kernels import pd as pdk
-from blis_fast.kernels import routing as rtk
-from blis_fast.kernels.batch import Priority, Scheduler, wq_push_back, wq_remove
-from blis_fast.kernels.enums import (
-    Event,
-    EventPriority,
-    Registration,
-    RequestState,
-    SessionOutcome,
-    Status,
-)
-from blis_fast.kernels.events import push_event as _push
-from blis_fast.kernels.events import schedule_step as _schedule_step
-from blis_fast.kernels.heap import (
+from blis_fast.kernels.cluster import admission as adm
+from blis_fast.kernels.cluster import autoscale as asx
+from blis_fast.kernels.cluster import pd as pdk
+from blis_fast.kernels.cluster import routing as rtk
+from blis_fast.kernels.cluster.router_state import RouterCfg, RouterVar
+from blis_fast.kernels.cluster.scorers import is_known_scorer
+from blis_fast.kernels.engine.batch import Priority, Scheduler, wq_push_back, wq_remove
+from blis_fast.kernels.engine.events import push_event as _push
+from blis_fast.kernels.engine.events import schedule_step as _schedule_step
+from blis_fast.kernels.engine.heap import (
     MAX_EVENT_SEQ,
     MAX_INSTANCES,
     heap_pop,
@@ -57,11 +50,8 @@ from blis_fast.kernels.heap import (
     tie_instance,
     tie_is_instance,
 )
-from blis_fast.kernels.jit import njit
-from blis_fast.kernels.latency import is_known_backend, queueing_time
-from blis_fast.kernels.router_state import RouterCfg, RouterVar
-from blis_fast.kernels.scorers import is_known_scorer
-from blis_fast.kernels.state import (
+from blis_fast.kernels.engine.latency import is_known_backend, queueing_time
+from blis_fast.kernels.engine.state import (
     ConfigSlot,
     EventHeap,
     HotField,
@@ -74,13 +64,23 @@ from blis_fast.kernels.state import (
     Rejection,
     grow_event_heap,
 )
-from blis_fast.kernels.step import (
+from blis_fast.kernels.engine.step import (
     count_done,
     finishes,
     record_completion,
     run_step,
     skip_idle_steps,
 )
+from blis_fast.kernels.enums import (
+    Event,
+    EventPriority,
+    Registration,
+    RequestState,
+    SessionOutcome,
+    Status,
+)
+from blis_fast.kernels.jit import njit
+from blis_fast.kernels.kv import kvcache as kvc
 
 SEQ_LIMIT = MAX_EVENT_SEQ - (1 << 20)
 """The last sequence number the loop hands out: room for the pushes of one event after the
@@ -359,8 +359,8 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
     (a Status: a buffer to grow, closed-loop outcomes that must become follow-ups first,
     ``inp.session[r]`` >= 0 marking a request of a closed-loop session, CLU-1.15; or an
     error, before the first event, for a code no kernel implements). ``pd`` is the P/D state
-    (``kernels/pd.py``), None without P/D; ``asc`` the autoscaler's state
-    (``kernels/autoscale.py``), None for a fixed fleet. A None leaves that feature's code out
+    (``kernels/cluster/pd.py``), None without P/D; ``asc`` the autoscaler's state
+    (``kernels/cluster/autoscale.py``), None for a fixed fleet. A None leaves that feature's code out
     of the compile (a quick start compiles, and loads, neither)."""
     status = _config_status(cfg, rt, hooks, pd)
     if status != Status.OK:

@@ -4,7 +4,7 @@ state, and :func:`score_dimension`, which gives one scorer's values for every ca
 routing decision (``rt.dim[k]`` for candidate ``cand[k]``).
 
 The stateless scorers have exactly the signature of a user scorer
-(``blis_fast.kernels.hooks.SCORER_SIG``): they read the per-instance snapshot rows and write one
+(``blis_fast.kernels.cluster.hooks.SCORER_SIG``): they read the per-instance snapshot rows and write one
 score per instance. The engine calls them through a table of function pointers, so adding a
 scorer is one function here plus one line in ``blis_fast.policies.SCORERS`` (see
 docs/extending.md). Integer-valued inputs arrive as float64; every formula below gives the same
@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.kernels.enums import StatefulScorer
-from blis_fast.kernels.hashing import chain_hashes
-from blis_fast.kernels.hashtable import leading_matches, table_del, table_get, table_put
-from blis_fast.kernels.hooks import (
+from blis_fast.kernels.cluster.hooks import (
     SCORER_SIG,
     SNAP_BATCH,
     SNAP_CACHED_BLOCKS,
@@ -26,8 +23,11 @@ from blis_fast.kernels.hooks import (
     SNAP_KV_UTIL,
     SNAP_QUEUE,
 )
+from blis_fast.kernels.cluster.router_state import LruMeta, RouterVar
+from blis_fast.kernels.enums import StatefulScorer
+from blis_fast.kernels.hashing import chain_hashes
 from blis_fast.kernels.jit import cfunc, njit
-from blis_fast.kernels.router_state import LruMeta, RouterVar
+from blis_fast.kernels.kv.hashtable import leading_matches, table_del, table_get, table_put
 
 LOAD_AWARE_QUEUE_THRESHOLD = 128.0  # sim/routing_scorers.go loadAwareQueueThreshold
 

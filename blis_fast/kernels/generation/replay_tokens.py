@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_fast.kernels import gorand
+from blis_fast.kernels.generation.token_ids import draw_token_ids
+from blis_fast.kernels.go import gorand
 from blis_fast.kernels.hashing import block_digests
 from blis_fast.kernels.jit import njit
-from blis_fast.kernels.token_ids import draw_token_ids
 
 
 @njit(cache=True)

@@ -3,7 +3,7 @@ families that index it, and its constructor (ENG-5).
 
 All instances' caches live in arrays indexed ``[instance, ...]``: one 32-byte record per block
 (``blk[i, b, BlockField.*]``), per-instance counters (``meta[i, KVMeta.*]``,
-``cpu_meta[i, CpuMeta.*]``), the prefix hash table (``kernels/hashtable.py``), the free list as a
+``cpu_meta[i, CpuMeta.*]``), the prefix hash table (``kernels/kv/hashtable.py``), the free list as a
 ring, per request a record (``req[r, BlockList.*]``) and the block lists in ``pool``; the CPU tier's
 LRU store has its own table. ``cfg[KVConfig.*]`` holds the configuration.
 """
@@ -26,7 +26,7 @@ class KVState(NamedTuple):
     # changes to each instance's prefix hash table since the router last froze a copy of it
     # ([n_instances, log_size, 2]: key, block or LOG_DELETE); only with a cache-signal delay
     ht_log: np.ndarray
-    # prefix hash table per instance (kernels/hashtable.py): uint64 [n_instances, size, 2]
+    # prefix hash table per instance (kernels/kv/hashtable.py): uint64 [n_instances, size, 2]
     ht: np.ndarray
     # per request, int64 [n_requests, BlockList.SIZE]: where its block list is and what its last
     # block holds (BlockList); LAST is authoritative: the decode fast path bumps only it, and
@@ -103,7 +103,7 @@ CpuMeta = CpuMetaT()
 
 class BlockListT(NamedTuple):
     """Columns of ``req[r]``: a request's block list and where its last block's tokens come
-    from in the request's sequence (see ``kernels/kv_blocks.py``)."""
+    from in the request's sequence (see ``kernels/kv/kv_blocks.py``)."""
 
     OFFSET: int = 0  # offset of its block list in ``pool``
     COUNT: int = 1  # blocks held (0 = no RequestMap entry)

@@ -1,0 +1,1 @@
+"""The cluster around the instances: admission, routing and its state (``router_state``), the scorers and the user-hook signatures (``hooks``), prefill/decode disaggregation (``pd``) and the autoscaler (``autoscale`` over ``autoscale_layout``)."""

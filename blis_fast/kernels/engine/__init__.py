@@ -1,0 +1,1 @@
+"""The engine loop: the cluster event loop (``event_loop``), one instance step (``step``), batch formation and the wait queue (``batch``), the state groups (``state``), the event heap (``heap``, ``events``) and the step-time models (``latency``)."""

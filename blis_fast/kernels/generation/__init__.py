@@ -1,0 +1,1 @@
+"""Request generation: the generator kernel (``generation``) and its stages (``arrivals``, ``generation_sessions``, ``generation_rows``, ``token_ids``, ``session_seeds``), its layouts (``generation_layout``), the length and arrival samplers (``samplers``) and the replayed token ids (``replay_tokens``)."""

@@ -1,0 +1,1 @@
+"""The block KV cache: the operations the engine calls (``kvcache``) over the state's layout (``kv_layout``), block lists and the free list (``kv_blocks``), the CPU tier (``kv_cpu``) and the open-addressing hash table (``hashtable``)."""
