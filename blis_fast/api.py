@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from blis_fast.engine.engine_config import Hooks
 from blis_fast.errors import BlisConfigError
 from blis_fast.kernels.cluster import hooks as H
-from blis_fast.options import build_options
+from blis_fast.options import RUN_OPTIONS, build_options
 from blis_fast.runner import RunResult, execute_replay, execute_run
 
 
@@ -86,6 +87,29 @@ def run(*, custom_scorer: Any = None, custom_admission: Any = None,
                                 "custom_scheduler_key"),
     )
     return execute_run(build_options(options, keywords=True), hooks=hooks)
+
+
+_KEYWORD_TYPES = {"int": "int", "float": "float", "floats": "floats", "bool": "bool"}
+
+
+def keyword_reference() -> str:
+    """The keywords :func:`run` takes, one line each under the ``blis run --help`` headings,
+    made from the same option rows as the CLI's flags (type, real default, help)."""
+    lines: list[str] = []
+    group = None
+    for spec in RUN_OPTIONS:
+        if spec.group != group:
+            group = spec.group
+            lines += ["", f"{group}:"]
+        default = spec.default_text()
+        shown = f", default {default}" if default else ""
+        lines.append(f"    {spec.field} ({_KEYWORD_TYPES.get(spec.kind, 'str')}{shown}): "
+                     f"{spec.help}")
+    return "\n".join(lines[1:])
+
+
+run.__doc__ = (f"{run.__doc__.rstrip()}\n\n    Keywords (the rows of ``blis run --help``):\n\n"
+               + textwrap.indent(keyword_reference(), "    ") + "\n")
 
 
 def rerun(path: Any, *, custom_scorer: Any = None, custom_admission: Any = None,

@@ -240,3 +240,20 @@ def test_policy_diagnostics_are_logged() -> None:
             "scheduler=sjf") in messages
     assert ("Weighted routing scorers: precise-prefix-cache:2.0, queue-depth:1.0, "
             "kv-utilization:1.0") in messages
+
+
+def test_the_option_rows_document_the_python_api():
+    """help(blis_fast.api.run) lists every keyword under its --help heading, from the rows."""
+    from blis_fast.api import run
+    from blis_fast.options import RUN_OPTIONS
+
+    doc = run.__doc__
+    headings = [line.strip() for line in doc.splitlines() if line.strip().endswith(":")
+                and line.startswith("    ") and not line.startswith("        ")]
+    assert headings[-len({s.group for s in RUN_OPTIONS}):] == list(
+        dict.fromkeys(f"{s.group}:" for s in RUN_OPTIONS))
+    for spec in RUN_OPTIONS:
+        line = next(ln for ln in doc.splitlines() if ln.strip().startswith(f"{spec.field} ("))
+        assert line.strip().endswith(spec.help)
+    assert "        rate (float, default 1): " in doc
+    assert "        num_requests (int, default 100)" in doc
