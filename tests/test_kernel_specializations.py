@@ -25,11 +25,12 @@ from blis_fast.kernels.jit import njit as kernel_njit
 
 def _kernel_dispatchers() -> list[tuple[str, Dispatcher]]:
     found = []
-    for info in pkgutil.iter_modules(blis_fast.kernels.__path__):
-        module = importlib.import_module(f"blis_fast.kernels.{info.name}")
+    for info in pkgutil.walk_packages(blis_fast.kernels.__path__, "blis_fast.kernels."):
+        module = importlib.import_module(info.name)
+        short = info.name.removeprefix("blis_fast.kernels.")
         for name, value in vars(module).items():
             if isinstance(value, Dispatcher) and value.py_func.__module__ == module.__name__:
-                found.append((f"{info.name}.{name}", value))
+                found.append((f"{short}.{name}", value))
     return found
 
 
