@@ -9,6 +9,7 @@ from blis_fast.engine.engine_config import Hooks
 from blis_fast.errors import BlisConfigError
 from blis_fast.kernels.cluster import hooks as H
 from blis_fast.options import RUN_OPTIONS, build_options
+from blis_fast.run_options_codegen import KIND_TYPES
 from blis_fast.runner import RunResult, execute_replay, execute_run
 
 
@@ -89,12 +90,10 @@ def run(*, custom_scorer: Any = None, custom_admission: Any = None,
     return execute_run(build_options(options, keywords=True), hooks=hooks)
 
 
-_KEYWORD_TYPES = {"int": "int", "float": "float", "floats": "floats", "bool": "bool"}
-
-
 def keyword_reference() -> str:
     """The keywords :func:`run` takes, one line each under the ``blis run --help`` headings,
-    made from the same option rows as the CLI's flags (type, real default, help)."""
+    made from the same option rows as the CLI's flags (the type ``RunOptions`` annotates, real
+    default, help)."""
     lines: list[str] = []
     group = None
     for spec in RUN_OPTIONS:
@@ -103,7 +102,7 @@ def keyword_reference() -> str:
             lines += ["", f"{group}:"]
         default = spec.default_text()
         shown = f", default {default}" if default else ""
-        lines.append(f"    {spec.field} ({_KEYWORD_TYPES.get(spec.kind, 'str')}{shown}): "
+        lines.append(f"    {spec.field} ({KIND_TYPES[spec.kind]}{shown}): "
                      f"{spec.help}")
     return "\n".join(lines[1:])
 
