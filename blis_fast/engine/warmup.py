@@ -22,7 +22,8 @@ from blis_fast.compile_notice import announce, has_cached_overload, start_backgr
 from blis_fast.config.latency import LatencyConfig
 from blis_fast.config.pd import PDConfig
 from blis_fast.config.policy_bundle import select_policies
-from blis_fast.engine.simulate import EngineConfig, engine_variant, event_loop_arguments, run_engine
+from blis_fast.engine.engine_config import EngineConfig
+from blis_fast.engine.simulate import engine_variant, event_loop_arguments, run_engine
 from blis_fast.kernels.cluster import admission as adm
 from blis_fast.kernels.cluster import pd as pdk
 from blis_fast.kernels.cluster import routing as rtk
@@ -43,7 +44,6 @@ def compile_engine(pd: bool = False) -> None:
     the engine's kernels compile into Numba's on-disk cache, the loop first (the kernels the
     run calls before it are small, and the first process may be compiling them)."""
     from numba.core.errors import NumbaWarning
-
 
     run = _one_request_run(pd)
     with warnings.catch_warnings():
@@ -70,7 +70,6 @@ def compile_late_engine_parts(pd: bool = False) -> None:
     then finds each of them there."""
     from numba.core import types
     from numba.core.errors import NumbaWarning
-
 
     with warnings.catch_warnings():
         # silent, as the second process is (the scorer table's first-class functions are
