@@ -153,15 +153,27 @@ def test_outcome_shape_is_checked():
 
 
 def test_csv_writer_speed():
-    """100k rows are formatted well under a second (budget checked loosely against CI noise)."""
+    """100k rows are formatted about as fast as the standard library's ``csv`` writer writes
+    the same rows handed to it already built (typed cells, in order): a bound measured on the
+    machine at hand, best of three each, with room for the sorting and client look-ups the
+    builder does and the baseline skips (an absolute 1 s failed CI on a VM half as fast)."""
     p = DistributionParams(rate=100, num_requests=100_000, prompt_tokens_mean=64,
                            prompt_tokens_stdev=16, output_tokens_mean=64, output_tokens_stdev=16)
     t = generate_requests(synthesize_from_distribution(p), max_requests=100_000)
     n = t.n
     out = TraceOutcome(np.zeros(n, np.int8), np.arange(n, dtype=np.int64), np.ones(n, np.int64))
-    build_trace_csv(t, out)
-    start = time.perf_counter()
     text = build_trace_csv(t, out)
-    elapsed = time.perf_counter() - start
     assert text.count("\n") == n + 1
-    assert elapsed < 1.0, elapsed
+    rows = [[int(cell) if cell.isdigit() else cell for cell in row]
+            for row in csv.reader(io.StringIO(text))]
+    builder, stdlib = [], []
+    for _ in range(3):
+        start = time.perf_counter()
+        again = build_trace_csv(t, out)
+        builder.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+        stdlib.append(time.perf_counter() - start)
+    assert again == text == buf.getvalue()
+    assert min(builder) < 1.5 * min(stdlib), (builder, stdlib)
