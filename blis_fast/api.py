@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import numbers
 import textwrap
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from blis_fast.engine.engine_config import Hooks
-from blis_fast.errors import BlisConfigError
+from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.kernels.cluster import hooks as H
+from blis_fast.kernels.engine import latency as K
 from blis_fast.options import RUN_OPTIONS, build_options
 from blis_fast.run_options_codegen import KIND_TYPES
-from blis_fast.runner import RunResult, execute_replay, execute_run
+from blis_fast.runner import RunResult, execute_replay, execute_run, step_latency
 
 
 def _checked(what: str, user: Any) -> Any:
@@ -141,3 +146,107 @@ def rerun(path: Any, *, custom_scorer: Any = None, custom_admission: Any = None,
     opts = rerun_options(provenance, **overrides)
     execute = execute_replay if provenance.command == "replay" else execute_run
     return execute(opts, hooks=hooks)
+
+
+BATCH_FIELDS = ("progress", "new_tokens", "input_len", "output_len")
+"""What each entry of a batch gives, in order (``kernels/engine/latency.py``'s batch contract)."""
+
+_INT64_LIMIT = 1 << 63
+
+
+class StepBatch(NamedTuple):
+    """One batch as the step-time kernel reads it: four int64 arrays, entry ``i`` in each."""
+
+    progress: np.ndarray
+    new_tokens: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+
+    @property
+    def requests(self) -> int:
+        return len(self.progress)
+
+    @property
+    def prefill(self) -> np.ndarray:
+        """Entries that prefill this step (progress < input length)."""
+        return self.progress < self.input_len
+
+    @property
+    def prefill_tokens(self) -> int:
+        """New tokens of the prefill entries."""
+        return int(self.new_tokens[self.prefill].sum())
+
+    @property
+    def decode_requests(self) -> int:
+        """Entries that decode this step (prompt done and outputs to produce)."""
+        return int(np.count_nonzero(~self.prefill & (self.output_len > 0)))
+
+
+def _entry_values(entry: Any, where: str) -> tuple[int, ...]:
+    """The four integers of one batch entry; ``BlisInputError`` naming the entry otherwise."""
+    shown = repr(entry) if len(repr(entry)) <= 60 else repr(entry)[:57] + "..."
+    is_row = isinstance(entry, (tuple, list)) or (type(entry).__name__ == "ndarray"
+                                                   and entry.ndim == 1)
+    if not is_row or len(entry) != len(BATCH_FIELDS):
+        raise BlisInputError(f"{where} = {shown}: expected a tuple of 4 integers "
+                             f"({', '.join(BATCH_FIELDS)})")
+    for name, value in zip(BATCH_FIELDS, entry, strict=True):
+        if (isinstance(value, bool) or type(value).__name__ == "bool_"
+                or not isinstance(value, numbers.Integral)):
+            raise BlisInputError(f"{where} = {shown}: {name} must be an integer, got "
+                                 f"{type(value).__name__} {value!r}")
+        if not 0 <= int(value) < _INT64_LIMIT:
+            raise BlisInputError(f"{where} = {shown}: {name} must be a non-negative integer "
+                                 f"below 2^63, got {int(value)}")
+    return tuple(int(v) for v in entry)
+
+
+def step_batch(batch: Any, where: str = "batch") -> StepBatch:
+    """A batch (a sequence of ``(progress, new_tokens, input_len, output_len)`` tuples of
+    non-negative integers) as the kernel's arrays; ``BlisInputError`` names the bad entry as
+    ``<where>[i]``."""
+    if isinstance(batch, (str, bytes)) or not (isinstance(batch, Sequence)
+                                               or type(batch).__name__ == "ndarray"):
+        raise BlisInputError(f"{where}: expected a sequence of (progress, new_tokens, input_len, "
+                             f"output_len) tuples, got {type(batch).__name__}")
+    rows = [_entry_values(entry, f"{where}[{i}]") for i, entry in enumerate(batch)]
+    columns = np.array(rows, dtype=np.int64).reshape(len(rows), len(BATCH_FIELDS)).T
+    return StepBatch(*(np.ascontiguousarray(c) for c in columns))
+
+
+def step_times(opts: Any, batches: Sequence[StepBatch]) -> list[int]:
+    """The time (µs) of one engine step of each batch under the latency backend a run with
+    ``opts`` (a ``RunOptions``) resolves, resolved once: the engine's own kernel
+    (``kernels.engine.latency.step_time``) over the batch's entries."""
+    latency = step_latency(opts)
+    return [int(K.step_time(latency.code, latency.params, b.requests, b.progress, b.new_tokens,
+                            b.input_len, b.output_len)) for b in batches]
+
+
+def step_time(*, batch: Any = None, batches: Any = None, **options: Any) -> int | list[int]:
+    """The latency backend's time, in integer µs, of ONE engine step of ``batch``.
+
+    ``batch`` is a sequence of ``(progress, new_tokens, input_len, output_len)`` tuples, one per
+    request scheduled in the step: an entry prefills iff ``progress < input_len`` (its
+    ``new_tokens`` prompt tokens), else decodes iff ``output_len > 0`` (``new_tokens`` is then
+    normally 1); other entries still count in the batch size of the trained backends. The
+    time is the engine's own step-time kernel over these entries, with the backend's
+    parameters resolved exactly as ``blis run`` with the same ``options`` resolves them
+    (keywords and their checks are :func:`run`'s: ``model``, ``hardware``, ``tp``,
+    ``latency_model``, ``alpha_coeffs``, ``beta_coeffs``, ``model_config_folder``,
+    ``hardware_config``, ...; the backend's warnings are logged as a run logs them).
+    ``batches=[batch, ...]`` returns a list, one time per batch, the backend resolved once.
+    A step of a run also adds any pending CPU-to-GPU KV transfer (``--kv-cpu-blocks``).
+
+    Raises ``BlisConfigError``/``BlisInputError`` on bad options, as :func:`run` does, and
+    ``BlisInputError`` naming the entry (``batch[2]``, ``batches[1][0]``) on a bad batch.
+    """
+    if (batch is None) == (batches is None):
+        raise BlisInputError("step_time: give batch= (one batch) or batches= (a list of "
+                             "batches), exactly one of them")
+    opts = build_options(options, keywords=True)
+    if batch is not None:
+        return step_times(opts, [step_batch(batch, "batch")])[0]
+    if isinstance(batches, (str, bytes)) or not isinstance(batches, Sequence):
+        raise BlisInputError(f"batches: expected a list of batches, got {type(batches).__name__}")
+    return step_times(opts, [step_batch(b, f"batches[{j}]") for j, b in enumerate(batches)])

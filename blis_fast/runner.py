@@ -178,13 +178,31 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
                      pools=outputs.pools, command="replay" if replay else "run")
 
 
-def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prepared:
-    """Validate every option and build the run (no output is written here)."""
+def resolve_run_latency(opts: Any) -> tuple[Any, LatencyConfig]:
+    """A run's first stage: the log level, the start checks, the model lower-cased and the
+    latency backend resolved. Returns the options (model lower-cased) and the backend;
+    :func:`prepare` goes on from here, ``blis step-time`` (:func:`step_latency`) stops here."""
     _setup_logging(opts)
     check_options(opts, "start")
-    given = opts
     opts = replace(opts, model=opts.model.lower())
-    latency = resolve_latency(opts)
+    return opts, resolve_latency(opts)
+
+
+def step_latency(opts: Any) -> LatencyConfig:
+    """The latency backend exactly as a run with ``opts`` resolves it, its warnings and
+    informational messages logged as the run logs them (``blis step-time``)."""
+    _, latency = resolve_run_latency(opts)
+    for msg in latency.warnings:
+        log.warning(msg)
+    for msg in latency.infos:
+        log.info(msg)
+    return latency
+
+
+def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prepared:
+    """Validate every option and build the run (no output is written here)."""
+    given = opts
+    opts, latency = resolve_run_latency(opts)
     if opts.num_instances > MAX_INSTANCES:  # blis_fast's own limit: before any sizing
         _fail(f"--num-instances must be <= {MAX_INSTANCES} (the most instances an event key "
               f"can address), got {opts.num_instances}")
