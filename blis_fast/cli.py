@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import logging
 import os
@@ -18,7 +19,13 @@ from blis_fast.errors import BlisError
 from blis_fast.evolve import cli as evolve_cli
 from blis_fast.fit import cli as fit_cli
 from blis_fast.observe import command as observe_command
-from blis_fast.options import REPLAY_ONLY_FLAGS, WORKLOAD_FLAGS, build_options
+from blis_fast.options import (
+    OPTIONS_BY_FLAG,
+    REPLAY_ONLY_FLAGS,
+    STEP_TIME_FLAGS,
+    WORKLOAD_FLAGS,
+    build_options,
+)
 from blis_fast.sweep import cli as sweep_cli
 from blis_fast.workload import cli as workload_cli
 
@@ -103,6 +110,59 @@ def _add_replay_options(func):
 def replay_command(ctx: click.Context, **raw: object) -> None:
     """Simulate the exact requests of a trace v2 (header + CSV); print the metrics on stdout."""
     _simulate_and_print(ctx, raw, replay=True)
+
+
+BATCH_SYNTAX = "PROGRESS:NEW:INPUT:OUTPUT[,PROGRESS:NEW:INPUT:OUTPUT...]"
+STEP_TIME_COLUMNS = ("batch", "requests", "prefill_tokens", "decode_requests", "step_time_us")
+
+
+def _parse_batch(text: str) -> list[tuple[int, ...]]:
+    """One ``--batch`` value: comma-separated requests, each four non-negative decimal
+    integers joined by colons (progress, new tokens, input length, output length)."""
+    entries = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 4:
+            raise click.BadParameter(f"{text!r}: a request is PROGRESS:NEW:INPUT:OUTPUT (four "
+                                     f"integers), got {item!r}", param_hint="'--batch'")
+        for name, part in zip(("PROGRESS", "NEW", "INPUT", "OUTPUT"), parts, strict=True):
+            if not (part.isascii() and part.isdigit()) or int(part) >= 1 << 63:
+                raise click.BadParameter(f"{text!r}: {name} must be a non-negative integer "
+                                         f"below 2^63, got {part!r}", param_hint="'--batch'")
+        entries.append(tuple(int(part) for part in parts))
+    return entries
+
+
+def _step_time_table(batches: list, times: list[int]) -> str:
+    """One row per batch: requests, prefill tokens, decode requests, step time (µs)."""
+    rows = [STEP_TIME_COLUMNS] + [
+        tuple(str(v) for v in (j, b.requests, b.prefill_tokens, b.decode_requests, t))
+        for j, (b, t) in enumerate(zip(batches, times, strict=True), start=1)]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(STEP_TIME_COLUMNS))]
+    return "".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) + "\n"
+                   for row in rows)
+
+
+@main_group.command("step-time", cls=GroupedHelpCommand)
+@functools.partial(add_run_options, skip=frozenset(OPTIONS_BY_FLAG) - STEP_TIME_FLAGS)
+@click.option("--batch", "batch_texts", multiple=True, required=True, metavar=BATCH_SYNTAX,
+              help="one engine step's scheduled requests (repeat for more batches): per request "
+                   "its progress (tokens already computed), new tokens this step, input and "
+                   "output length")
+@click.pass_context
+def step_time_command(ctx: click.Context, batch_texts: tuple[str, ...], **raw: object) -> None:
+    """Print the latency model's time (µs) of one engine step of each --batch, the backend
+    resolved as blis run resolves it from the same flags."""
+    parsed = [_parse_batch(text) for text in batch_texts]
+    _numba_without_scipy()
+    # lazy: blis --help must not load numba
+    from blis_fast.api import step_batch, step_times
+
+    batches = [step_batch(entries, f"--batch {text!r}")
+               for entries, text in zip(parsed, batch_texts, strict=True)]
+    times = step_times(build_options(_given(ctx, raw)), batches)
+    sys.stdout.write(_step_time_table(batches, times))
+    sys.stdout.flush()
 
 
 class _CurrentStderrHandler(logging.StreamHandler):

@@ -373,6 +373,11 @@ WORKLOAD_FLAGS = frozenset({
     "output-tokens-max", "timeout", "metrics-path"})
 """Flags of ``blis run`` that ``blis replay`` does not take (the trace is the workload)."""
 REPLAY_ONLY_FLAGS = frozenset({"trace-header", "trace-data", "session-mode", "think-time-dist"})
+STEP_TIME_FLAGS = frozenset(
+    {spec.flag for spec in RUN_OPTIONS if spec.group == "Model and latency"}
+    | {"total-kv-blocks", "block-size-in-tokens", "log"})
+"""Flags ``blis step-time`` takes: the latency backend's resolution reads these (and the run's
+start and log checks), no other."""
 
 OPTIONS_BY_FIELD = {spec.field: spec for spec in RUN_OPTIONS}
 OPTIONS_BY_FLAG = {spec.flag: spec for spec in RUN_OPTIONS}
@@ -517,6 +522,7 @@ __all__ = [
     "OPTIONS_BY_FIELD",
     "OPTIONS_BY_FLAG",
     "RUN_OPTIONS",
+    "STEP_TIME_FLAGS",
     "TIME_LIMIT_US",
     "Check",
     "OptionSpec",
