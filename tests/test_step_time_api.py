@@ -213,3 +213,13 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, names):
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("blis: error:")
     assert names in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_cli_help_lists_the_latency_flags_and_batch():
+    from blis_fast.options import STEP_TIME_FLAGS
+
+    result = invoke(["step-time", "--help"])
+    assert result.code == 0
+    for flag in [*STEP_TIME_FLAGS, "batch"]:
+        assert f"--{flag} " in result.stdout, flag
+    assert "--rate" not in result.stdout and "--num-instances" not in result.stdout
