@@ -7,11 +7,13 @@ import re
 import pytest
 
 from blis_fast.config.defaults import (
+    COEFFICIENT_SECTIONS,
     get_coefficients,
     get_default_specs,
     get_hf_repo,
     load_defaults,
 )
+from blis_fast.config.latency_backends import LATENCY_BACKENDS, Coefficients
 from blis_fast.data import data_path
 from blis_fast.errors import BlisInputError
 
@@ -195,3 +197,11 @@ def test_parse_errors_are_never_kept(tmp_path, monkeypatch):
         with pytest.raises(BlisInputError, match="nope"):
             load_defaults(bad)
     assert not kept.exists()
+
+
+def test_each_coefficient_section_is_a_latency_backends_section():
+    """The known coefficient sections of the file are the ones the backends' entries name."""
+    named = {b.coefficients.section for b in LATENCY_BACKENDS if b.coefficients}
+    assert named == set(COEFFICIENT_SECTIONS)
+    with pytest.raises(ValueError, match="COEFFICIENT_SECTIONS"):
+        Coefficients("unlisted_defaults", 1)

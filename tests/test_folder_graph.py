@@ -50,10 +50,6 @@ PENDING_EDGES: dict[tuple[str, str], str] = {
 """(importer, imported) folder pairs that break the layering today, and why."""
 
 PENDING_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"blis_fast.config.defaults", "blis_fast.config.latency_backends",
-               "blis_fast.config.latency_inputs", "blis_fast.config.model_resolution"}):
-        "defaults.yaml's known keys include each latency backend's coefficient section, read "
-        "from the registry, whose backends resolve their inputs from defaults.yaml",
 }
 """Import cycles inside a folder (module sets), and why."""
 

@@ -213,7 +213,7 @@ RECIPES = {
 PACKAGE_FILES_AT_MOST = {
     "stateless scorer": 2,
     "admission policy with a parameter": 2,  # plus its test: the issue's 3
-    "latency backend": 2,  # plus its test (and defaults.yaml if it has global coefficients)
+    "latency backend": 2,  # plus its test (and defaults.py/.yaml for a new coefficients section)
     "engine flag": 3,  # plus its test: the slot is declared in kernels/engine/state.py (issue 26)
 }
 """The issue's touch-point targets, in package files edited by hand (each recipe's test is one

@@ -7,8 +7,8 @@ Known layout::
     defaults:   {model id: {GPU, tensor_parallelism, vllm_version, hf_repo}}
     workloads:  {preset: {prefix_tokens, prompt_tokens, prompt_tokens_stdev, ..., output_tokens_max}}
     models:     [{id, GPU, tensor_parallelism, vllm_version, alpha_coeffs, beta_coeffs, best_loss}]
-    <a latency backend's coefficients section> (``config/latency_backends.py``; e.g.
-    trained_physics_coefficients, crossmodel_defaults): {alpha_coeffs, beta_coeffs}
+    <a section of COEFFICIENT_SECTIONS> (a latency backend's global α/β; its registry entry in
+    ``config/latency_backends.py`` names the section): {alpha_coeffs, beta_coeffs}
     version:    string
 
 ``total_kv_blocks`` is not a key of ``models:`` entries any more (DELTA-23) and is rejected.
@@ -39,6 +39,10 @@ from blis_fast.files import read_input_text
 from blis_fast.stored import kept_beside
 
 __all__ = [
+    "COEFFICIENT_SECTIONS",
+    "CROSSMODEL_SECTION",
+    "TRAINED_PHYSICS_SECTION",
+    "TRAINED_ROOFLINE_SECTION",
     "CoefficientSet",
     "DefaultsReadError",
     "DefaultSpec",
@@ -50,6 +54,20 @@ __all__ = [
     "get_hf_repo",
     "load_defaults",
 ]
+
+
+TRAINED_PHYSICS_SECTION = "trained_physics_coefficients"
+CROSSMODEL_SECTION = "crossmodel_defaults"
+TRAINED_ROOFLINE_SECTION = "trained_roofline_defaults"
+COEFFICIENT_SECTIONS: tuple[str, ...] = (
+    TRAINED_PHYSICS_SECTION,
+    CROSSMODEL_SECTION,
+    TRAINED_ROOFLINE_SECTION,
+)
+"""The top-level sections holding latency backends' global α/β, the known keys of the file
+besides the fixed ones. A backend's registry entry (``config/latency_backends.py``) names its
+section with one of these constants (``Coefficients(TRAINED_PHYSICS_SECTION, 7)``); a backend
+with a new section adds it here first (``Coefficients`` rejects a section not listed)."""
 
 
 class DefaultsReadError(BlisInputError):
@@ -194,13 +212,6 @@ _FIXED_FIELDS: dict[str, Callable[[YamlContext, yaml.Node, str], Any]] = {
 }
 
 
-def _coefficient_sections() -> tuple[str, ...]:
-    """The sections holding latency backends' global coefficients (their registry entries)."""
-    # here: latency_backends imports this module, so a module-level import is circular
-    from blis_fast.config.latency_backends import LATENCY_BACKENDS
-
-    return tuple(b.coefficients.section for b in LATENCY_BACKENDS if b.coefficients)
-
 _CACHE: dict[tuple[str, int, int], DefaultsConfig] = {}
 
 
@@ -215,9 +226,8 @@ def load_defaults(path: str | os.PathLike[str]) -> DefaultsConfig:
         text = read_input_text(p)
     except (OSError, ValueError) as exc:  # ValueError: bad UTF-8, a NUL byte in the path
         raise DefaultsReadError(f"cannot read defaults file {p}: {exc}") from exc
-    sections = _coefficient_sections()
-    cfg = kept_beside(__file__, "defaults", "\0".join((text, *sections)).encode("utf-8"),
-                      lambda: _parse(text, p, sections), DefaultsConfig, _DECODER_SOURCES)
+    cfg = kept_beside(__file__, "defaults", text.encode("utf-8"), lambda: _parse(text, p),
+                      DefaultsConfig, _DECODER_SOURCES)
     cfg = cfg if cfg.path == p else replace(cfg, path=p)
     _CACHE[key] = cfg
     return cfg
@@ -226,12 +236,13 @@ def load_defaults(path: str | os.PathLike[str]) -> DefaultsConfig:
 _DECODER_SOURCES = ("strict_yaml.py", os.path.join(os.pardir, "gonum.py"))
 """Beside this module, the code that decides what a defaults file parses to (the strict YAML
 toolkit, Go's number parsers): the stored parse (``blis_fast.stored``, 70 ms of a warm quick
-start saved) is keyed by it, the file's content and the coefficient sections."""
+start saved) is keyed by them, this module (its coefficient sections included) and the file's
+content."""
 
 
-def _parse(text: str, p: str, sections: tuple[str, ...]) -> DefaultsConfig:
-    """Decode a defaults file's text strictly (``sections``: the coefficient sections)."""
-    fields = {**_FIXED_FIELDS, **dict.fromkeys(sections, _decode_coeffs)}
+def _parse(text: str, p: str) -> DefaultsConfig:
+    """Decode a defaults file's text strictly."""
+    fields = {**_FIXED_FIELDS, **dict.fromkeys(COEFFICIENT_SECTIONS, _decode_coeffs)}
     with parse_root(text, p, "defaults file") as (ctx, root):
         top = decode_struct(ctx, root, "defaults file", fields)
     return DefaultsConfig(
@@ -239,7 +250,7 @@ def _parse(text: str, p: str, sections: tuple[str, ...]) -> DefaultsConfig:
         defaults=top.get("defaults", {}),
         workloads=top.get("workloads", {}),
         models=top.get("models", ()),
-        coefficients={s: top[s] for s in sections if top.get(s) is not None},
+        coefficients={s: top[s] for s in COEFFICIENT_SECTIONS if top.get(s) is not None},
         version=top.get("version", ""),
     )
 

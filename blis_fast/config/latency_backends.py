@@ -19,6 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from blis_fast.config import latency_inputs as LI
+from blis_fast.config.defaults import (
+    COEFFICIENT_SECTIONS,
+    CROSSMODEL_SECTION,
+    TRAINED_PHYSICS_SECTION,
+    TRAINED_ROOFLINE_SECTION,
+)
 from blis_fast.config.hardware import HardwareCalib
 from blis_fast.config.latency_inputs import LatencyInputs
 from blis_fast.config.model_config import HFConfig, ModelConfig
@@ -39,8 +45,14 @@ Resolver = Callable[["Backend", LatencyInputs], None]
 class Coefficients:
     """Global α/β of a backend in ``defaults.yaml``: the section and the betas it must hold."""
 
-    section: str
+    section: str  # one of defaults.COEFFICIENT_SECTIONS (the file's known keys)
     min_betas: int
+
+    def __post_init__(self) -> None:
+        if self.section not in COEFFICIENT_SECTIONS:
+            raise ValueError(f"latency backend coefficients: {self.section!r} is not a known "
+                             "defaults.yaml section; add it to config/defaults.py "
+                             "COEFFICIENT_SECTIONS")
 
 
 @dataclass(frozen=True)
@@ -423,10 +435,10 @@ LATENCY_BACKENDS.register(Backend("blackbox", BackendCode.BLACKBOX, _pack_blackb
 LATENCY_BACKENDS.register(Backend("roofline", BackendCode.ROOFLINE, _pack_roofline,
                                   resolve=_resolve_roofline))
 LATENCY_BACKENDS.register(Backend("trained-physics", BackendCode.TRAINED_PHYSICS, _pack_trained_physics,
-                                  coefficients=Coefficients("trained_physics_coefficients", 7)))
+                                  coefficients=Coefficients(TRAINED_PHYSICS_SECTION, 7)))
 LATENCY_BACKENDS.register(Backend("crossmodel", BackendCode.CROSSMODEL, _pack_crossmodel,
-                                  coefficients=Coefficients("crossmodel_defaults", 4),
+                                  coefficients=Coefficients(CROSSMODEL_SECTION, 4),
                                   alpha_optional=True))
 LATENCY_BACKENDS.register(Backend("trained-roofline", BackendCode.TRAINED_ROOFLINE, _pack_trained_roofline,
-                                  coefficients=Coefficients("trained_roofline_defaults", 7),
+                                  coefficients=Coefficients(TRAINED_ROOFLINE_SECTION, 7),
                                   resolve=_resolve_trained_roofline))

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from blis_fast.config.defaults import load_defaults
+from blis_fast.config.defaults import TRAINED_PHYSICS_SECTION, load_defaults
 from blis_fast.data import data_path
 from blis_fast.fit.problem import (
     DEFAULT_LOSS,
@@ -164,9 +164,9 @@ def initial_guess(traces: list[FitTrace]) -> tuple[float, ...]:
 
 def physics_start(base_options: dict[str, Any]) -> tuple[float, ...]:
     """trained-physics starting coefficients: the published ones (``defaults.yaml``, section
-    ``trained_physics_coefficients``), padded to 10 betas; the fit's first stage rescales them."""
+    ``TRAINED_PHYSICS_SECTION``), padded to 10 betas; the fit's first stage rescales them."""
     path = base_options.get("defaults_filepath") or str(data_path("defaults.yaml"))
-    coeffs = load_defaults(path).coefficients.get("trained_physics_coefficients")
+    coeffs = load_defaults(path).coefficients.get(TRAINED_PHYSICS_SECTION)
     alpha = list(coeffs.alpha_coeffs or ()) if coeffs is not None else []
     beta = list(coeffs.beta_coeffs or ()) if coeffs is not None else []
     alpha = (alpha + [0.0] * 3)[:3]
