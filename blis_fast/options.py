@@ -169,6 +169,9 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
         OptionSpec("model-config-folder", "str", "", "folder holding the model's config.json",
                    file="input-folder"),
         OptionSpec("hardware-config", "str", "", "hardware_config.json to use", file="input"),
+        OptionSpec("gpu-profile", "str", "",
+                   "GPU profile JSON of --latency-model profiled (default: the bundled profile "
+                   "of --hardware; blis profile writes one)", file="input"),
         OptionSpec("defaults-filepath", "str", "",
                    "defaults.yaml to use (default: the bundled copy)", file="input"),
         OptionSpec("max-model-len", "int", 0, "max sequence length; 0 = derived or unlimited",

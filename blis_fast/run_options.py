@@ -57,6 +57,9 @@ class RunOptions(RunOptionsMethods):
     """--model-config-folder: folder holding the model's config.json"""
     hardware_config: str = ""
     """--hardware-config: hardware_config.json to use"""
+    gpu_profile: str = ""
+    """--gpu-profile: GPU profile JSON of --latency-model profiled (default: the bundled profile
+    of --hardware; blis profile writes one)"""
     defaults_filepath: str = ""
     """--defaults-filepath: defaults.yaml to use (default: the bundled copy)"""
     max_model_len: int = 0

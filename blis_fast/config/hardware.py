@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.files import read_input_text
@@ -29,6 +29,8 @@ class HardwareCalib:
     mfu_prefill: float = 0.0
     mfu_decode: float = 0.0
     memory_gib: float = 0.0
+    gpu: str = ""  # the table's name of this GPU (the profiled backend finds its GPU profile by it)
+    profile_path: str = ""  # --gpu-profile, for the profiled backend ("" = the bundled profile)
 
 
 _JSON_FIELDS = {
@@ -99,4 +101,4 @@ def get_hw_config(path: str | os.PathLike[str], gpu: str) -> HardwareCalib:
         raise BlisConfigError(
             f"--hardware: GPU {gpu!r} is not in hardware config {os.fspath(path)} (available: {', '.join(sorted(table))})"
         )
-    return table[gpu]
+    return replace(table[gpu], gpu=gpu)

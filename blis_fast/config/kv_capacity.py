@@ -28,7 +28,8 @@ _ACTIVATION_MOE_GIB = 8.0
 _NON_TORCH_TP1_GIB = 0.15
 _NON_TORCH_TP_MULTI_GIB = 0.6
 _GIB = 1 << 30
-_SWIGLU_FAMILY = frozenset({"silu", "swiglu", "geglu", ""})
+SWIGLU_FAMILY = frozenset({"silu", "swiglu", "geglu", ""})
+"""Activations of gated MLPs (gate, up and down matrices; "" assumed gated)."""
 _MASK64 = (1 << 64) - 1
 
 
@@ -170,7 +171,7 @@ def calculate_kv_blocks(
         raise BlisConfigError(
             f"KV capacity: weight bytes per parameter must be positive when set, got {w}"
         )
-    if params.hidden_act not in _SWIGLU_FAMILY:
+    if params.hidden_act not in SWIGLU_FAMILY:
         raise BlisConfigError(
             f"KV capacity: activation {params.hidden_act!r} is not supported "
             "(only the SwiGLU family: silu, swiglu, geglu)"

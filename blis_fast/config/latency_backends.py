@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -25,7 +25,14 @@ from blis_fast.config.defaults import (
     TRAINED_PHYSICS_SECTION,
     TRAINED_ROOFLINE_SECTION,
 )
-from blis_fast.config.hardware import HardwareCalib
+from blis_fast.config.gpu_profile import (
+    bundled_profile,
+    hardware_from_profile,
+    load_gpu_profile,
+    pack_profiled,
+    require_profile,
+)
+from blis_fast.config.hardware import HardwareCalib, load_hardware_table
 from blis_fast.config.latency_inputs import LatencyInputs
 from blis_fast.config.model_config import HFConfig, ModelConfig
 from blis_fast.errors import BlisConfigError
@@ -89,7 +96,7 @@ def _positive_finite(v: float) -> bool:
     return v > 0 and not math.isnan(v) and not math.isinf(v)
 
 
-def _layer_split(mc: ModelConfig) -> tuple[int, int]:
+def layer_split(mc: ModelConfig) -> tuple[int, int]:
     """(MoE layers, dense layers) for uniform or interleaved MoE (DELTA-16.1)."""
     if mc.interleave_moe_layer_step > 0 and mc.num_local_experts > 1:
         n_moe = mc.num_layers // (mc.interleave_moe_layer_step + 1)
@@ -166,7 +173,7 @@ def _roofline_params(mc: ModelConfig, hc: HardwareCalib, tp: int) -> np.ndarray:
         d_ff = float(mc.intermediate_dim)
     d_ff_moe = float(mc.moe_expert_ffn_dim) if mc.moe_expert_ffn_dim > 0 else d_ff
     d_ff_dense = float(mc.dense_intermediate_dim) if mc.dense_intermediate_dim > 0 else d_ff
-    n_moe, n_dense = _layer_split(mc)
+    n_moe, n_dense = layer_split(mc)
     wbpp = mc.effective_weight_bytes_per_param()
     peak = hc.tflops_peak * 1e12
     if wbpp == 1.0 and hc.tflops_fp8 > 0:
@@ -302,7 +309,7 @@ def _pack_trained_physics(alpha: Sequence[float], beta: Sequence[float], mc: Mod
     check_coefficients("--alpha-coeffs", alpha)
     check_coefficients("--beta-coeffs", beta)
     head_dim = mc.hidden_dim // mc.num_heads
-    n_moe, n_dense = _layer_split(mc)
+    n_moe, n_dense = layer_split(mc)
     d_ff = mc.intermediate_dim
     d_ff_moe = mc.moe_expert_ffn_dim if mc.moe_expert_ffn_dim > 0 else d_ff
     d_ff_dense = mc.dense_intermediate_dim if mc.dense_intermediate_dim > 0 else d_ff
@@ -427,6 +434,34 @@ def _resolve_blackbox(entry: Backend, inp: LatencyInputs) -> None:
         )
 
 
+def _pack_profiled(alpha: Sequence[float], beta: Sequence[float], mc: ModelConfig,
+                   hc: HardwareCalib, tp: int, warnings: list[str]) -> np.ndarray:
+    return pack_profiled(mc, hc, tp, layer_split(mc))
+
+
+def _resolve_profiled(entry: Backend, inp: LatencyInputs) -> None:
+    """Profiled: the analytical inputs without trained coefficients (α from --alpha-coeffs,
+    else 0) and a GPU profile: --gpu-profile, else the bundled profile of --hardware. A GPU
+    missing from the hardware file is described by its profile (peaks and memory)."""
+    LI.require_gpu_and_tp(inp)
+    if inp.beta_given:
+        raise BlisConfigError("--beta-coeffs cannot be combined with --latency-model profiled "
+                              "(its step times come from the GPU profile; --alpha-coeffs still "
+                              "sets the queueing and output-token overheads)")
+    LI.locate_model_and_hardware(inp)
+    path = inp.opts.gpu_profile
+    profile = load_gpu_profile(path) if path else bundled_profile(inp.gpu)
+    hardware = None
+    if profile is not None and inp.gpu not in load_hardware_table(inp.hw_path):
+        hardware = hardware_from_profile(profile, path)
+    hf, _ = LI.load_model_and_hardware(inp, hardware)
+    assert inp.hardware is not None  # load_model_and_hardware set it
+    inp.hardware = replace(inp.hardware, profile_path=path)
+    profile = require_profile(inp.hardware)  # none for this GPU: said before the run
+    inp.infos.append(f"--latency-model profiled: GPU profile {profile.gpu} ({profile.source})")
+    _finish_analytical(inp, hf)
+
+
 LATENCY_BACKENDS = Registry[Backend]("latency backend", flag="latency-model",
                                      slot="ConfigSlot.BACKEND")
 
@@ -442,3 +477,5 @@ LATENCY_BACKENDS.register(Backend("crossmodel", BackendCode.CROSSMODEL, _pack_cr
 LATENCY_BACKENDS.register(Backend("trained-roofline", BackendCode.TRAINED_ROOFLINE, _pack_trained_roofline,
                                   coefficients=Coefficients(TRAINED_ROOFLINE_SECTION, 7),
                                   resolve=_resolve_trained_roofline))
+LATENCY_BACKENDS.register(Backend("profiled", BackendCode.PROFILED, _pack_profiled,
+                                  alpha_optional=True, resolve=_resolve_profiled))

@@ -127,12 +127,14 @@ def global_coefficients(inp: LatencyInputs, section: str, min_betas: int,
         )
 
 
-def load_model_and_hardware(inp: LatencyInputs) -> tuple[HFConfig, ModelConfig]:
+def load_model_and_hardware(inp: LatencyInputs,
+                            hardware: HardwareCalib | None = None) -> tuple[HFConfig, ModelConfig]:
     """Parse config.json and the hardware entry (weight-precision fallback applied); the parsed
-    config.json (for the KV and max-model-len stages) and the model config are returned."""
+    config.json (for the KV and max-model-len stages) and the model config are returned.
+    ``hardware`` replaces the hardware file's entry (a GPU known from its profile only)."""
     hf = parse_hf_config(os.path.join(inp.folder, "config.json"))
     model_config = model_config_from_hf(hf)
-    inp.hardware = get_hw_config(inp.hw_path, inp.gpu)
+    inp.hardware = hardware if hardware is not None else get_hw_config(inp.hw_path, inp.gpu)
     model_config, more_infos, more_warnings = apply_weight_precision_fallback(
         model_config, inp.model, hf.raw
     )

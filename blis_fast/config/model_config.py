@@ -107,6 +107,7 @@ class ModelConfig:
     dense_intermediate_dim: int = 0
     hidden_act: str = ""
     weight_bytes_per_param: float = 0.0
+    head_dim: int = 0  # config.json's explicit ``head_dim`` (0: hidden/heads); not every rule reads it
 
     def effective_weight_bytes_per_param(self) -> float:
         """Weight precision in bytes: the quantized value when set, else the compute dtype's."""
@@ -260,6 +261,7 @@ def model_config_from_hf(hf: HFConfig) -> ModelConfig:
         interleave_moe_layer_step=hf.get_int("interleave_moe_layer_step"),
         dense_intermediate_dim=hf.get_int("intermediate_size_mlp"),
         hidden_act=hf.get_str("hidden_act"),
+        head_dim=hf.get_int("head_dim"),
         weight_bytes_per_param=weight_bpp,
     )
 

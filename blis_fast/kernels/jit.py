@@ -253,6 +253,7 @@ PYTHON_CALLABLE: dict[str, frozenset[str]] = {
                          "float64_", "exp_float64", "norm_float64"}),
     "gomath": frozenset({"fma", "go_cos", "go_exp", "go_f2i", "go_gamma", "go_log", "go_max",
                          "go_min", "go_pow", "go_round"}),
+    "latency_profiled": frozenset({"weight_gemm_seconds", "step_floor_us"}),
     "latency": frozenset({"step_time", "queueing_time", "output_token_processing_time",
                           "post_decode_fixed_overhead", "is_known_backend", "clamp_to_int64",
                           "_rf_add_decodes", "_rf_dynamic_bytes", "_rf_flops"}),

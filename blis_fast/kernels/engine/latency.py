@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from blis_fast.kernels.engine.latency_profiled import profiled_step
 from blis_fast.kernels.go.gomath import INT64_MAX, INT64_MIN, go_max, go_min, go_pow
 from blis_fast.kernels.jit import njit
 
@@ -57,6 +58,7 @@ class BackendT(NamedTuple):
     CROSSMODEL: int = 2
     TRAINED_ROOFLINE: int = 3
     TRAINED_PHYSICS: int = 4
+    PROFILED: int = 5  # blis_fast's own (latency_profiled.py), not a reference backend
 
 
 Backend = BackendT()
@@ -492,6 +494,8 @@ def step_time(
         return _crossmodel_step(params, n, progress, new_tokens, input_len, output_len)
     if code == Backend.TRAINED_ROOFLINE or code == Backend.TRAINED_PHYSICS:
         return _trained_physics_step(params, n, progress, new_tokens, input_len, output_len)
+    if code == Backend.PROFILED:
+        return profiled_step(params, n, progress, new_tokens, input_len, output_len)
     return np.int64(-1)  # unknown backend: the engine refuses such a code before it runs
 
 
