@@ -32,6 +32,7 @@ from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_p
 from blis_fast.data import data_path
 from blis_fast.engine.engine_config import EngineConfig, Hooks
 from blis_fast.engine.fleet import run_warnings
+from blis_fast.engine.floor import floor_warning
 from blis_fast.engine.follow_ups import SessionPlan
 from blis_fast.engine.results import SimulationResult
 from blis_fast.engine.simulate import run_engine
@@ -167,6 +168,9 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
     log.info("Simulation wall-clock time: %.3fs", time.perf_counter() - started)
     for msg in run_warnings(res):
         log.warning(msg)
+    below_floor = floor_warning(res, prepared.latency.backend)
+    if below_floor is not None:
+        log.warning(below_floor)
     outputs = build_outputs(res, opts, replay)
     if res.pd is not None:
         for msg in pd_warnings(res, opts):

@@ -41,9 +41,10 @@ from typing import Any
 import numpy as np
 
 from blis_fast.config.defaults import DefaultsConfig, get_default_specs, load_defaults
+from blis_fast.config.gpu_profile import with_floor
 from blis_fast.config.hardware import HardwareCalib
 from blis_fast.config.kv_capacity import KVCapacityParams
-from blis_fast.config.latency_backends import LATENCY_BACKENDS, check_coefficients
+from blis_fast.config.latency_backends import LATENCY_BACKENDS, check_coefficients, layer_split
 from blis_fast.config.latency_inputs import LatencyInputs
 from blis_fast.config.model_config import ModelConfig
 from blis_fast.data import data_path
@@ -117,6 +118,7 @@ def pack_latency_params(
     mc = model_config if model_config is not None else ModelConfig()
     hc = hardware if hardware is not None else HardwareCalib()
     params = entry.pack(alpha, beta, mc, hc, tp, warnings if warnings is not None else [])
+    params = with_floor(params, mc, hc, tp, layer_split(mc))
     return entry.code, np.array(alpha[:3], dtype=np.float64), params
 
 

@@ -87,7 +87,9 @@ class InstanceCounterT(NamedTuple):
     STEP_PENDING: int = 13  # 1 while a step event of the instance is in the heap
     DONE_IN_STEP: int = 14  # requests the last step will finish (0: skip completions)
     IDLE_SKIPPED: int = 15  # steps without work counted but not logged (step.skip_idle_steps)
-    SIZE: int = 16
+    BELOW_FLOOR: int = 16  # steps the backend timed below their physical floor
+    FLOOR_WORST_PPM: int = 17  # the lowest step time / floor of those, in parts per million
+    SIZE: int = 18
 
 
 InstanceCounter = InstanceCounterT()

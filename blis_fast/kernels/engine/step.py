@@ -19,6 +19,7 @@ import numpy as np
 
 from blis_fast.kernels.engine.batch import Priority, Scheduler, form_batch, order_wait_queue
 from blis_fast.kernels.engine.latency import step_time
+from blis_fast.kernels.engine.latency_profiled import step_floor_us
 from blis_fast.kernels.engine.state import (
     ITL_RUN_END,
     ConfigSlot,
@@ -100,6 +101,20 @@ def _open_log_entry(ins, lg, i, now):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _check_floor(ins, i, params, g, work, d):
+    """Count a step the backend timed at least 1 µs below its physical floor, and the lowest
+    time / floor ratio seen (the run warns once about them)."""
+    floor = step_floor_us(params, g, work.progress, work.new_tokens, work.input_len,
+                          work.output_len)
+    if floor > 0.0 and float(d) + 1.0 <= floor:
+        ppm = np.int64(float(d) / floor * 1e6)
+        below = ins.cnt[i, InstanceCounter.BELOW_FLOOR]
+        if below == 0 or ppm < ins.cnt[i, InstanceCounter.FLOOR_WORST_PPM]:
+            ins.cnt[i, InstanceCounter.FLOOR_WORST_PPM] = ppm
+        ins.cnt[i, InstanceCounter.BELOW_FLOOR] = below + 1
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _step_duration(cfg, ins, rs, kv, inp, i, work):
     """The latency backend's step time over the requests granted tokens (DELTA-3), plus a
     pending CPU->GPU transfer, at least 1 tick."""
@@ -112,9 +127,10 @@ def _step_duration(cfg, ins, rs, kv, inp, i, work):
             work.input_len[g] = inp.input_len[r]
             work.output_len[g] = inp.output_len[r]
             g += 1
-    d = step_time(cfg.inst[i, InstanceSlot.BACKEND],
-                  cfg.latency_params[cfg.inst[i, InstanceSlot.LATENCY_CLASS]], g, work.progress,
+    params = cfg.latency_params[cfg.inst[i, InstanceSlot.LATENCY_CLASS]]
+    d = step_time(cfg.inst[i, InstanceSlot.BACKEND], params, g, work.progress,
                   work.new_tokens, work.input_len, work.output_len)
+    _check_floor(ins, i, params, g, work, d)
     d += kvc.consume_pending_transfer(kv, i)
     return max(np.int64(1), d)
 
