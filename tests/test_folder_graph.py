@@ -163,6 +163,31 @@ def test_folders_import_only_lower_layers():
     assert kept == set(), "these pending edges are gone: remove them from PENDING_EDGES"
 
 
+OUTPUT_KERNEL_IMPORTS: dict[str, str] = {
+    "blis_fast.kernels.go.gosort": "go_sort_slice_order is a port of Go's sort.Slice (the order "
+                                   "the reference writes per-request records in), not a layout",
+}
+"""Kernel modules the outputs may import, and why (issue 26 item 3)."""
+
+
+def output_kernel_imports() -> list[str]:
+    """Imports of ``blis_fast.kernels`` by modules under ``blis_fast/output`` beyond
+    ``OUTPUT_KERNEL_IMPORTS``."""
+    return [f"{path.relative_to(REPO)}:{line} {target}"
+            for path in sorted((PACKAGE / "output").rglob("*.py"))
+            for target, line in imports_of(path)
+            if folder_of(target) == "kernels" and target not in OUTPUT_KERNEL_IMPORTS]
+
+
+def test_outputs_read_the_result_not_kernel_layouts():
+    """The outputs read ``SimulationResult`` through its named views (``engine/results.py``),
+    never a kernel's buffer layout or codes: the engine layer is the one that knows them."""
+    assert output_kernel_imports() == []
+    used = {target for path in (PACKAGE / "output").rglob("*.py")
+            for target, _ in imports_of(path)}
+    assert set(OUTPUT_KERNEL_IMPORTS) <= used, "an exception is no longer used: remove it"
+
+
 def test_no_import_cycle_inside_a_folder():
     cycles = set(cycles_inside_folders())
     assert cycles - set(PENDING_CYCLES) == set()
@@ -192,4 +217,8 @@ def test_the_graph_checks_see_breaches(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
     assert set(folder_breaches()) == {("kernels", "engine")}
+    (pkg / "output").mkdir()
+    (pkg / "output" / "__init__.py").write_text("")
+    (pkg / "output" / "pd.py").write_text("from blis_fast.kernels.a import f\n")
+    assert output_kernel_imports() == ["blis_fast/output/pd.py:1 blis_fast.kernels.a"]
     assert cycles_inside_folders() == [frozenset({"blis_fast.engine.b", "blis_fast.engine.c"})]

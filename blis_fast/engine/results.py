@@ -1,5 +1,9 @@
 """The engine's results read back from the kernel's state: ``SimulationResult`` (per request,
-per instance, per step) and the decision trace; the kernel's error statuses as errors."""
+per instance, per step) and the decision trace; the kernel's error statuses as errors.
+
+The outputs read the result through named, typed views built here from the kernels' layouts
+(``PDCounters``, ``ParentRecords``, ``FleetView``, ``ScalingSignals`` and the accessors of
+``SimulationResult`` and ``PDRunData``), so no output module indexes a kernel buffer."""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ import numpy as np
 
 from blis_fast.engine.engine_config import EngineConfig
 from blis_fast.errors import BlisRuntimeError
-from blis_fast.kernels.cluster.pd import ParentField
+from blis_fast.kernels.cluster.autoscale_layout import AsInst, AsVar, Signal
+from blis_fast.kernels.cluster.pd import ParentField, PDCounter
 from blis_fast.kernels.cluster.router_state import RouterCfg, RouterVar
 from blis_fast.kernels.engine.event_loop import SEQ_LIMIT
 from blis_fast.kernels.engine.heap import MAX_INSTANCES
@@ -20,7 +25,7 @@ from blis_fast.kernels.engine.state import (
     QueueField,
     Rejection,
 )
-from blis_fast.kernels.enums import Registration, RequestState, Routing, Status
+from blis_fast.kernels.enums import InstanceKind, Registration, RequestState, Routing, Status
 from blis_fast.kernels.kv.kv_layout import CpuMeta, KVMeta
 
 KERNEL_FAILURES = {
@@ -56,12 +61,73 @@ class DecisionTrace:
     candidate_kv_utilization: np.ndarray
 
 
+@dataclass(frozen=True)
+class PDCounters:
+    """The P/D counters of a run by name (``kernels/cluster/pd.py: PDCounter``)."""
+
+    parents: int  # disaggregated decisions
+    prefill_completed: int  # prefill sub-requests completed
+    decode_completed: int
+    decode_timed_out: int
+    dropped_at_decode_kv: int  # parents dropped for lack of KV on their decode instance
+    transfers_initiated: int
+    transfers_completed: int
+    peak_transfers: int  # most transfers in flight at once (with contention)
+    transfer_starts: int  # transfers started under contention
+    queue_depth_sum: int  # transfers in flight summed over those starts
+    past_deadline: int  # decode sub-requests enqueued after their deadline
+
+    @classmethod
+    def of(cls, cnt: np.ndarray) -> PDCounters:
+        """The counters of ``PDState.cnt``."""
+        C = PDCounter
+        return cls(
+            parents=int(cnt[C.PARENTS]), prefill_completed=int(cnt[C.PREFILL_COMPLETED]),
+            decode_completed=int(cnt[C.DECODE_COMPLETED]),
+            decode_timed_out=int(cnt[C.DECODE_TIMED_OUT]),
+            dropped_at_decode_kv=int(cnt[C.DROPPED_AT_DECODE_KV]),
+            transfers_initiated=int(cnt[C.XFER_INITIATED]),
+            transfers_completed=int(cnt[C.XFER_COMPLETED]), peak_transfers=int(cnt[C.PEAK]),
+            transfer_starts=int(cnt[C.STARTS]), queue_depth_sum=int(cnt[C.DEPTH_SUM]),
+            past_deadline=int(cnt[C.PAST_DEADLINE]))
+
+
+@dataclass(frozen=True)
+class ParentRecords:
+    """The P/D parent records of workload requests by column (``kernels/cluster/pd.py:
+    ParentField``): times in µs, 0 = unset as in the reference; instances -1 = none. The
+    integer columns are views of the kernel's array."""
+
+    disaggregated: np.ndarray  # bool: split into prefill and decode sub-requests
+    prefill_instance: np.ndarray
+    decode_instance: np.ndarray  # chosen at routing
+    transfer_start_us: np.ndarray  # the start of the last prefill step
+    transfer_done_us: np.ndarray
+    decode_enqueue_us: np.ndarray
+    done_us: np.ndarray  # parent completion: decode done, decode timeout or drop at start
+    blocks: np.ndarray  # prompt blocks moved
+    transfer_active: np.ndarray  # transfers in flight when it started (contention)
+    attached: np.ndarray  # bool: the decode sub-request holds its KV reservation
+
+    @classmethod
+    def of(cls, par: np.ndarray) -> ParentRecords:
+        """The records of the rows of ``PDState.par`` (``[requests, ParentField.SIZE]``)."""
+        F = ParentField
+        return cls(disaggregated=par[:, F.FLAG] == 1, prefill_instance=par[:, F.PREFILL],
+                   decode_instance=par[:, F.DECODE], transfer_start_us=par[:, F.T_XFER_START],
+                   transfer_done_us=par[:, F.T_XFER_DONE],
+                   decode_enqueue_us=par[:, F.T_DECODE_ENQUEUE], done_us=par[:, F.T_DONE],
+                   blocks=par[:, F.BLOCKS], transfer_active=par[:, F.XFER_ACTIVE],
+                   attached=par[:, F.ATTACHED] == 1)
+
+
 @dataclass
 class PDRunData:
     """What a P/D run leaves besides the per-row arrays (``kernels/cluster/pd.py``): per workload
-    request its parent record (``par[r, ParentField.*]``), the P/D counters, and per row the
-    time of its first token (0 = none) and the duration of its first ITL sample's step (-1 =
-    no ITL run in its last attempt)."""
+    request its parent record (``par[r, ParentField.*]``, read by name through
+    :attr:`parents`), the P/D counters (by name: :attr:`counts`), and per row the time of its
+    first token (0 = none) and the duration of its first ITL sample's step (-1 = no ITL run in
+    its last attempt)."""
 
     par: np.ndarray
     counters: np.ndarray
@@ -74,6 +140,81 @@ class PDRunData:
         """Per workload request, True when it was split into prefill and decode sub-requests
         (its parent record's flag), so outputs need not read the ``par`` layout."""
         return self.par[:, ParentField.FLAG] == 1
+
+    @property
+    def parents(self) -> ParentRecords:
+        """Every workload request's parent record, by column."""
+        return ParentRecords.of(self.par)
+
+    def parents_at(self, rows: np.ndarray) -> ParentRecords:
+        """The parent records of the workload requests ``rows``, by column."""
+        return ParentRecords.of(self.par[rows])
+
+    @property
+    def counts(self) -> PDCounters:
+        """The P/D counters by name."""
+        return PDCounters.of(self.counters)
+
+    @property
+    def became_decode_sub(self) -> np.ndarray:
+        """Per row, True when it became a decode sub-request."""
+        return self.decode_sub == 1
+
+
+@dataclass(frozen=True)
+class ScalingSignals:
+    """Per instance, the analyzer's figures of the autoscaler decision that placed or drained
+    it (``kernels/cluster/autoscale_layout.py: Signal``; float64, ``decision_time_us`` NaN =
+    no such decision); named as ``scaling.parquet``'s columns."""
+
+    decision_time_us: np.ndarray  # the tick whose decision passed
+    signal_since_us: np.ndarray  # the signal's first tick (its window's start)
+    supply_tokens: np.ndarray
+    demand_tokens: np.ndarray
+    pending_tokens: np.ndarray  # supply of instances still loading
+    signal_tokens: np.ndarray  # tokens required (scale-up) or spare (scale-down)
+    delta: np.ndarray
+
+    @classmethod
+    def of(cls, sig: np.ndarray) -> ScalingSignals:
+        """The records of ``sig`` (``[instances, Signal.SIZE]``)."""
+        return cls(decision_time_us=sig[:, Signal.TICK], signal_since_us=sig[:, Signal.SINCE],
+                   supply_tokens=sig[:, Signal.SUPPLY], demand_tokens=sig[:, Signal.DEMAND],
+                   pending_tokens=sig[:, Signal.PENDING], signal_tokens=sig[:, Signal.AMOUNT],
+                   delta=sig[:, Signal.DELTA])
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """The fleet of an autoscaled run or a run on node pools at its end, per built instance by
+    column (``kernels/cluster/autoscale_layout.py: AsInst``; views of the kernel's arrays)."""
+
+    placed_us: np.ndarray  # int64 lifecycle times, -1 = never
+    ready_us: np.ndarray
+    drained_us: np.ndarray
+    terminated_us: np.ndarray
+    node: np.ndarray  # node index in inventory order, -1 without pools
+    label: np.ndarray  # GPU label id: an index of ``AutoscaleSetup.labels``
+    tp: np.ndarray  # the reference's TP degree (0 without pools)
+    autoscaled: np.ndarray  # bool: added by the autoscaler (else a start-up instance)
+    scale_ups: int  # instances placed by the autoscaler
+    scale_downs: int  # instances drained
+    placed_by: ScalingSignals  # the scale-up decision behind each instance
+    drained_by: ScalingSignals  # the scale-down decision that drained it
+
+    @classmethod
+    def of(cls, asc, rows: int) -> FleetView:
+        """The view of the autoscaler state ``asc`` (``AutoscaleState``), instances
+        ``0..rows-1``."""
+        inst = asc.inst[:rows]
+        return cls(placed_us=inst[:, AsInst.PLACED], ready_us=inst[:, AsInst.READY],
+                   drained_us=inst[:, AsInst.DRAINED], terminated_us=inst[:, AsInst.TERMINATED],
+                   node=inst[:, AsInst.NODE], label=inst[:, AsInst.LABEL], tp=inst[:, AsInst.TP],
+                   autoscaled=inst[:, AsInst.KIND] == InstanceKind.AUTOSCALED,
+                   scale_ups=int(asc.var[AsVar.SCALE_UPS]),
+                   scale_downs=int(asc.var[AsVar.SCALE_DOWNS]),
+                   placed_by=ScalingSignals.of(asc.inst_sig[:rows, 0]),
+                   drained_by=ScalingSignals.of(asc.inst_sig[:rows, 1]))
 
 
 @dataclass
@@ -122,6 +263,7 @@ class SimulationResult:
     # a fixed fleet (instances ``instance_0`` .. ``instance_<N-1>``)
     instance_names: list[str] | None = None
     fleet: object | None = None  # kernels.autoscale_layout.AutoscaleState at the end of the run
+    # (outputs read it by name through ``fleet_view``)
 
     def instance_name(self, i: int) -> str:
         """The id of instance ``i`` as the reference prints it."""
@@ -142,6 +284,22 @@ class SimulationResult:
     def timed_out(self) -> np.ndarray:
         """Per request row, True when it timed out (``RequestState.TIMED_OUT``)."""
         return self.state == RequestState.TIMED_OUT
+
+    @property
+    def queued_or_running(self) -> np.ndarray:
+        """Per request row, True when it was still queued or running at the end."""
+        return np.isin(self.state, (RequestState.QUEUED, RequestState.RUNNING))
+
+    @property
+    def peak_kv_blocks(self) -> np.ndarray:
+        """Per instance, the most KV blocks it held at once."""
+        return self.counters[:, InstanceCounter.PEAK_KV]
+
+    @property
+    def fleet_view(self) -> FleetView | None:
+        """The fleet by name (each built instance's lifecycle, placement and the decisions
+        behind it), None for a fixed fleet."""
+        return None if self.fleet is None else FleetView.of(self.fleet, self.counters.shape[0])
 
     @property
     def rejected_at_admission(self) -> np.ndarray:

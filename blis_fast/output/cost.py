@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL, pool_tp
-from blis_fast.kernels.cluster.autoscale_layout import AsInst, AsVar
 
 DEFAULT_POOL = "default"
 
@@ -53,17 +52,17 @@ def summary_columns(res, cost: CostReport) -> dict:
     cols: dict = {"gpu_seconds": cost.gpu_seconds, "cost_usd": cost.cost_usd,
                   "cost_per_1k_completed_usd": cost.cost_per_1k_completed_usd,
                   "peak_replicas": None, "scale_up_events": None, "scale_down_events": None}
-    if res.fleet is not None:
-        inst = res.fleet.inst[: res.counters.shape[0]]
-        ready, drained = inst[:, AsInst.READY], inst[:, AsInst.DRAINED]
+    fleet = res.fleet_view
+    if fleet is not None:
+        ready, drained = fleet.ready_us, fleet.drained_us
         starts = np.sort(ready[ready >= 0])
         stops = np.sort(drained[drained >= 0])
         # serving just after each activation: activated by then minus drained by then
         alive = (np.arange(1, starts.size + 1)
                  - np.searchsorted(stops, starts, side="right"))
         cols["peak_replicas"] = int(alive.max(initial=0))
-        cols["scale_up_events"] = int(res.fleet.var[AsVar.SCALE_UPS])
-        cols["scale_down_events"] = int(res.fleet.var[AsVar.SCALE_DOWNS])
+        cols["scale_up_events"] = fleet.scale_ups
+        cols["scale_down_events"] = fleet.scale_downs
     return cols
 
 
@@ -85,9 +84,10 @@ def instance_gpus(res) -> np.ndarray:
 def run_end_us(res) -> int:
     """The end of the run: the horizon or the last instance event, whichever is earlier."""
     last = int(res.instance_count("CLOCK").max(initial=0))
-    if res.fleet is not None:
-        times = res.fleet.inst[: res.counters.shape[0], AsInst.PLACED:AsInst.TERMINATED + 1]
-        last = max(last, int(times.max(initial=0)))
+    fleet = res.fleet_view
+    if fleet is not None:
+        for times in (fleet.placed_us, fleet.ready_us, fleet.drained_us, fleet.terminated_us):
+            last = max(last, int(times.max(initial=0)))
     return min(last, int(res.config.options.horizon))
 
 
@@ -99,28 +99,27 @@ def run_cost(res, completed: int) -> CostReport:
     per_pool: dict[str, float] = {}
     price_of: dict[str, float | None] = {}
     flag_price = opts.gpu_hour_cost if opts.given("gpu_hour_cost") else None
-    if res.fleet is None or not setup.has_pools:
+    fleet = res.fleet_view
+    if fleet is None or not setup.has_pools:
         price_of[DEFAULT_POOL] = flag_price
     else:
         for p in setup.pools:
             price_of[p.name] = p.gpu_hour_cost if p.gpu_hour_cost is not None else flag_price
-    if res.fleet is None:
+    if fleet is None:
         per_pool[DEFAULT_POOL] = float(instance_gpus(res).sum()) * end / 1e6
     else:
         from blis_fast.output.scaling import node_names  # lazy: scaling loads pyarrow
 
         pool_of, _ = node_names(setup.pools)
-        inst = res.fleet.inst[: res.counters.shape[0]]
         for p in price_of:
             per_pool[p] = 0.0
-        for row in inst:
-            placed, gone = int(row[AsInst.PLACED]), int(row[AsInst.TERMINATED])
+        for placed, gone, node, tp in zip(fleet.placed_us.tolist(), fleet.terminated_us.tolist(),
+                                          fleet.node.tolist(), fleet.tp.tolist(), strict=True):
             if placed > end:
                 continue
             stop = end if gone < 0 else min(gone, end)
-            node = int(row[AsInst.NODE])
             pool = pool_of[node] if node >= 0 else DEFAULT_POOL
-            gpus = max(1, int(row[AsInst.TP])) if node >= 0 else max(1, int(res.config.latency.tp))
+            gpus = max(1, tp) if node >= 0 else max(1, int(res.config.latency.tp))
             per_pool[pool] = per_pool.get(pool, 0.0) + gpus * (stop - placed) / 1e6
     report = CostReport(gpu_seconds=float(np.sum(list(per_pool.values()))),
                         pool_gpu_seconds=per_pool)

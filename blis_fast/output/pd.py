@@ -23,8 +23,6 @@ import numpy as np
 
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine.results import SimulationResult
-from blis_fast.kernels.cluster.pd import ParentField, PDCounter
-from blis_fast.kernels.enums import RequestState
 from blis_fast.output.requests import (
     client_meta,
     mean_itl,
@@ -33,8 +31,6 @@ from blis_fast.output.requests import (
 )
 from blis_fast.output.stats import Distribution, distribution, go_fixed
 from blis_fast.output.summary import InstanceMetrics, RequestColumns, aggregate_instances
-
-_F = ParentField
 
 
 @dataclass
@@ -59,28 +55,27 @@ def project(res: SimulationResult) -> Projection:
     pd = res.pd
     table = res.table
     n = table.n
-    par = pd.par
+    par = pd.parents
     otp = res.config.latency.output_token_time
-    flag = par[:, _F.FLAG] == 1
+    flag = par.disaggregated
     local = np.flatnonzero(~flag & (res.registered[:n] == 1))
-    parents = np.flatnonzero(flag & (par[:, _F.T_DONE] > 0))
+    parents = np.flatnonzero(flag & (par.done_us > 0))
     r, p = parents, parents + n
     arrival = table.arrival_us[r]
     d_exists = res.sched_delay_us[r] >= 0
     d = res.sched_delay_us[r]
-    e_exists = res.state[r] == RequestState.COMPLETED
+    e_exists = res.completed[r]
     e = res.e2e_us[r]
     pre = pd.first_token_us[r] != 0
     e2e_sub = np.where(pre, e, e + d).astype(np.float64)
     e2e_sub = np.where(e2e_sub < 0, np.nan, e2e_sub)
-    e2e_done = (par[r, _F.T_DONE] - arrival).astype(np.float64)
+    e2e_done = (par.done_us[r] - arrival).astype(np.float64)
     e2e_done = np.where(e2e_done < 0, np.nan, e2e_done)
     e2e = np.where(d_exists & e_exists, e2e_sub, e2e_done)
     pf_ttft = res.ttft_us[p]
     has_pf = pf_ttft >= 0
     itl0 = pd.first_itl_step_us[r] + otp
-    with_decode = (has_pf & d_exists & (par[r, _F.ATTACHED] == 1)
-                   & (pd.first_itl_step_us[r] >= 0))
+    with_decode = has_pf & d_exists & par.attached[r] & (pd.first_itl_step_us[r] >= 0)
     decode_ttft = d + itl0
     ttft = np.where(with_decode & (decode_ttft >= 0), decode_ttft, pf_ttft).astype(np.float64)
     ttft = np.where(has_pf, ttft, np.nan)
@@ -97,7 +92,7 @@ def project(res: SimulationResult) -> Projection:
                                e2e]),
         sched_us=np.concatenate([res.sched_delay_us[local], sched]).astype(np.int64),
         itl_us=np.concatenate([mean_itl(res, local, table.output_len[local]), itl]),
-        handled_by=np.concatenate([res.instance[local], par[r, _F.DECODE]]).astype(np.int32),
+        handled_by=np.concatenate([res.instance[local], par.decode_instance[r]]).astype(np.int32),
         capped=np.concatenate([res.length_capped[local] == 1, res.length_capped[r] == 1]),
         parent_ttft_us=ttft,
     )
@@ -128,11 +123,11 @@ def request_columns_pd(res: SimulationResult, proj: Projection) -> RequestColumn
 def _pd_columns(res: SimulationResult, rows: np.ndarray) -> dict[str, np.ndarray]:
     """requests.parquet's P/D columns for the results-file ``rows`` (times in µs, -1 / NaN /
     None = null)."""
-    par = res.pd.par[rows]
+    par = res.pd.parents_at(rows)
     n = res.table.n
-    split = par[:, _F.FLAG] == 1
-    decode_done = split & (res.state[rows] == RequestState.COMPLETED)
-    dropped = split & (par[:, _F.ATTACHED] == 0) & (par[:, _F.T_XFER_START] > 0)
+    split = par.disaggregated
+    decode_done = split & res.completed[rows]
+    dropped = split & ~par.attached & (par.transfer_start_us > 0)
     outcome = np.where(~split, "local", np.where(decode_done, "completed", np.where(
         dropped, "dropped_at_decode", "decode_timed_out"))).astype(object)
 
@@ -141,20 +136,20 @@ def _pd_columns(res: SimulationResult, rows: np.ndarray) -> dict[str, np.ndarray
 
     prefill_ttft = np.where(split, res.ttft_us[np.where(split, rows + n, rows)], -1)
     dsched = np.where(split, res.sched_delay_us[rows], -1)
-    moved = par[:, _F.T_XFER_DONE] > 0
+    moved = par.transfer_done_us > 0
     return {
         "disaggregated": split.astype(object),
         "pd_outcome": outcome,
-        "prefill_instance": inst(np.where(split, par[:, _F.PREFILL], -1)),
-        "decode_instance": inst(np.where(split, par[:, _F.DECODE], -1)),
+        "prefill_instance": inst(np.where(split, par.prefill_instance, -1)),
+        "decode_instance": inst(np.where(split, par.decode_instance, -1)),
         "prefill_ttft_ms": np.where(prefill_ttft >= 0, prefill_ttft, np.nan).astype(np.float64),
         "decode_scheduling_delay_ms": np.where(dsched >= 0, dsched, np.nan).astype(np.float64),
-        "transfer_start_us": np.where(split & (par[:, _F.T_XFER_START] > 0),
-                                      par[:, _F.T_XFER_START], -1),
-        "transfer_end_us": np.where(moved, par[:, _F.T_XFER_DONE], -1),
-        "kv_blocks_transferred": np.where(split, par[:, _F.BLOCKS], -1),
+        "transfer_start_us": np.where(split & (par.transfer_start_us > 0),
+                                      par.transfer_start_us, -1),
+        "transfer_end_us": np.where(moved, par.transfer_done_us, -1),
+        "kv_blocks_transferred": np.where(split, par.blocks, -1),
         "transfer_concurrency": np.where(split & moved & res.config.pd.contention,
-                                         par[:, _F.XFER_ACTIVE], -1),
+                                         par.transfer_active, -1),
     }
 
 
@@ -163,18 +158,16 @@ def cluster_aggregate_pd(res: SimulationResult, instances: list[InstanceMetrics]
     """The cluster block of a P/D run: instance sums with the reference's corrections, the
     projected per-request values (PD-6.1, PD-6.3)."""
     agg = aggregate_instances(instances)
-    cnt = res.pd.counters
-    par = res.pd.par
+    cnt = res.pd.counts
+    par = res.pd.parents
     n = res.table.n
-    agg.completed -= int(cnt[PDCounter.PREFILL_COMPLETED])
-    agg.dropped_unservable += int(cnt[PDCounter.DROPPED_AT_DECODE_KV])
-    queued_or_running = np.isin(res.state[:n], (RequestState.QUEUED, RequestState.RUNNING))
-    pending_decode = int(np.count_nonzero((par[:, _F.FLAG] == 1) & (res.pd.decode_sub[:n] == 1)
-                                          & queued_or_running
-                                          & (par[:, _F.T_DECODE_ENQUEUE] > 0)))
-    in_transfer = (int(cnt[PDCounter.PREFILL_COMPLETED]) - int(cnt[PDCounter.DECODE_COMPLETED])
-                   - int(cnt[PDCounter.DECODE_TIMED_OUT])
-                   - int(cnt[PDCounter.DROPPED_AT_DECODE_KV]) - pending_decode)
+    agg.completed -= cnt.prefill_completed
+    agg.dropped_unservable += cnt.dropped_at_decode_kv
+    pending_decode = int(np.count_nonzero(par.disaggregated & res.pd.became_decode_sub[:n]
+                                          & res.queued_or_running[:n]
+                                          & (par.decode_enqueue_us > 0)))
+    in_transfer = (cnt.prefill_completed - cnt.decode_completed - cnt.decode_timed_out
+                   - cnt.dropped_at_decode_kv - pending_decode)
     if in_transfer > 0:
         agg.still_running += in_transfer
     agg.ttft_us = proj.ttft_us[~np.isnan(proj.ttft_us)]
@@ -212,9 +205,9 @@ def pd_figures(res: SimulationResult, instances: list[InstanceMetrics],
                proj: Projection | None = None) -> PDFigures:
     """The P/D block's figures (``proj``: the run's :func:`project`, computed when None)."""
     pd = res.pd
-    par = pd.par
-    cnt = pd.counters
-    flag = par[:, _F.FLAG] == 1
+    par = pd.parents
+    cnt = pd.counts
+    flag = par.disaggregated
     cfg = res.config
     roles = cfg.pd.roles(cfg.options.num_instances)
     ended = run_ended_us(instances)
@@ -235,21 +228,21 @@ def pd_figures(res: SimulationResult, instances: list[InstanceMetrics],
         ratio = max(pre, dec) / min(pre, dec)
     proj_ttft = (proj or project(res)).parent_ttft_us
     ttft = proj_ttft[proj_ttft > 0]
-    start, done = par[:, _F.T_XFER_START], par[:, _F.T_XFER_DONE]
+    start, done = par.transfer_start_us, par.transfer_done_us
     ok = flag & (start > 0) & (done >= start)
-    starts = int(cnt[PDCounter.STARTS])
+    starts = cnt.transfer_starts
     return PDFigures(
         any_disaggregated=bool(flag.any()),
         disaggregated=int(np.count_nonzero(flag & (done > 0))),
-        decode_completed=int(cnt[PDCounter.DECODE_COMPLETED]),
-        decode_timed_out=int(cnt[PDCounter.DECODE_TIMED_OUT]),
-        dropped_at_decode_kv=int(cnt[PDCounter.DROPPED_AT_DECODE_KV]),
+        decode_completed=cnt.decode_completed,
+        decode_timed_out=cnt.decode_timed_out,
+        dropped_at_decode_kv=cnt.dropped_at_decode_kv,
         prefill_throughput=pre, decode_throughput=dec, imbalance=ratio,
         parent_ttft=distribution(ttft) if ttft.size else None,
         transfer=distribution((done - start)[ok]) if ok.any() else None,
         contention=bool(cfg.pd.contention),
-        peak_transfers=int(cnt[PDCounter.PEAK]),
-        mean_queue_depth=float(cnt[PDCounter.DEPTH_SUM]) / starts if starts else 0.0,
+        peak_transfers=cnt.peak_transfers,
+        mean_queue_depth=float(cnt.queue_depth_sum) / starts if starts else 0.0,
     )
 
 
@@ -321,23 +314,23 @@ def pd_warnings(res: SimulationResult, opts) -> list[str]:
     """One line per reference behaviour this run actually ran into (README, "known reference
     behaviour"), each at most once."""
     pd = res.pd
-    cnt = pd.counters
-    par = pd.par
+    cnt = pd.counts
+    par = pd.parents
     n = res.table.n
-    split = par[:, _F.FLAG] == 1
+    split = par.disaggregated
     out: list[str] = []
-    ended_badly = int(cnt[PDCounter.DROPPED_AT_DECODE_KV] + cnt[PDCounter.DECODE_TIMED_OUT])
+    ended_badly = cnt.dropped_at_decode_kv + cnt.decode_timed_out
     if ended_badly:
         out.append(f"{ended_badly} disaggregated requests that were dropped at their decode "
                    "instance or timed out are included in the TTFT/E2E/scheduling-delay "
                    "statistics and the results file as if completed (reference behaviour, "
                    "upstream #1511)")
-    dropped = int(cnt[PDCounter.DROPPED_AT_DECODE_KV])
+    dropped = cnt.dropped_at_decode_kv
     if dropped:
         out.append(f'"Dropped at Decode KV" in the P/D block is always 0 (reference behaviour); '
                    f"the {dropped} requests dropped for lack of KV on their decode instance "
                    "are in dropped_unservable")
-    projected = split & (par[:, _F.T_DONE] > 0)
+    projected = split & (par.done_us > 0)
     if projected.any():
         out.append("for disaggregated requests the cluster scheduling_delay_p99_ms covers only "
                    "the wait before prefill, not the wait on the decode instance (reference "
@@ -346,7 +339,7 @@ def pd_warnings(res: SimulationResult, opts) -> list[str]:
         out.append(f"--trace-output writes the {int(split.sum())} disaggregated requests with "
                    "status incomplete and no chunk times (reference behaviour); their outcomes "
                    "are in --metrics-path")
-    late = int(cnt[PDCounter.PAST_DEADLINE])
+    late = cnt.past_deadline
     if late:
         out.append(f"{late} decode sub-requests reached their decode instance after their "
                    "deadline; they are timed out at the deadline, before the transfer that "

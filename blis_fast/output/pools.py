@@ -15,9 +15,6 @@ import pyarrow as pa
 
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine.results import SimulationResult
-from blis_fast.kernels.cluster.pd import ParentField
-from blis_fast.kernels.engine.state import InstanceCounter
-from blis_fast.kernels.enums import RequestState
 from blis_fast.output.cost import instance_gpus, run_end_us
 from blis_fast.output.pd import run_ended_us
 from blis_fast.output.schemas import load_schema
@@ -30,8 +27,6 @@ from blis_fast.output.stats import (
 from blis_fast.output.summary import InstanceMetrics
 
 __all__ = ["POOL_ROLES", "pool_rows", "pools_table"]
-
-_F = ParentField
 
 POOL_ROLES = (("prefill", ROLE_PREFILL), ("decode", ROLE_DECODE),
               ("shared", ROLE_PREFILL | ROLE_DECODE))
@@ -66,19 +61,20 @@ def pool_rows(res: SimulationResult, instances: list[InstanceMetrics]) -> list[d
     cfg = res.config
     opts = cfg.options
     pd = cfg.pd
-    par = res.pd.par
+    par = res.pd.parents
     n = res.table.n
     roles = pd.roles(opts.num_instances)
     ended = run_ended_us(instances)
     end_us = run_end_us(res)
     blocks = cfg.kv_blocks_per_instance()
     gpus_of = instance_gpus(res)
-    flag = par[:, _F.FLAG] == 1
-    prefill_inst, decode_inst = par[:, _F.PREFILL], par[:, _F.DECODE]
-    start, done = par[:, _F.T_XFER_START], par[:, _F.T_XFER_DONE]
-    held = par[:, _F.ATTACHED] == 1
-    moved_blocks = par[:, _F.BLOCKS]
-    state = res.state[:n]
+    flag = par.disaggregated
+    prefill_inst, decode_inst = par.prefill_instance, par.decode_instance
+    start, done = par.transfer_start_us, par.transfer_done_us
+    held = par.attached
+    moved_blocks = par.blocks
+    completed_at_end, timed_out_at_end = res.completed[:n], res.timed_out[:n]
+    peak_kv = res.peak_kv_blocks
     arrival = res.table.arrival_us
     local = ~flag & (res.registered[:n] == 1)
     rows: list[dict] = []
@@ -100,11 +96,11 @@ def pool_rows(res: SimulationResult, instances: list[InstanceMetrics]) -> list[d
         pf_ttft = res.ttft_us[np.flatnonzero(pre) + n]
         pf_wait = res.sched_delay_us[np.flatnonzero(pre) + n]
         d_sched = res.sched_delay_us[:n]
-        admitted = dec & (d_sched >= 0) & (par[:, _F.T_DECODE_ENQUEUE] > 0)
-        d_wait = (arrival + d_sched - par[:, _F.T_DECODE_ENQUEUE])[admitted]
-        d_done = dec & (state == RequestState.COMPLETED)
+        admitted = dec & (d_sched >= 0) & (par.decode_enqueue_us > 0)
+        d_wait = (arrival + d_sched - par.decode_enqueue_us)[admitted]
+        d_done = dec & completed_at_end
         pool_blocks = blocks[idx]
-        peak = res.counters[idx, InstanceCounter.PEAK_KV]
+        peak = peak_kv[idx]
         capacity = float(pool_blocks.sum()) * float(end_us)
         row = {
             "pool": name,
@@ -144,7 +140,7 @@ def pool_rows(res: SimulationResult, instances: list[InstanceMetrics]) -> list[d
                                            * pd.block_bytes)),
             "decode_completed": int(np.count_nonzero(d_done)),
             "decode_kv_drops": int(np.count_nonzero(dec & (start > 0) & ~held)),
-            "decode_timeouts": int(np.count_nonzero(dec & (state == RequestState.TIMED_OUT))),
+            "decode_timeouts": int(np.count_nonzero(dec & timed_out_at_end)),
         }
         rows.append(row)
     return rows

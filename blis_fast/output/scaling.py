@@ -1,20 +1,23 @@
 """``scaling.parquet``: the fleet's timeline (one row per lifecycle change of an instance) of an
-autoscaled run or a run on node pools, built from the end state of ``kernels/cluster/autoscale.py``
-(each instance's placement, ready, drain and termination times and the signal values of the
-decision that placed or drained it)."""
+autoscaled run or a run on node pools, built from the fleet at the end of the run
+(``SimulationResult.fleet_view``: each instance's placement, ready, drain and termination
+times and the signal values of the decision that placed or drained it)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
-from blis_fast.kernels.cluster.autoscale_layout import AsInst, Signal
-from blis_fast.kernels.enums import InstanceKind
 from blis_fast.output.schemas import load_schema
 
-_EVENTS = (  # (time column, state, order within a time)
-    (AsInst.PLACED, "loading", 0), (AsInst.READY, "active", 1),
-    (AsInst.DRAINED, "draining", 2), (AsInst.TERMINATED, "terminated", 3))
+_EVENTS = (  # (time column of the fleet view, state, order within a time)
+    ("placed_us", "loading", 0), ("ready_us", "active", 1),
+    ("drained_us", "draining", 2), ("terminated_us", "terminated", 3))
+
+_SIGNAL_COLUMNS = (("decision_time_us", int), ("signal_since_us", int), ("supply_tokens", float),
+                   ("demand_tokens", float), ("pending_tokens", float), ("signal_tokens", float),
+                   ("delta", int))
+"""The signal columns (fields of ``ScalingSignals`` of the same names) and their types."""
 
 
 def node_names(pools) -> tuple[list[str], list[str]]:
@@ -29,59 +32,48 @@ def node_names(pools) -> tuple[list[str], list[str]]:
 
 def scaling_columns(res) -> dict[str, list]:
     """The timeline's columns (``schemas/scaling.json``)."""
-    asc = res.fleet
+    fleet = res.fleet_view
     setup = res.config.autoscale
     names = res.instance_names
-    inst = asc.inst[: len(names)]
+    placed, ready = fleet.placed_us.tolist(), fleet.ready_us.tolist()
+    node_of, tp_of, label_of = fleet.node.tolist(), fleet.tp.tolist(), fleet.label.tolist()
+    autoscaled = fleet.autoscaled.tolist()
     pool_of, node_name = node_names(setup.pools)
     events = []
-    for i, row in enumerate(inst):
-        for col, state, order in _EVENTS:
-            t = int(row[col])
-            if t < 0 or (state == "loading" and row[AsInst.READY] == t):
+    for attr, state, order in _EVENTS:
+        for i, t in enumerate(getattr(fleet, attr).tolist()):
+            if t < 0 or (state == "loading" and ready[i] == t):
                 continue  # never happened, or active at once (no loading row)
             events.append((t, order, i, state))
     events.sort(key=lambda e: (e[0], e[2], e[1]))
     cols: dict[str, list] = {f.name: [] for f in load_schema("scaling")}
     state_now = ["" for _ in names]
     for t, _order, i, state in events:
-        row = inst[i]
-        autoscaled = row[AsInst.KIND] == InstanceKind.AUTOSCALED
-        if state in ("loading", "active") and (state == "loading" or row[AsInst.PLACED] == t):
-            reason = "scale_up" if autoscaled else (
+        if state in ("loading", "active") and (state == "loading" or placed[i] == t):
+            reason = "scale_up" if autoscaled[i] else (
                 "warm_start" if state == "active" and setup.has_pools and setup.warm_start
                 else "startup")
         else:
             reason = {"active": "loaded", "draining": "scale_down", "terminated": "drained"}[state]
         state_now[i] = state
-        node = int(row[AsInst.NODE])
+        node = node_of[i]
         cols["time_us"].append(t)
         cols["instance"].append(names[i])
         cols["pool"].append(pool_of[node] if node >= 0 else None)
         cols["node"].append(node_name[node] if node >= 0 else None)
-        cols["gpu_type"].append(setup.labels[int(row[AsInst.LABEL])])
-        cols["tp"].append(max(1, int(row[AsInst.TP])))
+        cols["gpu_type"].append(setup.labels[label_of[i]])
+        cols["tp"].append(max(1, tp_of[i]))
         cols["state"].append(state)
         cols["reason"].append(reason)
         cols["routable_after"].append(state_now.count("active"))
         cols["loading_after"].append(state_now.count("loading"))
         cols["gpus_allocated_after"].append(sum(
-            max(1, int(inst[k, AsInst.TP])) for k, s in enumerate(state_now)
-            if s not in ("", "terminated") and inst[k, AsInst.NODE] >= 0))
-        sig = None
-        if reason == "scale_up":
-            sig = asc.inst_sig[i, 0]
-        elif reason == "scale_down":
-            sig = asc.inst_sig[i, 1]
-        decided = sig is not None and not np.isnan(sig[Signal.TICK])
-        for name, k, kind in (("decision_time_us", Signal.TICK, int),
-                              ("signal_since_us", Signal.SINCE, int),
-                              ("supply_tokens", Signal.SUPPLY, float),
-                              ("demand_tokens", Signal.DEMAND, float),
-                              ("pending_tokens", Signal.PENDING, float),
-                              ("signal_tokens", Signal.AMOUNT, float),
-                              ("delta", Signal.DELTA, int)):
-            cols[name].append(kind(sig[k]) if decided else None)
+            max(1, tp_of[k]) for k, s in enumerate(state_now)
+            if s not in ("", "terminated") and node_of[k] >= 0))
+        signals = {"scale_up": fleet.placed_by, "scale_down": fleet.drained_by}.get(reason)
+        decided = signals is not None and not np.isnan(signals.decision_time_us[i])
+        for name, kind in _SIGNAL_COLUMNS:
+            cols[name].append(kind(getattr(signals, name)[i]) if decided else None)
     return cols
 
 
