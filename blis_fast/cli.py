@@ -26,6 +26,7 @@ from blis_fast.options import (
     WORKLOAD_FLAGS,
     build_options,
 )
+from blis_fast.profiling import cli as profiling_cli
 from blis_fast.sweep import cli as sweep_cli
 from blis_fast.workload import cli as workload_cli
 
@@ -52,6 +53,7 @@ calibrate_cli.register(main_group)
 observe_command.register(main_group)
 evolve_cli.register(main_group)
 fit_cli.register(main_group)
+profiling_cli.register(main_group)
 
 
 def _numba_without_scipy() -> None:

@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("api",),
     (ROOT,),
     ("sweep", "observe"),
-    ("calibrate",),
+    ("calibrate", "profiling"),
     ("fit", "evolve", "testing"),
     ("cli",),
 )

@@ -8,8 +8,11 @@ leave-one-model-out refit shows how it carries to a model it has not seen.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -78,12 +81,12 @@ def _twin_gemm(prof: dict, m: float, n: float, k: float, wbytes: float) -> tuple
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0, 0.0, 0.0
     flops = 2 * m * n * k
-    nbytes = n * k * wbytes + 2 * (m * k + m * n)
+    nbytes = n * k * wbytes + prof["act"] * (m * k + m * n)
     compute = flops / (prof["peak"] * prof["gemm"]["compute_efficiency"] * m
                        / (m + prof["gemm"]["half_efficiency_tokens"]))
     memory = nbytes / (prof["bw"] * prof["gemm"]["memory_efficiency"])
     q = prof["gemm"]["overlap_exponent"]
-    return (compute ** q + memory ** q) ** (1 / q), flops, nbytes
+    return prof["gemm"]["launch_us"] * 1e-6 + (compute ** q + memory ** q) ** (1 / q), flops, nbytes
 
 
 def _twin(name: str, gpu: str, tp: int, requests: list[tuple[int, int, int, int]]) -> tuple[float, float]:
@@ -94,7 +97,7 @@ def _twin(name: str, gpu: str, tp: int, requests: list[tuple[int, int, int, int]
     wb = mc.effective_weight_bytes_per_param() or 2.0
     if wb <= 1 and data["peaks"].get("tflops_fp8", 0) > 0:
         prof["peak"] = data["peaks"]["tflops_fp8"] * 1e12
-    kvb = mc.bytes_per_param or 2.0
+    kvb = prof["act"] = mc.bytes_per_param or 2.0
     d, L = mc.hidden_dim, mc.num_layers
     hq, hkv = max(1, mc.num_heads / tp), max(1, (mc.num_kv_heads or mc.num_heads) / tp)
     dh = mc.head_dim or d / mc.num_heads
@@ -159,7 +162,7 @@ def _twin(name: str, gpu: str, tp: int, requests: list[tuple[int, int, int, int]
     if tp > 1:
         ic = data["interconnect"]
         seconds += L * 2 * (ic["allreduce_latency_us"] * 1e-6
-                            + 2 * (tp - 1) / tp * tokens * d * 2 / (ic["allreduce_bandwidth_gbs"] * 1e9))
+                            + 2 * (tp - 1) / tp * tokens * d * kvb / (ic["allreduce_bandwidth_gbs"] * 1e9))
     seconds += data["fixed_us"]["per_step"] * 1e-6
     floor = max(flops / prof["peak"], nbytes / prof["bw"])
     return seconds * 1e6, floor * 1e6
@@ -402,3 +405,83 @@ def test_floor_row_counts_three_mlp_matrices_and_sits_above_every_layout():
                          latency_model="roofline", batch=[(1024, 1, 1023, 8)])
     weights = 32 * 2 * 4096 * (6144 + 4096 + 3 * 14336) + 2 * 4096 * 128256  # bytes, bf16
     assert PF.step_floor_us(row, 1, *batch) >= weights / 3.35e12 * 1e6 > roofline
+
+
+# ----------------------------------------------------------------------------- blis profile
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="PyTorch (the [profile] extra, part of [dev]) is not installed")
+def test_blis_profile_on_this_cpu_predicts_this_cpus_steps(tmp_path):
+    """``blis profile`` on this CPU writes a profile --gpu-profile accepts; ``profiled`` with it
+    predicts the same CPU's steps of a tiny model it was not fitted to (the shapes of
+    step_physics.py --quick), timed here with the same forward: median error <= 25%."""
+    from blis_fast.profiling.measure import Dims
+
+    dims = Dims(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256)
+    cases = [(16, 0, 0, 0), (8, 8, 0, 0), (0, 0, 4, 32), (8, 0, 4, 32)]
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(dims.to_config("float32")))
+
+    def batch(case):
+        prefill, ctx, decodes, decode_ctx = case
+        return ([(ctx, prefill, ctx + prefill, 4)] if prefill else []) + \
+            [(decode_ctx, 1, decode_ctx - 1, 4)] * decodes
+
+    # one core for the profile (a child inherits it) and the timings: the cores of a virtual
+    # machine need not run at the same speed
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})
+    try:
+        measured, predicted, reasons = _profile_and_time(tmp_path, dims, cases, batch)
+    finally:
+        os.sched_setaffinity(0, cores)
+    if measured is None:
+        pytest.skip("no try could time this CPU (" + "; ".join(reasons) + "): timings here "
+                    "say nothing about its CPU now")
+    errors = [abs(p / m - 1) for p, m in zip(predicted, measured, strict=True)]
+    print("measured", [round(v) for v in measured], "predicted", predicted)
+    assert statistics.median(errors) <= 0.25, (measured, predicted)
+
+
+def _profile_and_time(tmp_path, dims, cases, batch):
+    """Up to 3 tries of: blis profile, then the tiny model's steps predicted with the profile
+    and timed twice. A try counts when no other work ran and the two timings agree within 25%
+    (a CPU whose speed moved more than that cannot be judged); it returns the timings' means
+    and the predictions ((None, None, reasons) when no try counted)."""
+    from blis_fast.api import step_time
+    from blis_fast.profiling.measure import Timer, machine, time_step, weights_for
+    from blis_fast.testing.foreign_cpu import ForeignCpu
+
+    reasons = []
+    for _ in range(3):
+        gate = ForeignCpu()
+        gate.start()
+        out = tmp_path / "cpu.json"
+        proc = _cli("profile", "--out", str(out), "--plot", str(tmp_path / "gemm.png"))
+        assert proc.returncode == 0, proc.stderr
+        assert load_gpu_profile(out).gpu == "cpu" and (tmp_path / "gemm.png").stat().st_size > 0
+        predicted = step_time(model="tiny", hardware="cpu", tp=1, latency_model="profiled",
+                              gpu_profile=str(out), model_config_folder=str(tmp_path / "tiny"),
+                              log="error", batches=[batch(c) for c in cases])
+        m = machine("cpu")
+        weights = weights_for(m, dims)
+        measured = [[time_step(m, Timer(m, 15, min_seconds=2.0), dims, weights, c) * 1e6
+                     for c in cases] for _ in range(2)]  # each case over 2 s, twice
+        moved = max(abs(a / b - 1) for a, b in zip(*measured, strict=True))
+        share = gate.share()
+        if share >= 0.25:
+            reasons.append(f"other work held {share:.2f} cores")
+        elif moved > 0.25:
+            reasons.append(f"the CPU's speed moved {moved:.0%} between two timings")
+        else:
+            return [sum(v) / 2 for v in zip(*measured, strict=True)], predicted, reasons
+    return None, None, reasons
+
+
+def test_blis_profile_refuses_bad_output_before_measuring(tmp_path):
+    """An output path that cannot be written is refused in one line before any timing."""
+    proc = _cli("profile", "--out", str(tmp_path / "missing" / "dir" / "p.json"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "--out" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "missing").exists()

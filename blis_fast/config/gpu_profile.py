@@ -43,6 +43,7 @@ _FIELDS: tuple[tuple[str, str, int, float, float | None, bool], ...] = (
     ("gemm", "half_efficiency_tokens", PF.PF_G_HALF_M, 0.0, None, False),
     ("gemm", "memory_efficiency", PF.PF_G_MEMORY, 0.0, 1.0, True),
     ("gemm", "overlap_exponent", PF.PF_G_OVERLAP, 1.0, None, False),
+    ("gemm", "launch_us", PF.PF_G_LAUNCH_US, 0.0, None, False),
     ("attention", "prefill_compute_efficiency", PF.PF_A_PREFILL_COMPUTE, 0.0, 1.0, True),
     ("attention", "cached_prefill_bytes_per_score", PF.PF_A_CACHED_SCORE_BYTES, 0.0, None, False),
     ("attention", "decode_memory_efficiency", PF.PF_A_DECODE_MEMORY, 0.0, 1.0, True),

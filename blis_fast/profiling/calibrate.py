@@ -14,7 +14,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,27 +26,27 @@ from blis_fast.config.latency_backends import layer_split
 from blis_fast.config.model_config import ModelConfig, model_config_from_hf, parse_hf_config
 from blis_fast.data import data_path
 from blis_fast.files import write_output_file
-from blis_fast.kernels.engine import latency as K
 from blis_fast.kernels.engine import latency_profiled as PF
 
-__all__ = ["FITTED", "GEMM_FITTED", "calibrate", "fit_gemm_to_steps", "fit_profile_to_steps",
+__all__ = ["FITTED", "GEMM_FITTED", "calibrate", "inside_bounds", "fit_gemm_to_steps", "fit_profile_to_steps",
            "step_batch"]
 
 GEMM_FITTED: tuple[tuple[str, str, float, float], ...] = (
-    ("gemm", "compute_efficiency", 0.05, 1.0),
+    ("gemm", "compute_efficiency", 0.001, 1.0),
     ("gemm", "half_efficiency_tokens", 0.0, 4096.0),
-    ("gemm", "memory_efficiency", 0.2, 1.0),
+    ("gemm", "memory_efficiency", 0.001, 1.0),
     ("gemm", "overlap_exponent", 1.0, 16.0),
+    ("gemm", "launch_us", 0.0, 1000.0),
 )
 FITTED: tuple[tuple[str, str, float, float], ...] = (
     # (section, key, lower, upper) of the figures a step fit adjusts
-    ("attention", "prefill_compute_efficiency", 0.05, 1.0),
-    ("attention", "cached_prefill_bytes_per_score", 0.0, 200.0),
-    ("attention", "decode_memory_efficiency", 0.2, 1.0),
-    ("attention", "decode_bytes_per_score", 0.0, 200.0),
-    ("elementwise", "bytes_per_hidden", 0.0, 800.0),
-    ("elementwise", "bytes_per_qkv", 0.0, 200.0),
-    ("fixed_us", "per_layer", 0.0, 500.0),
+    ("attention", "prefill_compute_efficiency", 0.001, 1.0),
+    ("attention", "cached_prefill_bytes_per_score", 0.0, 2000.0),
+    ("attention", "decode_memory_efficiency", 0.001, 1.0),
+    ("attention", "decode_bytes_per_score", 0.0, 2000.0),
+    ("elementwise", "bytes_per_hidden", 0.0, 2000.0),
+    ("elementwise", "bytes_per_qkv", 0.0, 2000.0),
+    ("fixed_us", "per_layer", 0.0, 20000.0),
     ("fixed_us", "per_step", 0.0, 5000.0),
 )
 
@@ -77,7 +77,13 @@ def _with(profile: GpuProfile, fitted: Sequence[tuple[str, str, float, float]],
     return replace(profile, figures=figures)
 
 
-def _models(rows: Sequence[dict], model_configs: str | Path) -> dict[str, ModelConfig]:
+Models = str | Path | Mapping[str, ModelConfig]
+"""Where the rows' models come from: a folder of ``<model>/config.json``, or the configs."""
+
+
+def _models(rows: Sequence[dict], model_configs: Models) -> Mapping[str, ModelConfig]:
+    if isinstance(model_configs, Mapping):
+        return model_configs
     models: dict[str, ModelConfig] = {}
     for row in rows:
         if row["model"] not in models:
@@ -86,16 +92,22 @@ def _models(rows: Sequence[dict], model_configs: str | Path) -> dict[str, ModelC
     return models
 
 
+def inside_bounds(value: float, lo: float, hi: float) -> float:
+    """A fit's start: ``value`` moved just inside its bounds (a start on a bound can stay
+    there, its one-sided derivative pointing out)."""
+    return min(max(value, lo + (hi - lo) * 1e-3), hi - (hi - lo) * 1e-3)
+
+
 def _least_squares(base: GpuProfile, fitted: Sequence[tuple[str, str, float, float]],
                    residuals) -> GpuProfile:
-    start = [min(max(base.figure(s, k), lo), hi) for s, k, lo, hi in fitted]
+    start = [inside_bounds(base.figure(s, k), lo, hi) for s, k, lo, hi in fitted]
     fit = least_squares(residuals, start, bounds=([f[2] for f in fitted], [f[3] for f in fitted]),
-                        diff_step=1e-3)
+                        diff_step=1e-3, x_scale="jac")
     return _with(base, fitted, fit.x)
 
 
 def fit_gemm_to_steps(base: GpuProfile, rows: Sequence[dict],
-                      model_configs: str | Path) -> GpuProfile:
+                      model_configs: Models) -> GpuProfile:
     """``base`` with its :data:`GEMM_FITTED` figures fitted to the rows' GEMM-only timings
     (``gemm_us_median``: every layer's weight GEMMs over the step's tokens, and the LM head)."""
     rows = [r for r in rows if r.get("gemm_us_median")]
@@ -116,7 +128,7 @@ def fit_gemm_to_steps(base: GpuProfile, rows: Sequence[dict],
 
 
 def fit_profile_to_steps(base: GpuProfile, rows: Sequence[dict],
-                         model_configs: str | Path) -> GpuProfile:
+                         model_configs: Models) -> GpuProfile:
     """``base`` with its :data:`FITTED` figures fitted to ``rows`` (measured steps with
     ``model``, the batch fields and ``us_median``; a model is a folder of ``model_configs``)."""
     models = _models(rows, model_configs)
@@ -127,14 +139,16 @@ def fit_profile_to_steps(base: GpuProfile, rows: Sequence[dict],
         params = {m: pack_profile_params(mc, prof, 1, layer_split(mc)) for m, mc in models.items()}
         out = []
         for row, batch in zip(rows, batches, strict=True):
-            t = K.step_time(K.Backend.PROFILED, params[row["model"]], len(batch[0]), *batch)
-            out.append(math.log(max(1, int(t)) / row["us_median"]))
+            # the kernel's unrounded time: step_time's whole microseconds would hide the
+            # finite differences of the fit
+            seconds, _, _ = PF.profiled_work(params[row["model"]], len(batch[0]), *batch)
+            out.append(math.log(max(seconds * 1e6, 1.0) / row["us_median"]))
         return out
 
     return _least_squares(base, FITTED, residuals)
 
 
-def calibrate(base: GpuProfile, rows: Sequence[dict], model_configs: str | Path) -> GpuProfile:
+def calibrate(base: GpuProfile, rows: Sequence[dict], model_configs: Models) -> GpuProfile:
     """Both fits in order: the GEMM figures, then the rest of the step."""
     rows = [r for r in rows if "error" not in r]
     return fit_profile_to_steps(fit_gemm_to_steps(base, rows, model_configs), rows, model_configs)

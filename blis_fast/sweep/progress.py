@@ -27,8 +27,9 @@ class Progress:
     """Counts finished configurations and reports them on ``stream``."""
 
     def __init__(self, total: int, done: int, stream: TextIO | None, label: str = "sweep",
-                 line_interval_s: float = 5.0, clock=time.monotonic) -> None:
+                 line_interval_s: float = 5.0, clock=time.monotonic, unit: str = "configs") -> None:
         self.total = total
+        self.unit = unit
         self.done = done
         self.errors = 0
         self.stream = stream
@@ -61,7 +62,7 @@ class Progress:
         left = self.total - self.done
         eta = format_duration(left / rate) if rate > 0 else "?"
         errs = f", {self.errors} failed" if self.errors else ""
-        text = (f"{self.done}/{self.total} configs, {rate:.1f}/s, "
+        text = (f"{self.done}/{self.total} {self.unit}, {rate:.1f}/s, "
                 f"elapsed {format_duration(elapsed)}, ETA {eta}{errs}")
         if self.is_tty:
             filled = BAR_WIDTH * self.done // max(self.total, 1)

@@ -26,7 +26,8 @@ from blis_fast.kernels.jit import njit
 # model, per GPU
 PF_L, PF_D, PF_HQ, PF_HKV, PF_DH, PF_DFF = 0, 1, 2, 3, 4, 5
 PF_N_DENSE, PF_N_MOE, PF_E, PF_K, PF_DFF_MOE, PF_DFF_SHARED = 6, 7, 8, 9, 10, 11
-PF_VOCAB, PF_WBYTES, PF_KVBYTES, PF_TP = 12, 13, 14, 15
+PF_VOCAB, PF_WBYTES, PF_KVBYTES, PF_TP = 12, 13, 14, 15  # KVBYTES: the compute dtype's, of
+# every activation and KV element
 # GPU peaks
 PF_PEAK_FLOPS, PF_PEAK_BW = 16, 17
 # GEMM efficiencies: compute at large M, tokens at half of it, weight-streaming, overlap exponent
@@ -39,27 +40,25 @@ PF_E_MEMORY, PF_E_HIDDEN, PF_E_QKV, PF_E_FFN, PF_E_KV_COPY, PF_E_KV_CONCAT = 26,
 PF_FIX_LAYER_US, PF_FIX_STEP_US, PF_AR_BW, PF_AR_LATENCY_US = 32, 33, 34, 35
 # MLP input matrices: 2 for a gated MLP (gate and up, SwiGLU), 1 otherwise
 PF_MLP_INPUTS = 36
-PF_SIZE = 37
-
-ACT_BYTES = 2.0
-"""Bytes per activation element (bf16/fp16 compute)."""
-
+PF_G_LAUNCH_US = 37  # fixed time of every GEMM (launch and tail), µs
+PF_SIZE = 38
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _gemm(p, m, n, k):
-    """(seconds, FLOPs, bytes) of an M x K by K x N GEMM with M tokens: the p-norm of its compute
-    and memory times, compute efficiency rising with M (tile occupancy)."""
+    """(seconds, FLOPs, bytes) of an M x K by K x N GEMM with M tokens: a fixed launch time plus
+    the p-norm of its compute and memory times, compute efficiency rising with M (tile
+    occupancy)."""
     if m <= 0.0 or n <= 0.0 or k <= 0.0:
         return 0.0, 0.0, 0.0
     flops = 2.0 * m * n * k
-    nbytes = n * k * p[PF_WBYTES] + (m * k + m * n) * ACT_BYTES
+    nbytes = n * k * p[PF_WBYTES] + (m * k + m * n) * p[PF_KVBYTES]
     eff = p[PF_G_COMPUTE] * m / (m + p[PF_G_HALF_M])
     compute = flops / (p[PF_PEAK_FLOPS] * eff)
     memory = nbytes / (p[PF_PEAK_BW] * p[PF_G_MEMORY])
     q = p[PF_G_OVERLAP]
     hi = max(compute, memory)
     lo = min(compute, memory)
-    return hi * (1.0 + (lo / hi) ** q) ** (1.0 / q), flops, nbytes
+    return p[PF_G_LAUNCH_US] * 1e-6 + hi * (1.0 + (lo / hi) ** q) ** (1.0 / q), flops, nbytes
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -98,6 +97,13 @@ def _weight_gemms(p, tokens, sampled):
             ffn_act = k * p[PF_DFF_MOE] + p[PF_DFF_SHARED]
     h_s, h_f, h_b = _gemm(p, sampled, p[PF_VOCAB], d)
     return seconds + h_s, flops + h_f, nbytes + h_b, ffn_act
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def gemm_seconds(params, m, n, k) -> float:
+    """The modelled time of one GEMM (M tokens, N outputs, K inputs) on the profiled GPU: what
+    a GEMM microbenchmark measures, for fitting a profile's GEMM figures."""
+    return _gemm(params, float(m), float(n), float(k))[0]
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -156,7 +162,7 @@ def profiled_work(params, n, progress, new_tokens, input_len, output_len):
     if p[PF_TP] > 1.0:
         share = 2.0 * (p[PF_TP] - 1.0) / p[PF_TP]
         allreduce_s = 2.0 * (p[PF_AR_LATENCY_US] * 1e-6
-                             + share * tokens * d * ACT_BYTES / p[PF_AR_BW])
+                             + share * tokens * d * p[PF_KVBYTES] / p[PF_AR_BW])
 
     layers = p[PF_N_DENSE] + p[PF_N_MOE]
     per_layer_s = attn_s + ew_s + allreduce_s + p[PF_FIX_LAYER_US] * 1e-6
