@@ -18,6 +18,7 @@ from blis_fast.errors import BlisConfigError
 __all__ = [
     "KVCapacityParams",
     "calculate_kv_blocks",
+    "capacity_head_dim",
     "extract_kv_capacity_params",
     "kv_bytes_per_token",
     "model_weight_bytes",
@@ -76,8 +77,21 @@ def extract_kv_capacity_params(hf: HFConfig) -> KVCapacityParams:
     return KVCapacityParams(False, 0, tie, hidden_act, 0, 0)
 
 
-def kv_bytes_per_token(mc: ModelConfig, tp: int) -> float:
-    """KVBytesPerToken: per-GPU KV bytes of one token (float64), validating the inputs."""
+def capacity_head_dim(mc: ModelConfig, explicit_head_dim: bool) -> int:
+    """The head dimension KV and weight capacity use: config.json's ``head_dim`` when
+    ``explicit_head_dim`` and it is set (> 0; the August reference's rule, used by P/D and
+    autoscaled runs), else hidden/heads (the April reference's rule, plain runs)."""
+    if explicit_head_dim and mc.head_dim > 0:
+        return mc.head_dim
+    return mc.hidden_dim // mc.num_heads if mc.num_heads > 0 else 0
+
+
+def kv_bytes_per_token(mc: ModelConfig, tp: int, explicit_head_dim: bool = False) -> float:
+    """KVBytesPerToken: per-GPU KV bytes of one token (float64), validating the inputs.
+
+    ``explicit_head_dim`` selects the August reference's rule (an explicit ``head_dim`` is used
+    as is and hidden_size need not be a multiple of the heads); False keeps April's
+    hidden/heads."""
     if tp <= 0:
         raise BlisConfigError(f"KV bytes per token: TP must be > 0, got {tp}")
     if mc.num_heads <= 0:
@@ -95,7 +109,10 @@ def kv_bytes_per_token(mc: ModelConfig, tp: int) -> float:
         raise BlisConfigError(
             f"KV bytes per token: bytes per parameter must be positive and finite, got {bpp}"
         )
-    if mc.hidden_dim % mc.num_heads != 0:
+    if explicit_head_dim and mc.head_dim < 0:
+        raise BlisConfigError(f"KV bytes per token: head_dim must be >= 0, got {mc.head_dim}")
+    explicit = explicit_head_dim and mc.head_dim > 0
+    if not explicit and mc.hidden_dim % mc.num_heads != 0:
         raise BlisConfigError(
             f"KV bytes per token: hidden_size {mc.hidden_dim} is not a multiple of "
             f"num_attention_heads {mc.num_heads}"
@@ -109,7 +126,7 @@ def kv_bytes_per_token(mc: ModelConfig, tp: int) -> float:
         raise BlisConfigError(
             f"KV bytes per token: {kv_heads} KV heads cannot be split evenly over TP={tp}"
         )
-    head_dim = mc.hidden_dim // mc.num_heads
+    head_dim = capacity_head_dim(mc, explicit_head_dim)
     per_token = float(mc.num_layers) * 2.0 * float(head_dim) * float(kv_heads) * bpp
     per_gpu = per_token / float(tp)
     if per_gpu <= 0:
@@ -117,14 +134,16 @@ def kv_bytes_per_token(mc: ModelConfig, tp: int) -> float:
     return per_gpu
 
 
-def model_weight_bytes(mc: ModelConfig, params: KVCapacityParams) -> int:
-    """Total weight bytes with a 3-matrix (SwiGLU) MLP, as the capacity planner counts them."""
+def model_weight_bytes(mc: ModelConfig, params: KVCapacityParams,
+                       explicit_head_dim: bool = False) -> int:
+    """Total weight bytes with a 3-matrix (SwiGLU) MLP, as the capacity planner counts them
+    (the K and V projections at the head dimension ``capacity_head_dim`` picks)."""
     d = mc.hidden_dim
     vocab = mc.vocab_size
     layers = mc.num_layers
     inter = mc.intermediate_dim
     kv_heads = mc.num_kv_heads if mc.num_kv_heads != 0 else mc.num_heads
-    head_dim = mc.hidden_dim // mc.num_heads  # both positive here (checked by kv_bytes_per_token)
+    head_dim = capacity_head_dim(mc, explicit_head_dim)  # positive (checked by kv_bytes_per_token)
     kv_dim = _i64(kv_heads * head_dim)
     embeddings = _i64(vocab * d)
     attention = _i64(d * (d + 2 * kv_dim) + d * d)
@@ -150,8 +169,12 @@ def calculate_kv_blocks(
     block_size: int,
     gpu_memory_utilization: float,
     params: KVCapacityParams,
+    explicit_head_dim: bool = False,
 ) -> int:
-    """CalculateKVBlocks: how many KV blocks fit beside weights, activations and runtime overhead."""
+    """CalculateKVBlocks: how many KV blocks fit beside weights, activations and runtime overhead.
+
+    ``explicit_head_dim``: size KV bytes and the K/V projection weights from config.json's
+    ``head_dim`` (the August reference: P/D and autoscaled runs); False keeps the April rule."""
     u = gpu_memory_utilization
     if u <= 0 or u > 1.0 or math.isnan(u) or math.isinf(u):
         raise BlisConfigError(f"KV capacity: GPU memory utilization must be in (0, 1.0], got {u}")
@@ -176,14 +199,14 @@ def calculate_kv_blocks(
             f"KV capacity: activation {params.hidden_act!r} is not supported "
             "(only the SwiGLU family: silu, swiglu, geglu)"
         )
-    per_token = kv_bytes_per_token(mc, tp)
+    per_token = kv_bytes_per_token(mc, tp, explicit_head_dim)
     per_block = _trunc_i64(per_token * float(block_size))
     if per_block <= 0:
         raise BlisConfigError(
             f"KV capacity: a block would hold {per_block} bytes (per token {per_token:.6f})"
         )
     available_gib = mem * u * float(tp)
-    weights_gib = float(model_weight_bytes(mc, params)) / float(_GIB)
+    weights_gib = float(model_weight_bytes(mc, params, explicit_head_dim)) / float(_GIB)
     activation_gib = _ACTIVATION_MOE_GIB if params.is_moe else _ACTIVATION_DENSE_GIB
     non_torch_gib = (_NON_TORCH_TP1_GIB if tp == 1 else _NON_TORCH_TP_MULTI_GIB) * float(tp)
     overhead_gib = weights_gib + activation_gib + non_torch_gib

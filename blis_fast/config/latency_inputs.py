@@ -144,6 +144,33 @@ def load_model_and_hardware(inp: LatencyInputs,
     return hf, model_config
 
 
+def august_kv_rule(opts: Any) -> bool:
+    """Whether the run's KV capacity follows the August reference's rule (an explicit
+    ``head_dim`` in config.json sizes KV bytes and K/V weights): runs in P/D mode or with the
+    autoscaler or node pools, the features blis_fast takes from that reference. Plain runs keep
+    the April rule (hidden/heads) that their parity cases follow."""
+    from blis_fast.config.pd import requested as pd_requested
+
+    try:
+        if pd_requested(opts):
+            return True
+    except AttributeError:  # options without the P/D flags (not a run)
+        return False
+    if getattr(opts, "model_autoscaler_interval_us", 0) > 0:
+        return True
+    path = getattr(opts, "policy_config", "")
+    if not path:
+        return False
+    from blis_fast.config.policy_bundle import load_policy_bundle
+
+    try:
+        bundle = load_policy_bundle(path)
+    except BlisError:  # reported where the run loads the bundle
+        return False
+    a = bundle.autoscaler
+    return bool(bundle.node_pools) or (a is not None and a.interval_us > 0)
+
+
 def auto_kv_blocks(inp: LatencyInputs, hf: HFConfig) -> None:
     """KV blocks from the GPU memory unless ``--total-kv-blocks`` is given; a failure warns and
     keeps the flag's default."""
@@ -170,7 +197,8 @@ def auto_kv_blocks(inp: LatencyInputs, hf: HFConfig) -> None:
         inp.infos.append("--latency-model: no hidden_act in config.json; assuming a SwiGLU MLP")
     u, block_size = inp.gpu_memory_utilization, inp.block_size
     try:
-        blocks = calculate_kv_blocks(mc, hc, inp.tp, block_size, u, kv_params)
+        blocks = calculate_kv_blocks(mc, hc, inp.tp, block_size, u, kv_params,
+                                     august_kv_rule(inp.opts))
     except BlisConfigError as exc:
         inp.warnings.append(
             f"--latency-model: KV capacity auto-calculation failed ({exc}); using "
@@ -268,7 +296,7 @@ def _kv_blocks_or_warn(inp: LatencyInputs) -> int | None:
     try:
         params = extract_kv_capacity_params(hf)
         return calculate_kv_blocks(mc, hc, inp.tp, inp.block_size, inp.gpu_memory_utilization,
-                                   params)
+                                   params, august_kv_rule(inp.opts))
     except BlisConfigError as exc:
         fail(f"KV capacity auto-calculation failed ({exc})")
         return None

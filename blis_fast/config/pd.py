@@ -286,8 +286,9 @@ def with_transfer_sizing(pd: PDConfig, opts: Any, latency: Any) -> PDConfig:
     if latency.model_config is None:
         _fail("P/D disaggregation needs the model's architecture for KV transfer sizing; "
               f"--latency-model {latency.backend} has none (not supported yet)")
-    per_token = kv_bytes_per_token(latency.model_config,
-                                   pool_tp(opts, pd, "prefill", latency.tp))
+    per_token = kv_bytes_per_token(latency.model_config,  # August rule: explicit head_dim
+                                   pool_tp(opts, pd, "prefill", latency.tp),
+                                   explicit_head_dim=True)
     return replace(pd, block_bytes=float(opts.block_size_in_tokens) * per_token)
 
 
@@ -370,7 +371,8 @@ def resolve_pools(pd: PDConfig, opts: Any, latency: Any) -> PoolClasses:
                     try:
                         n_blocks = calculate_kv_blocks(
                             latency.model_config, hw, tp, opts.block_size_in_tokens,
-                            opts.gpu_memory_utilization, kv_params)
+                            opts.gpu_memory_utilization, kv_params,
+                            explicit_head_dim=True)
                     except BlisConfigError as exc:
                         _fail(f"--{pool}-tp/--{pool}-hardware: KV capacity auto-calculation "
                               f"failed for {pool} pool: {exc}")
