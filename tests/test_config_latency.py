@@ -94,7 +94,7 @@ def test_coefficients_per_backend():
         )
     )
     assert bb.alpha.tolist() == [10326.268121600151, 0.0, 0.0]
-    assert bb.params.tolist() == [6472.007648778123, 19.79721387814611, 304.4021040302657]
+    assert bb.params[:K.BB_SIZE].tolist() == [6472.007648778123, 19.79721387814611, 304.4021040302657]
     assert any("deprecated" in w for w in bb.warnings)  # DELTA-21
     tp_ = resolve_latency(latency_options(model=LLAMA8, latency_model="trained-physics"))
     assert tp_.alpha.tolist() == [15563.199579, 777.3455, 45.907545]
@@ -118,7 +118,7 @@ def test_coefficients_select_blackbox_and_flags_win():
     )
     cfg = resolve_latency(opts)
     assert cfg.model == LLAMA8  # lower-cased
-    assert cfg.backend == "blackbox" and cfg.params.tolist() == [1000.0, 10.0, 5.0]
+    assert cfg.backend == "blackbox" and cfg.params[:K.BB_SIZE].tolist() == [1000.0, 10.0, 5.0]
     assert cfg.total_kv_blocks == 1000 and cfg.kv_blocks_source == "flag"
     assert cfg.max_model_len == 0  # blackbox derives no MaxModelLen
 
