@@ -4,6 +4,7 @@ workloads). Both evaluate through the contained, cached ``sandbox.Evaluator``.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -142,9 +143,11 @@ def openevolve_config(target: str, timeout_s: float) -> dict[str, Any]:
 
 def write_openevolve_files(out_dir: str | Path, target: str, bench: Benchmark, *,
                            timeout_s: float = DEFAULT_TIMEOUT_S,
-                           memory_mb: int = DEFAULT_MEMORY_MB) -> list[Path]:
+                           memory_mb: int = DEFAULT_MEMORY_MB,
+                           inputs: Iterable[tuple[str, str]] = ()) -> list[Path]:
     """Write evaluator.py, initial_program.py, config.yaml and benchmark.yaml into
-    ``out_dir``; returns the paths written."""
+    ``out_dir``; returns the paths written. ``inputs`` (``(flag, path)``, e.g. the benchmark
+    file read) may not be overwritten: an output naming one is refused before writing."""
     files = {
         "evaluator.py": EVALUATOR_TEMPLATE.format(target=target, function=FUNCTION_NAMES[target],
                                                   timeout=timeout_s, memory=memory_mb),
@@ -154,6 +157,7 @@ def write_openevolve_files(out_dir: str | Path, target: str, bench: Benchmark, *
         "benchmark.yaml": yaml.safe_dump(bench.to_dict(), sort_keys=False),
     }
     with OutputPlan() as plan:  # checked, then written together (or not at all)
+        plan.add_inputs(inputs)
         plan.check_dir(out_dir, "--out")
         out = plan.make_dir(out_dir, "--out")
         for name in files:

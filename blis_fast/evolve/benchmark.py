@@ -156,10 +156,17 @@ def benchmark_from_dict(data: Any, where: str = "benchmark") -> Benchmark:
         if "spec_file" in w:
             base = Path(where).parent if where != "benchmark" else Path.cwd()
             path = base / str(w["spec_file"])
-            try:
-                spec = yaml.safe_load(path.read_text())
+            try:  # the checked reader: no FIFO, device or huge file; UTF-8; YAML limits
+                text = read_input_text(path)
+                check_yaml_limits(text)
+                spec = yaml.safe_load(text)
             except OSError as exc:
                 _fail(where, f"workloads[{i}].spec_file: cannot read {path}: {exc.strerror}")
+            except UnicodeDecodeError:
+                _fail(where, f"workloads[{i}].spec_file: {path} is not UTF-8 text")
+            except yaml.YAMLError as exc:
+                _fail(where, f"workloads[{i}].spec_file: {path} is not valid YAML: "
+                             f"{(str(exc).splitlines() or [''])[0]}")
         options = w.get("options") or {}
         if not isinstance(options, dict) or (spec is not None and not isinstance(spec, dict)):
             _fail(where, f"workloads[{i}]: options and spec must be mappings")

@@ -38,7 +38,8 @@ def init_command(framework: str, target: str, benchmark: str | None, out_dir: st
     if timeout_s <= 0 or memory_mb <= 0:
         raise BlisConfigError("--timeout and --memory-mb must be > 0")
     for path in write_openevolve_files(out_dir, target, load_benchmark(benchmark),
-                                       timeout_s=timeout_s, memory_mb=memory_mb):
+                                       timeout_s=timeout_s, memory_mb=memory_mb,
+                                       inputs=[("--benchmark", benchmark or "")]):
         sys.stdout.write(f"wrote {path}\n")
     sys.stdout.write(f"run: openevolve-run {out_dir}/initial_program.py {out_dir}/evaluator.py "
                      f"--config {out_dir}/config.yaml\n")
