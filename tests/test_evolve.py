@@ -36,8 +36,7 @@ BETTER = (HEAD + "    least = 1e18\n"
 WORSE = HEAD + "    for i in range(out.shape[0]):\n        out[i] = 1.0 if i == 0 else 0.0\n"
 BAD = {
     "timeout": HEAD + "    while True:\n        out[0] += 1.0\n",
-    "memory": "blob = []\nwhile True:\n    blob.append(bytearray(1 << 26))\n" + HEAD
-              + "    out[0] = 1.0\n",
+    "memory": "import numpy as np\nBLOB = np.ones(1 << 30)\n" + HEAD + "    out[0] = 1.0\n",
     "exception": HEAD + "    raise ValueError('bad candidate')\n",
     "compile": HEAD + "    out[0] = = 1\n",
     "non_finite": "import math\n" + HEAD + "    for i in range(out.shape[0]):\n"

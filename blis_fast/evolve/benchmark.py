@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -136,8 +137,99 @@ def _fail(where: str, msg: str) -> None:
     raise BlisConfigError(f"{where}: {msg}")
 
 
+MAX_SLO_MS = 1e9
+"""The largest SLO a goodput fitness accepts (about 11.6 days)."""
+MAX_TINY_REQUESTS = 100_000
+MAX_SEED = (1 << 63) - 1
+REFUSED_OPTIONS = {"trace_output": "writes a file", "metrics_path": "writes a file",
+                   "results_path": "writes a file", "output_dir": "writes files",
+                   "seed": "the benchmark's seeds set it", "log": "the evaluator sets it"}
+"""Run options a benchmark may not set, and why."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_keys(where: str, key: str, data: dict, known: set[str]) -> None:
+    for k in data:
+        if k not in known:
+            _fail(where, f"{key}: unknown key {k!r} (expected one of {', '.join(sorted(known))})")
+
+
+def _name(where: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 200:
+        _fail(where, f"{key}: expected a non-empty name (a string), got {value!r}"[:300])
+    return value
+
+
+def _run_options(where: str, key: str, value: Any, model: str) -> dict[str, Any]:
+    """A mapping of ``blis run`` options, checked by the run's own option parser (names,
+    types: a fractional or boolean count is refused, not truncated)."""
+    from blis_fast.options import build_options  # lazy: the option table
+
+    if not isinstance(value, dict):
+        _fail(where, f"{key}: expected a mapping of run options, got {type(value).__name__}")
+    for name in value:
+        if not isinstance(name, str):
+            _fail(where, f"{key}: option names are strings, got {name!r}"[:300])
+        if name in REFUSED_OPTIONS:
+            _fail(where, f"{key}.{name}: not allowed in a benchmark ({REFUSED_OPTIONS[name]})")
+    try:
+        build_options({"model": model, **value}, keywords=True)
+    except BlisConfigError as exc:
+        _fail(where, f"{key}: {exc}")
+    return dict(value)
+
+
+def _list(where: str, key: str, data: dict, default: list) -> list:
+    """``data[key]``: absent gives ``default``; present, a non-empty list."""
+    if key not in data:
+        return list(default)
+    value = data[key]
+    if not isinstance(value, list) or not value:
+        _fail(where, f"{key}: expected a non-empty list, got {value!r}"[:300])
+    return value
+
+
+def _fitness(where: str, data: dict) -> dict[str, Any]:
+    fitness = data.get("fitness", {"kind": "goodput", "ttft_ms": 100.0, "e2e_ms": 4000.0})
+    if not isinstance(fitness, dict) or fitness.get("kind") not in FITNESS_KINDS:
+        _fail(where, f"fitness.kind: expected one of {', '.join(FITNESS_KINDS)}")
+    if fitness["kind"] == "weights":
+        # lazy: a weights fitness only
+        from blis_fast.output.fitness import FITNESS_KEYS, parse_fitness_weights
+
+        _check_keys(where, "fitness", fitness, {"kind", "weights"})
+        if not isinstance(fitness.get("weights"), str):
+            _fail(where, "fitness.weights: expected a string of key:value pairs")
+        try:
+            weights = parse_fitness_weights(fitness["weights"])
+        except (BlisConfigError, ValueError) as exc:
+            _fail(where, f"fitness.weights: {exc}")
+        if not weights or any(k not in FITNESS_KEYS for k in weights):
+            _fail(where, f"fitness.weights: expected key:value pairs of {', '.join(FITNESS_KEYS)}")
+        if any(not math.isfinite(v) or v < 0 for v in weights.values()):
+            _fail(where, "fitness.weights: each weight must be a finite number >= 0")
+        return dict(fitness)
+    _check_keys(where, "fitness", fitness, {"kind", "ttft_ms", "e2e_ms"})
+    for key in ("ttft_ms", "e2e_ms"):
+        value = fitness.get(key)
+        if not _is_number(value) or not math.isfinite(value) or not 0 < value <= MAX_SLO_MS:
+            _fail(where, f"fitness.{key}: expected a number of milliseconds in (0, "
+                         f"{MAX_SLO_MS:g}], got {value!r}"[:300])
+    return {"kind": "goodput", "ttft_ms": float(fitness["ttft_ms"]),
+            "e2e_ms": float(fitness["e2e_ms"])}
+
+
 def benchmark_from_dict(data: Any, where: str = "benchmark") -> Benchmark:
-    """Validate a benchmark mapping; errors name the file and key."""
+    """Validate a benchmark mapping strictly; each error is one line naming the file and key
+    (no value is truncated, defaulted or merged: an empty list, a fractional count, a NaN or
+    boolean SLO, a duplicate name or an unknown key is refused)."""
     if not isinstance(data, dict):
         _fail(where, "expected a mapping")
     known = {"name", "model", "clusters", "workloads", "seeds", "fitness", "baseline",
@@ -145,13 +237,26 @@ def benchmark_from_dict(data: Any, where: str = "benchmark") -> Benchmark:
     for key in data:
         if key not in known:
             _fail(where, f"unknown key {key!r} (expected one of {', '.join(sorted(known))})")
+    name = _name(where, "name", data.get("name", "benchmark"))
+    model = _name(where, "model", data.get("model", MODEL))
+    if "workloads" not in data:
+        _fail(where, "workloads: at least one workload is needed")
     workloads = []
-    for i, w in enumerate(data.get("workloads") or []):
+    for i, w in enumerate(_list(where, "workloads", data, [])):
         if not isinstance(w, dict) or not isinstance(w.get("name"), str):
             _fail(where, f"workloads[{i}]: expected a mapping with a name")
         extra = set(w) - {"name", "options", "spec", "spec_file"}
         if extra:
             _fail(where, f"workloads[{i}]: unknown key {sorted(extra)[0]!r}")
+        wname = _name(where, f"workloads[{i}].name", w["name"])
+        if any(x.name == wname for x in workloads):
+            _fail(where, f"workloads[{i}].name: {wname!r} is used by an earlier workload")
+        if "spec" in w and "spec_file" in w:
+            _fail(where, f"workloads[{i}]: give spec or spec_file, not both")
+        if "spec" in w and not isinstance(w["spec"], dict):
+            _fail(where, f"workloads[{i}].spec: expected a mapping (an inline workload spec)")
+        if "spec_file" in w and (not isinstance(w["spec_file"], str) or not w["spec_file"]):
+            _fail(where, f"workloads[{i}].spec_file: expected a path")
         spec = w.get("spec")
         if "spec_file" in w:
             base = Path(where).parent if where != "benchmark" else Path.cwd()
@@ -167,38 +272,39 @@ def benchmark_from_dict(data: Any, where: str = "benchmark") -> Benchmark:
             except yaml.YAMLError as exc:
                 _fail(where, f"workloads[{i}].spec_file: {path} is not valid YAML: "
                              f"{(str(exc).splitlines() or [''])[0]}")
-        options = w.get("options") or {}
-        if not isinstance(options, dict) or (spec is not None and not isinstance(spec, dict)):
+        if spec is not None and not isinstance(spec, dict):
             _fail(where, f"workloads[{i}]: options and spec must be mappings")
-        workloads.append(Workload(w["name"], dict(options), spec))
-    if not workloads:
-        _fail(where, "workloads: at least one workload is needed")
-    clusters = data.get("clusters") or [{"name": "default", "num_instances": 4}]
-    if not isinstance(clusters, list) or not all(isinstance(c, dict) for c in clusters):
-        _fail(where, "clusters: expected a list of mappings of run options")
-    seeds = data.get("seeds") or [1]
-    if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds):
-        _fail(where, "seeds: expected a list of integers")
-    fitness = data.get("fitness") or {"kind": "goodput", "ttft_ms": 100.0, "e2e_ms": 4000.0}
-    if not isinstance(fitness, dict) or fitness.get("kind") not in FITNESS_KINDS:
-        _fail(where, f"fitness.kind: expected one of {', '.join(FITNESS_KINDS)}")
-    if fitness["kind"] == "weights":
-        # lazy: a weights fitness only
-        from blis_fast.output.fitness import FITNESS_KEYS, parse_fitness_weights
-
-        weights = parse_fitness_weights(str(fitness.get("weights", "")))
-        if not weights or any(k not in FITNESS_KEYS for k in weights):
-            _fail(where, f"fitness.weights: expected key:value pairs of {', '.join(FITNESS_KEYS)}")
-    else:
-        for key in ("ttft_ms", "e2e_ms"):
-            if not isinstance(fitness.get(key), int | float) or fitness[key] <= 0:
-                _fail(where, f"fitness.{key}: expected a positive number of milliseconds")
+        options = _run_options(where, f"workloads[{i}].options", w.get("options", {}), model)
+        if spec is not None and "workload_spec" in options:
+            _fail(where, f"workloads[{i}].options.workload_spec: the workload has a spec")
+        workloads.append(Workload(wname, options, spec))
+    clusters = []
+    for i, c in enumerate(_list(where, "clusters", data,
+                                [{"name": "default", "num_instances": 4}])):
+        if not isinstance(c, dict):
+            _fail(where, f"clusters[{i}]: expected a mapping of run options")
+        opts = {k: v for k, v in c.items() if k != "name"}
+        cname = _name(where, f"clusters[{i}].name", c.get("name", f"cluster{i}"))
+        if any(x.get("name", f"cluster{j}") == cname for j, x in enumerate(clusters)):
+            _fail(where, f"clusters[{i}].name: {cname!r} is used by an earlier cluster")
+        clusters.append({**({"name": c["name"]} if "name" in c else {}),
+                         **_run_options(where, f"clusters[{i}]", opts, model)})
+    seeds = _list(where, "seeds", data, [1])
+    for i, seed in enumerate(seeds):
+        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+            _fail(where, f"seeds[{i}]: expected an integer in [0, 2^63), got {seed!r}"[:300])
+    if len(set(seeds)) != len(seeds):
+        _fail(where, "seeds: a seed is listed twice")
+    fitness = _fitness(where, data)
     baseline = data.get("baseline")
-    if baseline is not None and not isinstance(baseline, dict):
-        _fail(where, "baseline: expected a mapping of run options")
-    return Benchmark(str(data.get("name", "benchmark")), str(data.get("model", MODEL)),
-                     tuple(dict(c) for c in clusters), tuple(workloads), tuple(seeds),
-                     dict(fitness), baseline, int(data.get("tiny_requests", 60)))
+    if baseline is not None:
+        baseline = _run_options(where, "baseline", baseline, model)
+    tiny = data.get("tiny_requests", 60)
+    if not _is_int(tiny) or not 1 <= tiny <= MAX_TINY_REQUESTS:
+        _fail(where, f"tiny_requests: expected an integer in [1, {MAX_TINY_REQUESTS}], "
+                     f"got {tiny!r}"[:300])
+    return Benchmark(name, model, tuple(clusters), tuple(workloads), tuple(seeds), fitness,
+                     baseline, tiny)
 
 
 def default_benchmark() -> Benchmark:

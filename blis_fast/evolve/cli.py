@@ -34,9 +34,9 @@ def init_command(framework: str, target: str, benchmark: str | None, out_dir: st
     """Write evaluator.py, initial_program.py, config.yaml and benchmark.yaml for FRAMEWORK."""
     from blis_fast.evolve.adapters import write_openevolve_files  # lazy: not for blis --help
     from blis_fast.evolve.benchmark import load_benchmark  # lazy: not for blis --help
+    from blis_fast.evolve.sandbox import check_limits  # lazy: not for blis --help
 
-    if timeout_s <= 0 or memory_mb <= 0:
-        raise BlisConfigError("--timeout and --memory-mb must be > 0")
+    check_limits(timeout_s, memory_mb, ("--timeout", "--memory-mb"))
     for path in write_openevolve_files(out_dir, target, load_benchmark(benchmark),
                                        timeout_s=timeout_s, memory_mb=memory_mb,
                                        inputs=[("--benchmark", benchmark or "")]):
@@ -60,10 +60,9 @@ def eval_command(candidate: str, target: str, benchmark: str | None, stage: str,
                  timeout_s: float, memory_mb: int) -> None:
     """Score CANDIDATE.py (contained); print fitness, metrics and feedback as JSON."""
     from blis_fast.evolve.benchmark import load_benchmark  # lazy: not for blis --help
-    from blis_fast.evolve.sandbox import evaluate_contained  # lazy: not for blis --help
+    from blis_fast.evolve.sandbox import check_limits, evaluate_contained  # lazy: --help
 
-    if timeout_s <= 0 or memory_mb <= 0:
-        raise BlisConfigError("--timeout and --memory-mb must be > 0")
+    check_limits(timeout_s, memory_mb, ("--timeout", "--memory-mb"))
     from blis_fast.files import read_input_text  # lazy: not for blis --help
 
     try:
@@ -74,6 +73,9 @@ def eval_command(candidate: str, target: str, benchmark: str | None, stage: str,
         raise BlisConfigError(f"CANDIDATE: {candidate} is not UTF-8 text") from None
     record = evaluate_contained(source, target, load_benchmark(benchmark), stage=stage,
                                 timeout_s=timeout_s, memory_mb=memory_mb)
+    if (record.get("error") or {}).get("kind") == "benchmark":  # not the candidate's failure
+        raise BlisConfigError(f"--benchmark {benchmark or '(built-in)'}: "
+                              f"{record['error']['message']}")
     sys.stdout.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 import blis_fast
-from blis_fast.errors import BlisError
+from blis_fast.errors import BlisConfigError, BlisError, BlisInputError
 from blis_fast.evolve import FUNCTION_NAMES, TARGETS, WORST_FITNESS
 from blis_fast.evolve.benchmark import BASELINES, Benchmark, run_plan
+from blis_fast.evolve.restricted import RestrictedError, compile_policy, load_candidate
 
 EXCERPT_DECISIONS = 5
 """Routing decisions quoted in the feedback (the worst-served requests of the worst run)."""
@@ -89,10 +90,9 @@ def _guarded(target: str, user: Any) -> Any:
 
 
 def compile_candidate(source: str, target: str) -> Any:
-    """Execute the candidate's module source and compile its policy function as a Numba
-    cfunc of the hook signature; raises CandidateError(compile|exception|memory)."""
-    import numba
-
+    """Check the candidate's module source (``restricted``: only nopython functions and
+    constants), execute it and compile its policy function as a bounds-checked Numba cfunc of
+    the hook signature; raises CandidateError(compile|exception|memory)."""
     from blis_fast.api import _as_cfunc  # lazy: numba; the parent imports this module
     from blis_fast.kernels.cluster import hooks as H  # lazy: numba; the parent imports this module
 
@@ -100,12 +100,11 @@ def compile_candidate(source: str, target: str) -> Any:
         raise CandidateError("compile", f"unknown target {target!r}")
     name = FUNCTION_NAMES[target]
     try:
-        code = compile(source, "<candidate>", "exec")
+        namespace = load_candidate(source)
     except SyntaxError as exc:
         raise CandidateError("compile", f"SyntaxError: {exc.msg} (line {exc.lineno})") from None
-    namespace: dict[str, Any] = {"__name__": "blis_candidate"}
-    try:
-        exec(code, namespace)  # noqa: S102 - the point: run the candidate (contained by sandbox)
+    except RestrictedError as exc:
+        raise CandidateError("compile", str(exc)) from None
     except MemoryError:
         raise CandidateError("memory", "MemoryError while loading the candidate") from None
     except Exception as exc:  # noqa: BLE001 - any error of the candidate's module
@@ -113,7 +112,7 @@ def compile_candidate(source: str, target: str) -> Any:
     fn = namespace.get(name)
     if not callable(fn):
         raise CandidateError("compile", f"the candidate defines no function {name}()")
-    user = fn if isinstance(fn, numba.core.registry.CPUDispatcher) else numba.njit(fn)
+    user = compile_policy(fn)
     sig = {"scorer": H.SCORER_SIG, "admission": H.ADMISSION_SIG,
            "scheduler": H.SCHEDULER_KEY_SIG}[target]
     guarded = _guarded(target, user)
@@ -254,6 +253,9 @@ def _run_benchmark(bench: Benchmark, policy: dict[str, Any], hooks: dict[str, An
                 result = blis_fast.run(**opts, **hooks)
             except MemoryError:
                 raise CandidateError("memory", "MemoryError during the simulation") from None
+            except (BlisConfigError, BlisInputError) as exc:  # options: not the candidate's
+                raise CandidateError("benchmark",
+                                     f"workload {workload}: {_one_line(exc)}") from None
             except Exception as exc:  # noqa: BLE001 - a hook error that stopped the run
                 text = str(exc)
                 kind = "non_finite" if ("non-finite" in text or "NaN" in text) else "exception"
@@ -301,6 +303,8 @@ def evaluate_source(source: str, target: str, bench: Benchmark, *,
         workloads, first = _run_benchmark(bench, _policy_options(target), {hook_kw: compiled},
                                           trace=feedback and target == "scorer")
     except CandidateError as exc:
+        if exc.kind == "benchmark":
+            return failure_record("benchmark", f"the benchmark cannot run: {exc}", source)
         return failure_record(exc.kind, str(exc), source)
     fitness = float(np.mean([m["fitness"] for m in workloads.values()]))
     record: dict[str, Any] = {"ok": True, "fitness": fitness, "error": None,
