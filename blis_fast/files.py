@@ -210,6 +210,7 @@ class OutputPlan:
 
     inputs: dict[str, str] = field(default_factory=dict)  # real path -> flag naming it
     _checked: dict[str, str] = field(default_factory=dict)  # real path -> flag
+    _dirs: dict[str, str] = field(default_factory=dict)  # real path of an output folder -> flag
     _staged: list[_Staged] = field(default_factory=list)
     _made_dirs: list[str] = field(default_factory=list)
     _created: list[str] = field(default_factory=list)
@@ -240,6 +241,7 @@ class OutputPlan:
                                       "writing it would overwrite that input")
         if real in self._checked and self._checked[real] != flag:
             raise self._fail(flag, p, f"is also written by {self._checked[real]}")
+        self._check_not_a_folder(real, flag, p)
         try:
             st = os.stat(p)
         except FileNotFoundError:
@@ -255,8 +257,21 @@ class OutputPlan:
             self._probe_dir(os.path.dirname(real) or ".", flag, p)
         self._checked[real] = flag
 
-    def check_dir(self, path: str | os.PathLike, flag: str) -> None:
-        """An output folder: an existing writable directory, or one that can be created."""
+    def _check_not_a_folder(self, real: str, flag: str, shown: str) -> None:
+        """Refuse a file output that is an output folder, or a folder above one (writing the
+        file would need a directory there, or the folder would replace the file)."""
+        for folder, dflag in self._dirs.items():
+            if real == folder:
+                raise self._fail(flag, shown, f"is also the output folder of {dflag}")
+            if folder.startswith(real + os.sep):
+                raise self._fail(flag, shown, f"is a folder above {folder}, the output folder "
+                                              f"of {dflag}")
+
+    def check_dir(self, path: str | os.PathLike, flag: str, files: Iterable[str] = ()) -> None:
+        """An output folder: an existing writable directory, or one that can be created, that
+        no file output names (nor a folder above it). ``files`` are the names the command
+        writes in it: each becomes one of the plan's outputs, so another output naming one is
+        refused now, whether the folder exists yet or not."""
         p = os.fspath(path)
         if not p:
             raise self._fail(flag, repr(p), "empty path")
@@ -265,6 +280,11 @@ class OutputPlan:
         real = os.path.realpath(p)
         if real in self.inputs:
             raise self._fail(flag, p, f"is also an input of this run ({self.inputs[real]})")
+        for other, oflag in self._checked.items():
+            if real == other:
+                raise self._fail(flag, p, f"is also written as a file by {oflag}")
+            if real.startswith(other + os.sep):
+                raise self._fail(flag, p, f"is inside {other}, which {oflag} writes as a file")
         probe = real
         while not os.path.lexists(probe):
             parent = os.path.dirname(probe)
@@ -275,6 +295,16 @@ class OutputPlan:
             what = "is not a directory" if probe == real else f"{probe} is not a directory"
             raise self._fail(flag, p, what)
         self._probe_dir(probe, flag, p)
+        self._dirs[real] = flag
+        for name in files:
+            inner = os.path.join(real, name)
+            if inner in self.inputs:
+                raise self._fail(flag, os.path.join(p, name), "is also an input of this run "
+                                 f"({self.inputs[inner]}); writing it would overwrite that input")
+            if self._checked.get(inner, flag) != flag:
+                raise self._fail(flag, os.path.join(p, name),
+                                 f"is also written by {self._checked[inner]}")
+            self._checked[inner] = flag
 
     def _probe_dir(self, folder: str, flag: str, shown: str) -> None:
         """Create and remove an empty file in ``folder``: the test that the final write would

@@ -482,10 +482,17 @@ def _check_memory(opts: Any, total_blocks: int, num_requests: int,
         k = min(max(opts.counterfactual_k, 1), max(n, 1))
         parts["--counterfactual-k"] = reqs * k * 56
         parts["--num-instances"] = parts.get("--num-instances", 0) + reqs * n * 8
+    refuse_over_memory(parts, f"{n} instance(s) x {total_blocks} GPU + {opts.kv_cpu_blocks} "
+                              f"CPU KV blocks, {reqs} requests")
+
+
+def refuse_over_memory(parts: dict[str, int], detail: str) -> None:
+    """Refuse a run whose up-front arrays (bytes per flag that drives them) exceed the memory
+    available, naming the flag with the largest share; ``detail`` says what was counted.
+    Shared by ``blis run``/``replay`` and ``blis observe``, so both refuse the same sizes."""
     total = sum(parts.values())
     limit = available_memory()
     if total > limit:
         flag = max(parts, key=parts.__getitem__)
-        _fail(f"{flag}: this run needs about {total / 2**30:.1f} GiB up front ({n} instance(s) x "
-              f"{total_blocks} GPU + {opts.kv_cpu_blocks} CPU KV blocks, {reqs} requests), more "
+        _fail(f"{flag}: this run needs about {total / 2**30:.1f} GiB up front ({detail}), more "
               f"than the {limit / 2**30:.1f} GiB of memory available")

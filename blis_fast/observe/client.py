@@ -18,7 +18,16 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from blis_fast.observe.sse import DONE, LineSplitter, LineTooLong, data_payload
+from blis_fast.observe.response import (
+    MAX_BODY_BYTES,
+    MAX_ERROR_BODY_BYTES,
+    InvalidResponse,
+    ResponseTooLarge,
+    StreamParser,
+    invalid,
+    parse_whole,
+)
+from blis_fast.observe.sse import LineTooLong
 
 log = logging.getLogger("blis_fast.observe")
 
@@ -70,35 +79,6 @@ class RequestRecord:
     num_chunks: int = 0
     finish_reason: str = ""
     chunk_timestamps: list[int] = field(default_factory=list)
-
-
-def _usage_int(usage: dict, key: str) -> int | None:
-    """A usage count if it is a JSON number (Go's ``.(float64)`` check), truncated."""
-    v = usage.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    return int(v)
-
-
-def _apply_usage(rec: RequestRecord, usage: dict | None) -> None:
-    if usage is None:
-        return
-    ct = _usage_int(usage, "completion_tokens")
-    if ct is not None:
-        rec.output_tokens = ct
-    pt = _usage_int(usage, "prompt_tokens")
-    if pt is not None:
-        rec.server_input_tokens = pt
-
-
-def _first_finish_reason(obj: dict) -> str:
-    """``choices[0].finish_reason`` when it is a non-empty string, else ""."""
-    choices = obj.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        fr = choices[0].get("finish_reason")
-        if isinstance(fr, str):
-            return fr
-    return ""
 
 
 def warn_on_finish_reason(request_id: int, finish_reason: str, min_tokens: int,
@@ -225,9 +205,11 @@ class RealClient:
                                           **kwargs) as resp:
                 if resp.status != 200:
                     phase = "status"
-                    body = await _read_partial(resp)
+                    body, cut = await _read_partial(resp)
                     rec.status = "error"
                     rec.error_message = f"HTTP {resp.status}: {body.decode('utf-8', 'replace')}"
+                    if cut:
+                        rec.error_message += f" [body cut at {MAX_ERROR_BODY_BYTES} bytes]"
                     return rec
                 if req.streaming:
                     phase = "stream"
@@ -242,6 +224,11 @@ class RealClient:
             _fail(rec, phase, url, _describe(exc) if str(exc) else "deadline exceeded",
                   timeout=True)
             return rec
+        except InvalidResponse as exc:
+            invalid(rec, exc)
+            if phase == "stream":
+                log.warning("observe: request %d: %s", rec.request_id, rec.error_message)
+            return rec
         except (aiohttp.ClientError, LineTooLong, OSError, ValueError) as exc:
             _fail(rec, phase, url, _describe(exc), timeout=False)
             return rec
@@ -251,84 +238,62 @@ class RealClient:
         return rec
 
     async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
-        """Non-streaming body: first byte and end times, one chunk, usage (OBS-6.3)."""
+        """Non-streaming body (at most ``MAX_BODY_BYTES``, decompressed): first byte and end
+        times, one chunk, then :func:`~blis_fast.observe.response.parse_whole` (OBS-6.3)."""
         parts = []
         first = 0
+        size = 0
         async for piece in resp.content.iter_any():
             if piece and not first:
                 first = wall_us()
+            size += len(piece)
+            if size > MAX_BODY_BYTES:
+                resp.close()  # stop reading: the rest may be endless
+                raise ResponseTooLarge(f"body longer than {MAX_BODY_BYTES} bytes")
             parts.append(piece)
         now = wall_us()
         rec.first_chunk_time_us = first or now
         rec.last_chunk_time_us = now
         rec.num_chunks = 1
-        try:
-            obj = json.loads(b"".join(parts))
-            if not isinstance(obj, dict):
-                raise ValueError(f"cannot unmarshal {type(obj).__name__} into an object")
-        except ValueError as exc:
-            rec.status, rec.error_message = "error", f"JSON parse error: {exc}"
-            return
-        usage = obj.get("usage")
-        _apply_usage(rec, usage if isinstance(usage, dict) else None)
-        rec.finish_reason = _first_finish_reason(obj)
+        parse_whole(rec, b"".join(parts))
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
-        """SSE body: one chunk per ``data: `` line up to ``[DONE]`` (OBS-6.2). A read error
-        or timeout keeps the chunks seen so far; the caller records the failure."""
-        splitter = LineSplitter()
-        state = {"usage": None, "done": False}
-
-        def take(lines: list[str], now: int) -> None:
-            for line in lines:
-                payload = data_payload(line)
-                if payload is None:
-                    continue
-                if payload == DONE:
-                    state["done"] = True
-                    return
-                rec.num_chunks += 1
-                rec.chunk_timestamps.append(now)
-                if rec.num_chunks == 1:
-                    rec.first_chunk_time_us = now
-                rec.last_chunk_time_us = now
-                try:
-                    obj = json.loads(payload)
-                except ValueError:
-                    continue  # malformed chunk: counted, not parsed
-                if not isinstance(obj, dict):
-                    continue
-                usage = obj.get("usage")
-                if isinstance(usage, dict):
-                    state["usage"] = usage
-                fr = _first_finish_reason(obj)
-                if fr:
-                    rec.finish_reason = fr
-
+        """SSE body (:class:`~blis_fast.observe.response.StreamParser`, OBS-6.2). A read error,
+        a timeout or a broken rule keeps the chunks seen so far; the caller records it."""
+        parser = StreamParser(rec)
         try:
             async for piece in resp.content.iter_any():
-                take(splitter.feed(piece), wall_us())
-                if state["done"]:
+                parser.feed(piece, wall_us())
+                if parser.done:
                     break
             else:
-                take(splitter.close(), wall_us())
+                parser.close(wall_us())
+        except (InvalidResponse, LineTooLong):
+            resp.close()
+            raise
         finally:
-            if state["usage"] is None and rec.num_chunks > 0:
+            if parser.usage is None and rec.num_chunks > 0:
                 log.warning("observe: request %d: streaming response had %d chunks but no usage "
                             "data (missing stream_options?)", rec.request_id, rec.num_chunks)
-            _apply_usage(rec, state["usage"])
+            parser.finish()
 
 
-async def _read_partial(resp: aiohttp.ClientResponse) -> bytes:
+async def _read_partial(resp: aiohttp.ClientResponse) -> tuple[bytes, bool]:
     """The body of a non-200 response, or as much of it as arrived (the reference ignores the
-    read error here)."""
+    read error here), up to ``MAX_ERROR_BODY_BYTES``: the rest is not read (an endless body
+    cannot grow memory); True with it when it was cut."""
     parts = []
+    size = 0
     try:
         async for piece in resp.content.iter_any():
             parts.append(piece)
+            size += len(piece)
+            if size > MAX_ERROR_BODY_BYTES:
+                resp.close()
+                return b"".join(parts)[:MAX_ERROR_BODY_BYTES], True
     except (aiohttp.ClientError, TimeoutError, OSError):
         pass
-    return b"".join(parts)
+    return b"".join(parts), False
 
 
 def _fail(rec: RequestRecord, phase: str, url: str, text: str, timeout: bool) -> None:

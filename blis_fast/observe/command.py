@@ -222,7 +222,7 @@ def _output_plan(o: ObserveOptions):
     if o.record_itl:
         plan.check_file(_itl_path(o), "--itl-output")
     if o.output_dir:
-        plan.check_dir(o.output_dir, "--output-dir")
+        plan.check_dir(o.output_dir, "--output-dir", files=("observed_requests.parquet",))
     return plan
 
 
@@ -315,6 +315,7 @@ def build_workload(o: ObserveOptions) -> Workload:
     if max_requests <= 0 and horizon == INT64_MAX:
         _fail("Workload requires either num_requests, --num-requests, or --horizon to bound "
               "generation")
+    _check_memory(o, max_requests)
     try:
         wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
                                keep_token_ids=True)
@@ -356,14 +357,40 @@ def build_workload(o: ObserveOptions) -> Workload:
     return Workload(jobs, int(spec.seed), groups, driver, bp_jobs, header_spec)
 
 
+OBSERVE_REQUEST_BYTES = 1024
+"""Bytes observe holds per request besides the table row and token ids (its job, the row it
+records)."""
+
+
+def _check_memory(o: ObserveOptions, max_requests: int) -> None:
+    """Refuse, before generating, a request count whose rows and kept token ids cannot fit in
+    memory (``blis run``'s check, with observe's per-request objects)."""
+    from blis_fast.runner import REQUEST_BYTES, refuse_over_memory  # lazy: not for blis --help
+
+    reqs = max(max_requests, 0)
+    tokens = 0 if o.workload_spec else max(o.prompt_tokens, 0) + max(o.prefix_tokens, 0)
+    flag = ("--workload-spec" if o.workload_spec and not o.is_given("num_requests")
+            else "--num-requests")
+    refuse_over_memory({flag: reqs * (REQUEST_BYTES + OBSERVE_REQUEST_BYTES
+                                                  + 8 * tokens)}, f"{reqs} requests")
+
+
 async def _measure_ratio(client: RealClient) -> float:
     """Token-ratio request (OBS-3.2): 100 vocabulary words, ``max_tokens`` 1."""
+    import asyncio
+
     from blis_fast.observe.client import PendingRequest  # lazy: not for blis --help
     from blis_fast.observe.prompts import RATIO_PROMPT, VOCABULARY  # lazy: not for blis --help
 
     rec = await client.send(PendingRequest(request_id=-1, input_tokens=0, max_output_tokens=1,
                                            prompt=RATIO_PROMPT, streaming=False),
                             timeout_s=min(RATIO_TIMEOUT_S, client.timeout_s))
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        # Ctrl-C during the probe: the reference has no handler yet and dies of the signal;
+        # send() recorded the cancellation, so raise it again: asyncio.run then raises
+        # KeyboardInterrupt (exit 130) and nothing is sent or written
+        raise asyncio.CancelledError
     words = len(VOCABULARY)
     fallback = "using 1:1 word-to-token ratio"
     if rec.status != "ok":

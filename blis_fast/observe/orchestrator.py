@@ -132,7 +132,14 @@ class Dispatcher:
     async def _run_one(self, job: Job, pending: PendingRequest, encoded: bytes | str) -> None:
         idx = pending.request_id
         try:
-            record = await self.client.send(pending, encoded=encoded)
+            try:
+                record = await self.client.send(pending, encoded=encoded)
+            except Exception as exc:  # noqa: BLE001 - one request's failure must not end the run
+                # send records every failure it knows; anything else still becomes this
+                # request's row (and ends its session), or a closed loop would wait forever
+                log.error("observe: request %d: unexpected %s: %s", idx, type(exc).__name__, exc)
+                record = RequestRecord(request_id=idx, status="error",
+                                       error_message=f"client error: {type(exc).__name__}: {exc}")
             if idx >= self.cfg.warmup:
                 self.observed.append(Observed(pending, record, job))
                 if self.cfg.record_itl and record.status == "ok" and record.chunk_timestamps:
