@@ -80,7 +80,9 @@ def system_message(target: str) -> str:
     return (f"You improve a request {target} policy for an LLM inference cluster simulator. "
             f"The program must define {CONTRACTS[target]} The function is compiled by Numba "
             "in nopython mode: use loops, float arithmetic, math and numpy scalars only; no "
-            "Python objects, no I/O, no global state. It must be fast (it runs for every "
+            "Python objects, no I/O, no global state. Import only math, numpy, numba (njit) "
+            "and `from blis_fast.kernels.cluster import hooks as H`; at module level write "
+            "only functions and constants. It must be fast (it runs for every "
             "request) and always produce finite values. The fitness is the SLO goodput over "
             "bursty, prefix-heavy workloads; the feedback shows where the program lost "
             "against the baseline and the routing decisions behind the slowest requests.")
