@@ -109,6 +109,10 @@ class ClusterReport:
     pd_section: str = ""
     """The ``=== PD Metrics ===`` text of a P/D run (``output/pd.py``), printed before the
     trace summary."""
+    num_instances: int | None = None
+    """``--num-instances`` as given: the per-instance blocks print iff it is > 1, however many
+    instances ran (autoscaled instances, or start-up instances node pools could not place,
+    change the count; AS-7.4). None: iff more than one instance ran."""
 
 
 @dataclass
@@ -422,7 +426,8 @@ def render_report(report: ClusterReport) -> str:
         outputs = [build_metrics_output(f"instance_{i}", m) for i, m in enumerate(report.instances)]
         outputs.append(build_metrics_output("cluster", agg))
     parts: list[str] = []
-    if len(report.instances) > 1:
+    flag = report.num_instances if report.num_instances is not None else len(report.instances)
+    if flag > 1:
         parts.extend(metrics_block(d) for d in outputs[:-1])
     parts.append(metrics_block(outputs[-1]))
     raw = collect_raw_metrics(

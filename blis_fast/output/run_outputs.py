@@ -195,6 +195,7 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
         metrics_outputs=[*per_instance, summary],
         subcommand="replay" if replay else "run",
         pd_section=pd_text,
+        num_instances=opts.num_instances,
     )
     cost = run_cost(res, int(aggregate.completed))
     stdout = render_report(report)
