@@ -84,6 +84,7 @@ def new_autoscale_state(setup: AutoscaleSetup, cfg: EngineConfig, rows: int,
     var[V.LAST_SERVING_DRAINED_AT] = -1
     var[V.LAST_SERVING_DRAINED] = -1
     var[V.TICKING_STOPPED_AT] = -1
+    var[V.LAST_SKIP_AT] = -1
     var[V.HORIZON_INF] = int(cfg.options.horizon == INT64_MAX)
     node_label, gpu0 = [], [0]
     for p in setup.pools:
@@ -223,6 +224,12 @@ def run_warnings(res) -> list[str]:
         gpus = sum(int(asc.inst[i, Col.TP]) for i in idle)
         out.append(f"{len(idle)} drained instance(s) stayed idle and never terminated; they held "
                    f"{gpus} GPU(s) until the end")
+    if var[V.SKIPPED_UNREFRESHED] > 0:
+        out.append(
+            f"autoscaler: ticks up to t={var[V.LAST_SKIP_AT] / 1e6:.3f} s left out "
+            f"{var[V.SKIPPED_UNREFRESHED]} serving replica observation(s) whose snapshot showed "
+            "no KV capacity yet (not refreshed since the start under "
+            "--snapshot-refresh-interval), as the reference's analyzer does")
     stopped = var[V.TICKING_STOPPED_AT]
     if stopped >= 0 and (routed_at[res.registered != Registration.NONE] > stopped).any():
         out.append(f"autoscaler: ticking stopped at t={stopped / 1e6:.3f} s (no pending arrival, "

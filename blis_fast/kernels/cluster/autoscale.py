@@ -268,18 +268,21 @@ def _sort_variants(asc, nv, descending_cost):
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _collect(asc, rt, kv):
-    """Aggregate the routable replicas per variant (AS-5): supply = capacity tokens x KV
-    threshold, demand = tokens in use + queue depth x average input. Returns the number of
-    variants."""
+    """Aggregate the routable replicas per variant (AS-4.5..4.8): supply = capacity tokens x
+    KV threshold, demand = tokens in use + queue depth x average input, all as the snapshots
+    show them. With periodic snapshots a replica whose KV group was never refreshed shows no
+    capacity (its snapshot starts empty) and is left out, as the reference's analyzer skips
+    it, instead of counting as a full cache. Returns the number of variants."""
     bs = kv.cfg[KVConfig.BLOCK_SIZE]
     kvth = asc.par[AsParam.KV_THRESHOLD]
     avg = asc.par[AsParam.AVG_INPUT]
     nv = 0
     for k in range(rt.st[RouterVar.N_ROUTABLE]):
         i = rt.routable[k]
-        total = kv.meta[i, KVMeta.TOTAL]
+        total = rt.snap_i[i, SnapField.TOTAL]
         cap = total * bs
         if cap <= 0:
+            asc.var[AsVar.SKIPPED_UNREFRESHED] += 1
             continue
         used = (total - rt.snap_i[i, SnapField.FREE]) * bs
         label = asc.inst[i, AsInst.LABEL]
@@ -428,7 +431,10 @@ def on_scaling_tick(asc, ins, rt, kv, heap, t):
     the next tick unless nothing can happen any more (AS-4.2)."""
     refresh_cache_signal(rt, kv, t)
     take_snapshots(rt, ins, kv, t, rt.routable, rt.st[RouterVar.N_ROUTABLE])
+    skipped = asc.var[AsVar.SKIPPED_UNREFRESHED]
     delta, label, tp = _decide(asc, rt, kv)
+    if asc.var[AsVar.SKIPPED_UNREFRESHED] > skipped:
+        asc.var[AsVar.LAST_SKIP_AT] = t
     if delta != 0:
         delta = _bounded(asc, delta)
     if _gate(asc, t, delta):

@@ -56,7 +56,9 @@ class AsVarT(NamedTuple):
     SCALE_UPS: int = 18  # instances placed by the autoscaler
     SCALE_DOWNS: int = 19  # instances drained
     HORIZON_INF: int = 20  # 1 when the horizon is unbounded (the tick's termination guard)
-    SIZE: int = 21
+    SKIPPED_UNREFRESHED: int = 21  # routable replicas a tick left out: no KV capacity seen yet
+    LAST_SKIP_AT: int = 22  # the last tick that left one out (-1 = never)
+    SIZE: int = 23
 
 
 AsVar = AsVarT()

@@ -67,7 +67,8 @@ class SnapFieldT(NamedTuple):
     BATCH: int = 1
     FREE: int = 2  # free KV blocks
     PREEMPTIONS: int = 3
-    SIZE: int = 4
+    TOTAL: int = 4  # KV blocks of the instance (0 until the KV group's first refresh)
+    SIZE: int = 5
 
 
 SnapField = SnapFieldT()

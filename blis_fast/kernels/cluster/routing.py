@@ -60,8 +60,10 @@ def refresh_cache_signal(rt, kv, clock):
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _refresh_kv_group(rt, kv, i):
-    """The KV group of instance ``i``'s snapshot: utilisation, free blocks, hit rate."""
+    """The KV group of instance ``i``'s snapshot: utilisation, free blocks, capacity, hit
+    rate."""
     total_blocks = kv.meta[i, KVMeta.TOTAL]
+    rt.snap_i[i, SnapField.TOTAL] = total_blocks
     free = kv.meta[i, KVMeta.FREE]
     used = total_blocks - free
     rt.snap_f[i, SnapRate.KV_UTIL] = np.float64(used) / np.float64(total_blocks)
