@@ -179,11 +179,45 @@ def _run_options(where: str, key: str, value: Any, model: str) -> dict[str, Any]
             _fail(where, f"{key}: option names are strings, got {name!r}"[:300])
         if name in REFUSED_OPTIONS:
             _fail(where, f"{key}.{name}: not allowed in a benchmark ({REFUSED_OPTIONS[name]})")
+    _check_finite(where, key, value)
     try:
         build_options({"model": model, **value}, keywords=True)
     except BlisConfigError as exc:
         _fail(where, f"{key}: {exc}")
     return dict(value)
+
+
+def _check_finite(where: str, key: str, value: Any, depth: int = 0) -> None:
+    """Every number inside ``value`` is finite (the benchmark stays a JSON document)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(where, f"{key}: expected a finite number, got {value!r}")
+    if depth > 50:
+        _fail(where, f"{key}: nested too deeply")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(where, f"{key}.{k}", v, depth + 1)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_finite(where, f"{key}[{i}]", v, depth + 1)
+
+
+def _check_spec(where: str, key: str, spec: dict) -> None:
+    """An inline (or read) workload spec through the run's own strict parser and validator,
+    so a NaN rate or an unknown field is the benchmark's error at load time."""
+    from blis_fast.errors import BlisInputError  # lazy: spec checks only
+    from blis_fast.workload.spec_yaml import parse_workload_spec  # lazy: spec checks only
+    from blis_fast.workload.validate import validate_spec  # lazy: spec checks only
+
+    _check_finite(where, key, spec)
+    try:
+        text = yaml.safe_dump(spec, sort_keys=False)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        _fail(where, f"{key}: not a plain mapping of YAML values")
+    try:
+        validate_spec(parse_workload_spec(text, key))
+    except (BlisInputError, BlisConfigError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        _fail(where, f"{key}: {first}")
 
 
 def _list(where: str, key: str, data: dict, default: list) -> list:
@@ -274,6 +308,8 @@ def benchmark_from_dict(data: Any, where: str = "benchmark") -> Benchmark:
                              f"{(str(exc).splitlines() or [''])[0]}")
         if spec is not None and not isinstance(spec, dict):
             _fail(where, f"workloads[{i}]: options and spec must be mappings")
+        if spec is not None:
+            _check_spec(where, f"workloads[{i}].spec", spec)
         options = _run_options(where, f"workloads[{i}].options", w.get("options", {}), model)
         if spec is not None and "workload_spec" in options:
             _fail(where, f"workloads[{i}].options.workload_spec: the workload has a spec")
