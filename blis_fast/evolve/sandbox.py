@@ -1,7 +1,16 @@
-"""Contained evaluation of untrusted candidates: each runs in its own child process with a
-wall-clock timeout (the child's process group is killed), an address-space limit, and a
-failure record (worst fitness plus the reason) for whatever goes wrong — never an exception
-or a hang in the search that called it.
+"""Contained evaluation of untrusted candidates; whatever goes wrong is a failure record
+(worst fitness plus the reason), never an exception or a hang in the search that called it.
+
+Layers: the candidate is a restricted module (``restricted``: its code runs only as Numba
+nopython functions, which cannot reach files, sockets, processes or memory outside their
+arrays), so the record is made by the evaluation harness, not by the candidate. Each
+evaluation runs under a supervisor (the forkserver's child, which never runs candidate code):
+it makes new PID, network and mount namespaces where Linux allows (``_isolate``; a private
+``/dev/shm`` tmpfs), forks the evaluation as PID 1 of that namespace in its own session with
+an address-space limit and stdout/stderr on a capture pipe, reads the record from a separate
+result pipe until the timeout, kills the evaluation (and with it every process of the
+namespace), and checks the record before returning it. Where a namespace cannot be made the
+record's ``containment`` says why, and only the restricted language holds that promise.
 
 As with any ``multiprocessing`` use, a script that evaluates candidates needs the
 ``if __name__ == "__main__":`` guard (the forkserver imports the main module).
@@ -21,6 +30,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -208,6 +218,11 @@ def _evaluation_process(body: str, payload: tuple, memory_mb: int, result_w: int
         except (ValueError, OSError):
             pass
         record = _BODIES[body](payload)
+        for stream in (sys.stdout, sys.stderr):  # what was printed goes to the capture pipe
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
         try:
             data = json.dumps(record).encode()
         except MemoryError:
