@@ -86,6 +86,11 @@ def test_root_linux_makes_every_namespace(containment):
     ("class A:\n    pass\n" + HEAD + FILL, "ClassDef"),
     ("from blis_fast.evolve import sandbox\n" + HEAD + FILL, "from blis_fast.evolve"),
     ("import numba\n@numba.njit(cache=True)\n" + HEAD + FILL, "'cache'"),
+    ("from numba import njit\n@njit(\"__import__('os').getpid()\")\n" + HEAD + FILL,
+     "no signature"),
+    ("def custom_scorer(snapshots: print('x'), request, out):\n" + FILL, "annotation"),
+    ("import numpy as np\nX = np.zeros(2)\nY = X.dump('f')\n" + HEAD + FILL, "'dump'"),
+    ("custom_scorer = print\n", "must be a function"),
 ])
 def test_hostile_constructs_are_refused_before_running(source, why):
     with pytest.raises(CandidateError) as exc:

@@ -112,7 +112,10 @@ def compile_candidate(source: str, target: str) -> Any:
     fn = namespace.get(name)
     if not callable(fn):
         raise CandidateError("compile", f"the candidate defines no function {name}()")
-    user = compile_policy(fn)
+    try:
+        user = compile_policy(fn)
+    except RestrictedError as exc:
+        raise CandidateError("compile", str(exc)) from None
     sig = {"scorer": H.SCORER_SIG, "admission": H.ADMISSION_SIG,
            "scheduler": H.SCHEDULER_KEY_SIG}[target]
     guarded = _guarded(target, user)

@@ -39,7 +39,8 @@ REFUSED_ATTRIBUTES = frozenset({
     "fromfile", "fromstring", "memmap", "load", "save", "savez", "savetxt", "loadtxt",
     "genfromtxt", "tofile", "carray", "farray", "objmode", "cfunc", "literally",
     "DataSource", "testing", "f2py", "distutils", "extending", "core", "types", "typed",
-    "typeof", "np_support", "experimental", "config",
+    "typeof", "np_support", "experimental", "config", "dump", "dumps", "fromregex", "info",
+    "lookfor", "vectorize", "frompyfunc", "apply_along_axis", "apply_over_axes", "piecewise",
 })
 """Attributes (and imported names) a candidate may not mention: ways from nopython code to
 raw memory, files or the Python interpreter."""
@@ -80,10 +81,10 @@ def _numba_facade() -> types.ModuleType:
             raise RestrictedError(f"njit option {(bad or ['forceobj'])[0]!r} is not allowed")
         opts = {k: v for k, v in kw.items() if k in ("fastmath", "inline", "error_model")}
         opts.update(nopython=True, boundscheck=True, cache=False, parallel=False)
-        if args and callable(args[0]) and len(args) == 1:
+        if len(args) == 1 and callable(args[0]) and not kw:
             return numba.jit(**opts)(args[0])
-        if args:  # an explicit signature
-            return numba.jit(*args, **opts)
+        if args:  # a signature string would be evaluated by Numba as Python
+            raise RestrictedError("njit/jit take no signature in a candidate")
         return numba.jit(**opts)
 
     facade = types.ModuleType("numba")
@@ -183,8 +184,27 @@ def _check_decorator(node: ast.expr) -> None:
     if name not in ("njit", "jit"):
         _refuse(node, "a candidate's functions may be decorated only with njit or jit")
     if isinstance(node, ast.Call):
-        for arg in [*node.args, *(k.value for k in node.keywords)]:
-            _check_constant(arg)
+        if node.args or any(k.arg is None for k in node.keywords):
+            # a signature string is evaluated by Numba as Python: keyword options only
+            _refuse(node, "njit/jit take keyword options only in a candidate (no signature)")
+        for k in node.keywords:
+            if not isinstance(k.value, ast.Constant):
+                _refuse(node, f"njit option {k.arg}= must be a literal")
+
+
+def _check_annotations(fn: ast.FunctionDef) -> None:
+    """Annotations are evaluated when the function is defined: names, attributes,
+    subscripts and literals only (``float``, ``np.ndarray``), no calls."""
+    args = fn.args
+    notes = [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                    *(x for x in (args.vararg, args.kwarg) if x))]
+    for note in [*notes, fn.returns]:
+        if note is None:
+            continue
+        for sub in ast.walk(note):
+            if not isinstance(sub, ast.Name | ast.Attribute | ast.Subscript | ast.Constant
+                              | ast.Tuple | ast.expr_context | ast.BinOp | ast.BitOr):
+                _refuse(sub, "an annotation may hold only names and attributes")
 
 
 def check_source(source: str) -> ast.Module:
@@ -202,6 +222,7 @@ def check_source(source: str) -> ast.Module:
                 _check_decorator(dec)
             for default in [*stmt.args.defaults, *(d for d in stmt.args.kw_defaults if d)]:
                 _check_constant(default)
+            _check_annotations(stmt)
             for sub in ast.walk(stmt):
                 if sub is not stmt and isinstance(sub, ast.Import | ast.ImportFrom):
                     _refuse(sub, "imports inside a function are not allowed in a candidate")
@@ -260,4 +281,7 @@ def compile_policy(fn: Any) -> Any:
 
     if isinstance(fn, CPUDispatcher):
         return fn
+    if not isinstance(fn, types.FunctionType):
+        raise RestrictedError(f"the policy must be a function defined by the candidate, "
+                              f"not {type(fn).__name__}")
     return numba.njit(fn, boundscheck=True, cache=False)
