@@ -91,6 +91,9 @@ def test_root_linux_makes_every_namespace(containment):
     ("def custom_scorer(snapshots: print('x'), request, out):\n" + FILL, "annotation"),
     ("import numpy as np\nX = np.zeros(2)\nY = X.dump('f')\n" + HEAD + FILL, "'dump'"),
     ("custom_scorer = print\n", "must be a function"),
+    ("import math\nimport numpy as np\nmath = np\nX = math.seterr(all='ignore')\n" + HEAD
+     + FILL, "rebind 'math'"),
+    ("import numpy as np\nX = np.seterr(all='ignore')\n" + HEAD + FILL, "may call only"),
 ])
 def test_hostile_constructs_are_refused_before_running(source, why):
     with pytest.raises(CandidateError) as exc:

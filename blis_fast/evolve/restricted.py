@@ -158,15 +158,17 @@ def _check_import(node: ast.Import | ast.ImportFrom) -> None:
         _refuse(node, "import * is not allowed in a candidate")
 
 
-def _check_constant(node: ast.AST) -> None:
+def _check_constant(node: ast.AST, modules: dict[str, str]) -> None:
     """A module-level value: literals, names, attributes, arithmetic, and calls of a few
-    numpy constructors, math functions and builtins (no loops, no comprehensions)."""
+    numpy constructors, math functions and builtins (no loops, no comprehensions).
+    ``modules``: the names the candidate's imports bound to numpy or math."""
     for sub in ast.walk(node):
         if isinstance(sub, ast.Call):
             f = sub.func
+            base = modules.get(f.value.id) if isinstance(f, ast.Attribute) \
+                and isinstance(f.value, ast.Name) else None
             ok = (isinstance(f, ast.Name) and f.id in _BUILTIN_CALLS) or (
-                isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
-                and (f.attr in _CONSTRUCTORS or f.value.id == "math"))
+                base == "numpy" and f.attr in _CONSTRUCTORS) or base == "math"
             if not ok:
                 _refuse(sub, "a module-level value may call only numpy constructors "
                              "(np.array, np.zeros, ...), math functions and float/int/min/max")
@@ -199,18 +201,39 @@ def _check_annotations(fn: ast.FunctionDef) -> None:
     notes = [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs,
                                     *(x for x in (args.vararg, args.kwarg) if x))]
     for note in [*notes, fn.returns]:
-        if note is None:
-            continue
-        for sub in ast.walk(note):
-            if not isinstance(sub, ast.Name | ast.Attribute | ast.Subscript | ast.Constant
-                              | ast.Tuple | ast.expr_context | ast.BinOp | ast.BitOr):
-                _refuse(sub, "an annotation may hold only names and attributes")
+        if note is not None:
+            _check_annotations_of(note)
+
+
+def _check_annotations_of(note: ast.expr) -> None:
+    for sub in ast.walk(note):
+        if not isinstance(sub, ast.Name | ast.Attribute | ast.Subscript | ast.Constant
+                          | ast.Tuple | ast.expr_context | ast.BinOp | ast.BitOr):
+            _refuse(sub, "an annotation may hold only names and attributes")
 
 
 def check_source(source: str) -> ast.Module:
     """Parse and check a candidate module; raises SyntaxError or RestrictedError."""
     tree = ast.parse(source, "<candidate>")
     _check_names(tree)
+    modules: dict[str, str] = {}  # names bound to numpy or math by the imports
+    fixed = set(_SAFE_BUILTINS)  # names a candidate may not rebind at module level
+
+    _assigned: set[str] = set()  # module constants (may be assigned again)
+
+    def bind(node: ast.AST, name: str) -> None:
+        if name in fixed:
+            _refuse(node, f"a candidate may not rebind {name!r}")
+        fixed.add(name)
+
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                bind(stmt, alias.asname or alias.name)
+                modules[alias.asname or alias.name] = alias.name
+        elif isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                bind(stmt, alias.asname or alias.name)
     for stmt in tree.body:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
                 and isinstance(stmt.value.value, str):
@@ -221,8 +244,9 @@ def check_source(source: str) -> ast.Module:
             for dec in stmt.decorator_list:
                 _check_decorator(dec)
             for default in [*stmt.args.defaults, *(d for d in stmt.args.kw_defaults if d)]:
-                _check_constant(default)
+                _check_constant(default, modules)
             _check_annotations(stmt)
+            bind(stmt, stmt.name)
             for sub in ast.walk(stmt):
                 if sub is not stmt and isinstance(sub, ast.Import | ast.ImportFrom):
                     _refuse(sub, "imports inside a function are not allowed in a candidate")
@@ -232,9 +256,16 @@ def check_source(source: str) -> ast.Module:
                 for sub in ast.walk(target):
                     if not isinstance(sub, ast.Name | ast.Tuple | ast.List | ast.expr_context):
                         _refuse(stmt, "a module-level assignment may bind only names")
+                    if isinstance(sub, ast.Name):
+                        if sub.id in fixed - _assigned:
+                            _refuse(stmt, f"a candidate may not rebind {sub.id!r}")
+                        _assigned.add(sub.id)
+                        fixed.add(sub.id)
             if stmt.value is None:
                 _refuse(stmt, "a module-level annotation needs a value")
-            _check_constant(stmt.value)
+            _check_constant(stmt.value, modules)
+            if isinstance(stmt, ast.AnnAssign):
+                _check_annotations_of(stmt.annotation)
         else:
             _refuse(stmt, f"module-level {type(stmt).__name__} statements are not allowed in a "
                           "candidate (only imports, functions and constants)")
