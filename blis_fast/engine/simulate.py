@@ -21,6 +21,7 @@ from blis_fast.engine.follow_ups import (
     SessionPlan,
     initial_capacity,
 )
+from blis_fast.engine.livelock import livelock_error
 from blis_fast.engine.packing import (
     Capacity,
     config_ints,
@@ -64,6 +65,7 @@ from blis_fast.kernels.engine.state import (
 from blis_fast.kernels.engine.step import itl_counts_from_marks
 from blis_fast.kernels.enums import Status
 from blis_fast.kernels.go.gomath import INT64_MAX
+from blis_fast.kernels.kv.kv_layout import KVMeta
 from blis_fast.policies.scorers import SCORERS
 
 __all__ = ["EngineConfig", "Hooks", "SessionPlan", "SimulationResult", "hook_errors",
@@ -269,6 +271,8 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
             heap = push_cluster_arrivals(heap, inp.arrival, rows, seqs)
             if asc is not None:
                 asc.var[AsVar.PENDING_ARRIVALS] += rows.shape[0]
+    if status == Status.LIVELOCK and not failures:
+        raise livelock_error(heap.loop, kv.meta[:, KVMeta.TOTAL], parents, cfg.pd_on)
     raise_failure(status, failures)
     n_used = appended.n
     final = appended.table(table, sessions) if n_used > n0 else table

@@ -91,9 +91,21 @@ class StatusT(NamedTuple):
     SEQ_OVERFLOW: int = 8  # error: more events than the event key can number
     UNKNOWN_POLICY: int = 9  # error: an admission, routing, priority or scheduler code unknown
     GROW_FLEET: int = 10  # the autoscaler needs more instance rows: the run restarts bigger
+    LIVELOCK: int = 11  # error: a run that can never finish (event_loop: livelock rules)
 
 
 Status = StatusT()
+
+
+class LivelockT(NamedTuple):
+    """Why a run can never finish (``LoopSlot.STOP_KIND`` with ``Status.LIVELOCK``)."""
+
+    NONE: int = 0
+    TOO_BIG: int = 1  # a queued request needs more KV blocks than its instance has
+    STUCK: int = 2  # an instance steps forever with an empty batch and a queue that never moves
+
+
+Livelock = LivelockT()
 
 
 class RequestStateT(NamedTuple):

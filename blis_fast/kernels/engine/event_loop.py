@@ -74,11 +74,13 @@ from blis_fast.kernels.engine.step import (
 from blis_fast.kernels.enums import (
     Event,
     EventPriority,
+    Livelock,
     Registration,
     RequestState,
     SessionOutcome,
     Status,
 )
+from blis_fast.kernels.go.gomath import INT64_MAX
 from blis_fast.kernels.jit import njit
 from blis_fast.kernels.kv import kvcache as kvc
 
@@ -336,6 +338,39 @@ def _stop_status(horizon, ins, kv, lg, heap, sess):
     return _GO_ON
 
 
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _never_finishes(cfg, inp, kv, heap, i, r):
+    """Whether request ``r``, just queued on instance ``i``, keeps the run from ever ending;
+    then the reason, the row, the instance and the blocks it needs are left in the loop slots
+    STOP_* (the loop returns Status.LIVELOCK).
+
+    Soundness. A request completes only once its progress reaches input + max(output, 1) - 1
+    tokens, or max-model-len - 1 (``step.finishes``), and progress p means the request holds
+    the blocks of its first p tokens at once (its own blocks, prefix-shared or not: chained
+    hashes never repeat within a request). When those blocks outnumber the instance's GPU
+    blocks, no attempt completes; a request leaves its instance only by completing, timing out
+    or being dropped by the enqueue guards (already passed), and an instance schedules another
+    step as long as its queue or batch is non-empty (``_on_step``; a draining instance waits
+    for them too). Without a deadline and under the infinite horizon the request is therefore
+    preempted and re-admitted forever and the run never ends (the reference's too). A deadline
+    or a finite horizon ends it, so then the run goes on."""
+    if cfg.ints[ConfigSlot.HORIZON] != INT64_MAX or inp.deadline[r] > 0:
+        return False
+    held = inp.input_len[r] + max(inp.output_len[r], 1) - 1
+    max_len = cfg.inst[i, InstanceSlot.MAX_MODEL_LEN]
+    if max_len > 0:
+        held = min(held, max_len - 1)
+    bs = kv.cfg[kvc.KVConfig.BLOCK_SIZE]
+    need = (held + bs - 1) // bs
+    if need <= kv.meta[i, kvc.KVMeta.TOTAL]:
+        return False
+    heap.loop[LoopSlot.STOP_KIND] = Livelock.TOO_BIG
+    heap.loop[LoopSlot.STOP_ROW] = r
+    heap.loop[LoopSlot.STOP_INST] = i
+    heap.loop[LoopSlot.STOP_NEED] = need
+    return True
+
+
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def _autoscale_stop_status(heap, asc):
     """The autoscaler's reasons to stop before the next event: a scale-up that may need more
@@ -395,6 +430,9 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
                 pdk.on_transfer_start(inp, rs, kv, heap, work, pd, t, x)
             elif pd is not None and kind == Event.KV_TRANSFER_DONE:
                 pdk.on_transfer_done(cfg, inp, rs, ins, rt, heap, pd, t, x)
+                if rs.state[x] == RequestState.QUEUED and _never_finishes(
+                        cfg, inp, kv, heap, rs.inst[x], x):
+                    return Status.LIVELOCK
             elif asc is not None:
                 if kind == Event.INSTANCE_LOADED:
                     asx.on_instance_loaded(asc, rt, t, x)
@@ -413,10 +451,14 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
             _on_arrival(cfg, inp, heap, i, t, x)
         elif kind == Event.QUEUED:
             _on_queued(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, x)
+            if rs.state[x] == RequestState.QUEUED and _never_finishes(cfg, inp, kv, heap, i, x):
+                return Status.LIVELOCK
         elif kind == Event.STEP:
             # the autoscaler samples every instance event: no step may go untaken
             _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t,
                      asc is None)
+            if heap.loop[LoopSlot.STOP_KIND] != Livelock.NONE:  # step.skip_idle_steps
+                return Status.LIVELOCK
         elif kind == Event.TIMEOUT:
             _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, x)
         # a request-left event only moves the instance's clock

@@ -161,7 +161,11 @@ class LoopSlotT(NamedTuple):
     NEXT_SEQ: int = 1  # the next event sequence number
     PENDING_OUTCOMES: int = 2  # session outcomes recorded since the driver last took them
     FOLLOW_UP_TICK: int = 3  # earliest tick one of them could bring a follow-up arrival
-    SIZE: int = 4
+    STOP_KIND: int = 4  # why the loop returned Status.LIVELOCK (enums.Livelock; 0 = it did not)
+    STOP_ROW: int = 5  # the request that can never finish (-1: none named)
+    STOP_INST: int = 6  # its instance
+    STOP_NEED: int = 7  # the KV blocks it needs to finish
+    SIZE: int = 8
 
 
 LoopSlot = LoopSlotT()

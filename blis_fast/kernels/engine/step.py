@@ -31,7 +31,7 @@ from blis_fast.kernels.engine.state import (
     QueueField,
     QueueStat,
 )
-from blis_fast.kernels.enums import RequestState
+from blis_fast.kernels.enums import Livelock, RequestState
 from blis_fast.kernels.go.gomath import INT64_MAX
 from blis_fast.kernels.jit import njit
 from blis_fast.kernels.kv import kvcache as kvc
@@ -227,6 +227,9 @@ def skip_idle_steps(cfg, ins, kv, heap, i, t, d):
     grid (``t + (k + 1) d``, the first at or after the next event, the horizon or a pending
     closed-loop follow-up). They are not logged (``IDLE_SKIPPED`` counts them). Only where the
     queue's order cannot change with time: constant priorities, no user scheduler, no CPU tier.
+    With no other event left at all (an empty heap, the infinite horizon, no follow-up due) the
+    empty steps would go on forever: the loop stops the run (``Livelock.STUCK`` in
+    ``LoopSlot.STOP_KIND``), where the reference loops until killed.
     """
     if (ins.batch_len[i] != 0 or ins.wq[i, QueueField.LEN] == 0
             or cfg.ints[ConfigSlot.PRIORITY] != Priority.CONSTANT
@@ -242,7 +245,14 @@ def skip_idle_steps(cfg, ins, kv, heap, i, t, d):
         limit = horizon + 1
     if loop[LoopSlot.PENDING_OUTCOMES] > 0 and loop[LoopSlot.FOLLOW_UP_TICK] < limit:
         limit = loop[LoopSlot.FOLLOW_UP_TICK]
-    if limit == INT64_MAX or limit - t <= d:  # nothing else ever happens: step as the reference
+    if limit == INT64_MAX:
+        # nothing else ever happens: the reference steps like this forever (no event can
+        # change the queue or the cache again, and these steps change neither); stop the run
+        loop[LoopSlot.STOP_KIND] = Livelock.STUCK
+        loop[LoopSlot.STOP_ROW] = ins.wq[i, QueueField.HEAD]
+        loop[LoopSlot.STOP_INST] = i
+        return t + d
+    if limit - t <= d:
         return t + d
     k = (limit - t - 1) // d  # the steps at t + j d < limit, j = 1..k
     queued = ins.wq[i, QueueField.LEN]

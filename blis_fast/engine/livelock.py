@@ -1,0 +1,35 @@
+"""The error of a run that can never finish (``Status.LIVELOCK``), naming the flag to change.
+
+The kernel stops such a run as soon as it is proven endless (``kernels/engine/event_loop.py:
+_never_finishes``, ``kernels/engine/step.py: skip_idle_steps``): the reference simulator, given
+the same configuration, preempts and re-admits the same requests, or takes empty steps, until it
+is killed. No output is written.
+"""
+
+from __future__ import annotations
+
+from blis_fast.errors import BlisConfigError
+from blis_fast.kernels.engine.state import LoopSlot
+from blis_fast.kernels.enums import Livelock
+
+
+def livelock_error(loop, totals, table, pd_on: bool) -> BlisConfigError:
+    """The one-line error of a livelocked run: the request and instance that can never move on,
+    why, and the flags that would let the run finish (``loop``: the event heap's loop slots,
+    ``totals``: each instance's GPU KV blocks, ``table``: the workload's RequestTable)."""
+    row = int(loop[LoopSlot.STOP_ROW])
+    inst = int(loop[LoopSlot.STOP_INST])
+    name = table.request_id(row) if table is not None and 0 <= row < table.n else f"row {row}"
+    blocks = ("the P/D pools' KV blocks (--total-kv-blocks, --prefill-decode-instances/"
+              "--decode-instances)" if pd_on else "--total-kv-blocks")
+    if int(loop[LoopSlot.STOP_KIND]) == Livelock.TOO_BIG:
+        why = (f"request {name} needs {int(loop[LoopSlot.STOP_NEED])} KV blocks to finish but "
+               f"instance_{inst} has {int(totals[inst])}, so it is preempted and re-admitted "
+               "forever")
+    else:
+        why = (f"instance_{inst}'s wait queue (first {name}) waits for KV blocks that nothing "
+               "will ever free, so it takes empty steps forever")
+    return BlisConfigError(
+        f"--total-kv-blocks: the run can never finish: {why} (the reference loops until "
+        f"killed); raise {blocks}, cap request lengths with --max-model-len, or give a "
+        "--timeout or --horizon")
