@@ -3,8 +3,9 @@
 
 Two figures: ``in-process`` is ``evaluate_source`` in a warm process (candidate compiled,
 six simulations, feedback; the baseline's runs are cached), ``contained`` is the whole
-``Evaluator.evaluate`` of a new candidate (child forked from the warm forkserver, memory
-limit, result over a pipe). Each candidate differs by a comment, so neither the Numba
+``Evaluator.evaluate`` of a new candidate (a supervisor forked from the warm forkserver
+makes the namespaces and forks the evaluation: memory limit, captured output, result over a
+pipe, the baseline's runs too). Each candidate differs by a comment, so neither the Numba
 compilation nor the evaluation cache is skipped. Target: <= 2 s warm.
 
 Usage::

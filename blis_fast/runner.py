@@ -438,6 +438,11 @@ MEMORY_LIMIT_BYTES = 64 << 30
 """Refuse configurations whose up-front arrays alone would need more memory than this."""
 REQUEST_BYTES = 512
 """Up-front state of one request (request table, engine and metric columns), a low estimate."""
+GROWING_BYTES = 4 * 52 + 2 * 24 + 3 * 25
+"""What one request adds to the arrays that grow during the run, at their first size: four
+step-log entries (52 bytes), two ITL runs (24) and three event-heap entries (25) per request
+(``engine/simulate.py``); they double when full, and a growth past the memory available stops
+the run (``simulate._check_growth``)."""
 
 
 def available_memory() -> int:
@@ -464,7 +469,8 @@ def _check_memory(opts: Any, total_blocks: int, num_requests: int,
                   tokens_per_request: int = 0) -> None:
     """One estimate of the arrays a run allocates up front, refused (naming the flag that
     drives it) when it exceeds the memory available: KV blocks of every instance (GPU and CPU
-    tiers), the requests with their block digests, the shared prefix's token ids, and with
+    tiers), the requests with their block digests and their share of the step log and event
+    heap at first size, the shared prefix's token ids, and with
     --trace-level decisions the per-decision candidate (counterfactual k) and score rows."""
     n = max(opts.num_instances, 0)
     bs = max(opts.block_size_in_tokens, 1)
@@ -474,7 +480,8 @@ def _check_memory(opts: Any, total_blocks: int, num_requests: int,
         ("--tp" if opts.given("tp") else "--num-instances"):
             n * max(total_blocks, 0) * (32 + 2 * 16),  # block records and the prefix table
         "--kv-cpu-blocks": n * max(opts.kv_cpu_blocks, 0) * (8 + 3 * 4 + 2 * 16),
-        "--num-requests": reqs * (REQUEST_BYTES + 16 * (max(tokens_per_request, 0) // bs)),
+        "--num-requests": reqs * (REQUEST_BYTES + GROWING_BYTES
+                                  + 16 * (max(tokens_per_request, 0) // bs)),
         "--prefix-tokens": 8 * max(opts.prefix_tokens, 0)
                            + reqs * 16 * (max(opts.prefix_tokens, 0) // bs),
     }
