@@ -1,7 +1,8 @@
 """The error of a run that can never finish (``Status.LIVELOCK``), naming the flag to change.
 
 The kernel stops such a run as soon as it is proven endless (``kernels/engine/event_loop.py:
-_never_finishes``, ``kernels/engine/step.py: skip_idle_steps``): the reference simulator, given
+_never_finishes``, ``kernels/engine/step.py: skip_idle_steps``,
+``kernels/engine/livelock.py``): the reference simulator, given
 the same configuration, preempts and re-admits the same requests, or takes empty steps, until it
 is killed. No output is written.
 """
@@ -19,13 +20,21 @@ def livelock_error(loop, totals, table, pd_on: bool) -> BlisConfigError:
     ``totals``: each instance's GPU KV blocks, ``table``: the workload's RequestTable)."""
     row = int(loop[LoopSlot.STOP_ROW])
     inst = int(loop[LoopSlot.STOP_INST])
-    name = table.request_id(row) if table is not None and 0 <= row < table.n else f"row {row}"
+    name = f"row {row}"
+    if table is not None and 0 <= row < table.n:
+        name = table.request_id(row)
+    elif table is not None and pd_on and table.n <= row < 2 * table.n:  # P/D: a prefill row
+        name = f"the prefill of {table.request_id(row - table.n)}"
     blocks = ("the P/D pools' KV blocks (--total-kv-blocks, --prefill-decode-instances/"
               "--decode-instances)" if pd_on else "--total-kv-blocks")
     if int(loop[LoopSlot.STOP_KIND]) == Livelock.TOO_BIG:
         why = (f"request {name} needs {int(loop[LoopSlot.STOP_NEED])} KV blocks to finish but "
                f"instance_{inst} has {int(totals[inst])}, so it is preempted and re-admitted "
                "forever")
+    elif int(loop[LoopSlot.STOP_KIND]) == Livelock.CYCLE:
+        why = (f"instance_{inst} (wait queue first {name}) keeps preempting and re-admitting "
+               "the same requests, its state repeating exactly with nothing else left to happen "
+               "(KV blocks held by waiting requests starve the running ones)")
     else:
         why = (f"instance_{inst}'s wait queue (first {name}) waits for KV blocks that nothing "
                "will ever free, so it takes empty steps forever")

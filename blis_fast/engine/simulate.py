@@ -38,6 +38,7 @@ from blis_fast.engine.packing import (
 )
 from blis_fast.engine.results import SimulationResult, raise_failure, read_result
 from blis_fast.engine.sessions import SessionDriver
+from blis_fast.errors import BlisConfigError
 from blis_fast.kernels.cluster import hooks as H
 from blis_fast.kernels.cluster.autoscale_layout import AsVar
 from blis_fast.kernels.engine.event_loop import (
@@ -48,6 +49,7 @@ from blis_fast.kernels.engine.event_loop import (
 )
 from blis_fast.kernels.engine.state import (
     ConfigSlot,
+    InstanceCounter,
     KernelHooks,
     LogCursor,
     LoopSlot,
@@ -158,8 +160,10 @@ class KernelRun:
             if self.entry is run_events:
                 self.entry = _compiled_overload(run_events, args)
             if status == Status.GROW_HEAP:
+                _check_growth(2 * _bytes(heap[:4]), ins, lg)
                 heap = grow_event_heap(heap, 2 * heap.times.shape[0])
             elif status == Status.GROW_LOG:
+                _check_growth(2 * _bytes(lg[:-1]), ins, lg)
                 lg = grow_step_log(lg, 1, 2 * ins.batch.shape[1] + 1)
             else:
                 if status in (Status.OK, Status.SEQ_OVERFLOW, Status.KV_LIST_OVERFLOW):
@@ -167,6 +171,32 @@ class KernelRun:
                     itl_counts_from_marks(lg, np.zeros(cfg.ints[ConfigSlot.N_INSTANCES],
                                                        np.int64))
                 return status, lg, heap
+
+
+def _bytes(arrays) -> int:
+    """Bytes of a group of arrays."""
+    return sum(a.nbytes for a in arrays)
+
+
+def _check_growth(new_bytes: int, ins, lg) -> None:
+    """Refuse to grow the step log or the event heap into ``new_bytes`` more than the memory
+    available now: the run would be killed by the system a little later (a livelock the
+    kernel's rules do not prove, or simply a run too long for this machine), so it stops with
+    one line naming what to change instead."""
+    from blis_fast.runner import available_memory  # the runner imports this module
+
+    limit = available_memory()
+    if new_bytes <= limit:
+        return
+    steps = int(lg.sizes[LogCursor.STEPS])
+    preempted = int(ins.cnt[:, InstanceCounter.PREEMPTIONS].sum())
+    done = int(ins.cnt[:, InstanceCounter.COMPLETED].sum())
+    hint = ("give the KV cache more blocks (--total-kv-blocks; preemptions outnumber "
+            "completions)" if preempted > done else "shorten the run (--horizon, --num-requests)")
+    raise BlisConfigError(
+        f"--horizon: the run's step log outgrew the memory available ({steps} steps, "
+        f"{preempted} preemptions and {done} completions so far; {new_bytes / 2**30:.1f} GiB "
+        f"needed, {limit / 2**30:.1f} GiB available): {hint}")
 
 
 class _ArgumentsCaught(Exception):

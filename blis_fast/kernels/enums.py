@@ -103,6 +103,7 @@ class LivelockT(NamedTuple):
     NONE: int = 0
     TOO_BIG: int = 1  # a queued request needs more KV blocks than its instance has
     STUCK: int = 2  # an instance steps forever with an empty batch and a queue that never moves
+    CYCLE: int = 3  # every instance still stepping goes round the same states (engine/livelock)
 
 
 Livelock = LivelockT()

@@ -51,6 +51,7 @@ from blis_fast.kernels.engine.heap import (
     tie_is_instance,
 )
 from blis_fast.kernels.engine.latency import is_known_backend, queueing_time
+from blis_fast.kernels.engine.livelock import check_cycle
 from blis_fast.kernels.engine.state import (
     ConfigSlot,
     EventHeap,
@@ -415,6 +416,8 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
         x = heap.payloads[0]
         heap.loop[LoopSlot.HEAP_SIZE] = heap_pop(heap.times, heap.ties, heap.kinds,
                                                  heap.payloads, heap.loop[LoopSlot.HEAP_SIZE])
+        if kind != Event.STEP:  # ends a closed stretch (kernels/engine/livelock.py)
+            heap.loop[LoopSlot.OTHER_EVENTS] += 1
         if not tie_is_instance(tie):
             if kind == Event.CLUSTER_ARRIVAL:
                 _on_cluster_arrival(cfg, heap, t, x)
@@ -458,6 +461,9 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
             _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t,
                      asc is None)
             if heap.loop[LoopSlot.STOP_KIND] != Livelock.NONE:  # step.skip_idle_steps
+                return Status.LIVELOCK
+            if (asc is None and ins.batch_len[i] == 0 and ins.wq[i, QueueField.LEN] > 0
+                    and check_cycle(cfg, rs, ins, kv, heap, i)):
                 return Status.LIVELOCK
         elif kind == Event.TIMEOUT:
             _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, x)

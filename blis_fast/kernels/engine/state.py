@@ -89,7 +89,16 @@ class InstanceCounterT(NamedTuple):
     IDLE_SKIPPED: int = 15  # steps without work counted but not logged (step.skip_idle_steps)
     BELOW_FLOOR: int = 16  # steps the backend timed below their physical floor
     FLOOR_WORST_PPM: int = 17  # the lowest step time / floor of those, in parts per million
-    SIZE: int = 18
+    # the cycle search of kernels/engine/livelock.py (Brent's algorithm): the closed stretch it
+    # is in (LoopSlot.OTHER_EVENTS + 1), the stored fingerprint, the power and the count since,
+    # and the stretch in which this instance was proven to cycle
+    CYCLE_EPOCH: int = 18
+    CYCLE_FP_A: int = 19
+    CYCLE_FP_B: int = 20
+    CYCLE_POWER: int = 21
+    CYCLE_LAM: int = 22
+    CYCLE_PROVEN: int = 23
+    SIZE: int = 24
 
 
 InstanceCounter = InstanceCounterT()
@@ -165,7 +174,8 @@ class LoopSlotT(NamedTuple):
     STOP_ROW: int = 5  # the request that can never finish (-1: none named)
     STOP_INST: int = 6  # its instance
     STOP_NEED: int = 7  # the KV blocks it needs to finish
-    SIZE: int = 8
+    OTHER_EVENTS: int = 8  # events popped that were not instance steps (kernels/engine/livelock.py)
+    SIZE: int = 9
 
 
 LoopSlot = LoopSlotT()
