@@ -239,3 +239,23 @@ def test_random_mutations_are_valid_or_one_blis_error(data: st.DataObject, tmp_p
         assert "\n" not in str(exc) and str(exc).strip(), repr(exc)
         return
     _assert_sane(bench)
+
+
+@pytest.mark.parametrize(("timeout_s", "memory_mb"), [
+    (math.nan, 512), (math.inf, 512), (1e300, 512), (0.0, 512), (True, 512), (10.0, 10**15),
+    (10.0, 1), (10.0, 512.5),
+])
+def test_the_python_api_refuses_absurd_limits(tmp_path, timeout_s, memory_mb):
+    from blis_fast.evolve.adapters import write_openevolve_files
+    from blis_fast.evolve.sandbox import Evaluator, evaluate_contained
+
+    bench = benchmark_from_dict(_valid(), "bench")
+    source = INITIAL_PROGRAMS["scorer"]
+    for call in (lambda: Evaluator("scorer", bench, timeout_s=timeout_s, memory_mb=memory_mb),
+                 lambda: evaluate_contained(source, "scorer", bench, timeout_s=timeout_s,
+                                            memory_mb=memory_mb),
+                 lambda: write_openevolve_files(tmp_path / "oe", "scorer", bench,
+                                                timeout_s=timeout_s, memory_mb=memory_mb)):
+        with pytest.raises(BlisConfigError, match="timeout_s|memory_mb"):
+            call()
+    assert not (tmp_path / "oe").exists()

@@ -12,7 +12,12 @@ import yaml
 
 from blis_fast.evolve import FUNCTION_NAMES, TARGETS
 from blis_fast.evolve.benchmark import Benchmark, load_benchmark
-from blis_fast.evolve.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, Evaluator
+from blis_fast.evolve.sandbox import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    Evaluator,
+    check_limits,
+)
 from blis_fast.files import OutputPlan
 
 COMPONENT = "policy"
@@ -150,6 +155,7 @@ def write_openevolve_files(out_dir: str | Path, target: str, bench: Benchmark, *
     """Write evaluator.py, initial_program.py, config.yaml and benchmark.yaml into
     ``out_dir``; returns the paths written. ``inputs`` (``(flag, path)``, e.g. the benchmark
     file read) may not be overwritten: an output naming one is refused before writing."""
+    check_limits(timeout_s, memory_mb)
     files = {
         "evaluator.py": EVALUATOR_TEMPLATE.format(target=target, function=FUNCTION_NAMES[target],
                                                   timeout=timeout_s, memory=memory_mb),

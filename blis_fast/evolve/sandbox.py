@@ -388,7 +388,9 @@ def run_contained(body: str, payload: tuple, *, source: str = "",
                   timeout_s: float = DEFAULT_TIMEOUT_S,
                   memory_mb: int = DEFAULT_MEMORY_MB) -> dict[str, Any]:
     """Run one sandboxed body (``evaluate``, or ``python`` for the containment tests) in a
-    supervisor process forked from the warm forkserver; always returns a record."""
+    supervisor process forked from the warm forkserver; returns a record whatever the body
+    does (BlisConfigError only for limits out of range)."""
+    check_limits(timeout_s, memory_mb)
     ctx = _context()
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child_conn, body, payload, timeout_s, memory_mb,
@@ -425,7 +427,8 @@ def run_contained(body: str, payload: tuple, *, source: str = "",
 def evaluate_contained(source: str, target: str, bench: Benchmark, *, stage: str = "full",
                        timeout_s: float = DEFAULT_TIMEOUT_S,
                        memory_mb: int = DEFAULT_MEMORY_MB) -> dict[str, Any]:
-    """Evaluate one candidate in the sandbox; always returns a record (never raises).
+    """Evaluate one candidate in the sandbox; always returns a record, whatever the
+    candidate does (BlisConfigError only for ``timeout_s``/``memory_mb`` out of range).
 
     ``stage``: ``full`` (the whole benchmark, with feedback) or ``tiny`` (a few requests of
     the first workload: does it compile and run?). The record's ``output`` is what the
