@@ -27,7 +27,7 @@ from blis_fast.config.pd import (
     validate_pd,
     with_transfer_sizing,
 )
-from blis_fast.config.pd import requested as pd_requested
+from blis_fast.config.pd_mode import requested as pd_requested
 from blis_fast.config.policy_bundle import Policies, parse_scorer_list, select_policies
 from blis_fast.data import data_path
 from blis_fast.engine.engine_config import EngineConfig, Hooks
@@ -223,6 +223,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     pol = _resolve_policies(opts, hooks)
     pd = validate_pd(opts, replay, allow_custom=hooks.scorer is not None,
                      encode_warnings=encode_warnings)
+    _check_hooks_used(hooks, pol, pd)
     autoscale = resolve_autoscale(opts, pol.bundle, latency, replay)
     if pd.on and autoscale.active:  # an instance the autoscaler adds would belong to no pool
         raise BlisConfigError("--prefill-instances/--decode-instances/--prefill-decode-instances "
@@ -352,6 +353,24 @@ def _generate(opts: Any, horizon: int, total_blocks: int
         wl = apply_timeout_to_workload(wl, opts.timeout)
     sessions = SessionPlan(wl.sessions, wl.follow_up_budget) if wl.sessions else None
     return wl.table, horizon, sessions, wl.outputs_reenter_inputs
+
+
+def _check_hooks_used(hooks: Hooks, pol: Any, pd: Any) -> None:
+    """Refuse a user function that no chosen policy would call (the API's ``custom_*``
+    keywords): passed without ``admission_policy="custom"``, ``scheduler="custom"`` or a
+    ``custom`` routing scorer, it would be ignored silently and the run would not be the one
+    asked for."""
+    pools = (pd.prefill_scorers + pd.decode_scorers) if pd.on else ()
+    scorers = [name for name, _w in (*pol.scorers, *pools)]
+    for name, given, used, how in (
+            ("custom_scorer", hooks.scorer, "custom" in scorers,
+             'routing_policy="weighted" with routing_scorers naming "custom"'),
+            ("custom_admission", hooks.admission, pol.admission == "custom",
+             'admission_policy="custom"'),
+            ("custom_scheduler_key", hooks.scheduler_key, pol.scheduler == "custom",
+             'scheduler="custom"')):
+        if given is not None and not used:
+            _fail(f"{name} was given but no policy calls it: choose it with {how}")
 
 
 def _replay_workload(opts: Any) -> tuple[RequestTable, int, SessionPlan | None]:

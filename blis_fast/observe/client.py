@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -22,6 +22,7 @@ from blis_fast.observe.response import (
     MAX_BODY_BYTES,
     MAX_ERROR_BODY_BYTES,
     InvalidResponse,
+    RequestRecord,
     ResponseTooLarge,
     StreamParser,
     invalid,
@@ -62,23 +63,6 @@ class PendingRequest:
     unconstrained: bool = False
     min_tokens: int = 0
     deadline_us: int = 0
-
-
-@dataclass
-class RequestRecord:
-    """Timings and outcome of one request (the reference's RequestRecord, OBS-6/7)."""
-
-    request_id: int
-    status: str = "ok"
-    error_message: str = ""
-    output_tokens: int = 0
-    server_input_tokens: int = 0
-    send_time_us: int = 0
-    first_chunk_time_us: int = 0
-    last_chunk_time_us: int = 0
-    num_chunks: int = 0
-    finish_reason: str = ""
-    chunk_timestamps: list[int] = field(default_factory=list)
 
 
 def warn_on_finish_reason(request_id: int, finish_reason: str, min_tokens: int,

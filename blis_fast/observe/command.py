@@ -312,10 +312,7 @@ def build_workload(o: ObserveOptions) -> Workload:
     max_requests = spec.num_requests
     if o.is_given("num_requests") and o.num_requests > 0:
         max_requests = o.num_requests
-    if max_requests <= 0 and horizon == INT64_MAX:
-        _fail("Workload requires either num_requests, --num-requests, or --horizon to bound "
-              "generation")
-    _check_memory(o, max_requests)
+    _check_bounded(o, max_requests, horizon)
     try:
         wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
                                keep_token_ids=True)
@@ -362,11 +359,15 @@ OBSERVE_REQUEST_BYTES = 1024
 records)."""
 
 
-def _check_memory(o: ObserveOptions, max_requests: int) -> None:
-    """Refuse, before generating, a request count whose rows and kept token ids cannot fit in
-    memory (``blis run``'s check, with observe's per-request objects)."""
+def _check_bounded(o: ObserveOptions, max_requests: int, horizon: int) -> None:
+    """Refuse, before generating, an unbounded workload, and a request count whose rows and
+    kept token ids cannot fit in memory (``blis run``'s check, with observe's per-request
+    objects)."""
     from blis_fast.runner import REQUEST_BYTES, refuse_over_memory  # lazy: not for blis --help
 
+    if max_requests <= 0 and horizon == INT64_MAX:
+        _fail("Workload requires either num_requests, --num-requests, or --horizon to bound "
+              "generation")
     reqs = max(max_requests, 0)
     tokens = 0 if o.workload_spec else max(o.prompt_tokens, 0) + max(o.prefix_tokens, 0)
     flag = ("--workload-spec" if o.workload_spec and not o.is_given("num_requests")

@@ -3,7 +3,7 @@
 A server is hostile input like a file: its usage figures may be ``Infinity``, ``1e300``,
 negative or fractional, its ``finish_reason`` a megabyte of text, its JSON nested a million
 levels deep, its body endless or a gzip bomb. One parser per body kind reads it into the
-request's :class:`~blis_fast.observe.client.RequestRecord` and never raises: a body that breaks
+request's :class:`RequestRecord` and never raises: a body that breaks
 a rule makes the request's row ``error`` with a message saying which field broke which rule,
 and the run goes on. Limits are per response and count decompressed bytes, so memory stays
 bounded whatever the server sends.
@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from blis_fast.observe.sse import DONE, LineSplitter, data_payload
-
-if TYPE_CHECKING:
-    from blis_fast.observe.client import RequestRecord
 
 MAX_TOKEN_COUNT = 1 << 24
 """Largest token count a response may report: 16,777,216, above any model's context window
@@ -49,6 +46,23 @@ MAX_STREAM_EVENTS = 1 << 20
 context of a million tokens)."""
 MAX_ERROR_BODY_BYTES = 64 << 10
 """Bytes of a non-200 body kept for the row's error message; the rest is not read."""
+
+
+@dataclass
+class RequestRecord:
+    """Timings and outcome of one request (the reference's RequestRecord, OBS-6/7)."""
+
+    request_id: int
+    status: str = "ok"
+    error_message: str = ""
+    output_tokens: int = 0
+    server_input_tokens: int = 0
+    send_time_us: int = 0
+    first_chunk_time_us: int = 0
+    last_chunk_time_us: int = 0
+    num_chunks: int = 0
+    finish_reason: str = ""
+    chunk_timestamps: list[int] = field(default_factory=list)
 
 
 class InvalidResponse(ValueError):
@@ -193,5 +207,5 @@ class StreamParser:
 
 
 __all__ = ["MAX_BODY_BYTES", "MAX_ERROR_BODY_BYTES", "MAX_STREAM_BYTES", "MAX_STREAM_EVENTS",
-           "MAX_TOKEN_COUNT", "InvalidResponse", "ResponseTooLarge", "StreamParser", "apply_usage",
+           "MAX_TOKEN_COUNT", "InvalidResponse", "RequestRecord", "ResponseTooLarge", "StreamParser", "apply_usage",
            "finish_reason", "invalid", "parse_whole", "token_count"]

