@@ -82,6 +82,7 @@ def test_root_linux_makes_every_namespace(containment):
     (HEAD + FILL + "    getattr(out, 'sum')\n", "'getattr'"),
     ("X = ().__class__\n" + HEAD + FILL, "'__class__'"),
     ("while True:\n    pass\n" + HEAD + FILL, "While"),
+    ("print('garbage on stdout')\n" + HEAD + FILL, "module-level expressions"),
     ("f = open('/etc/passwd')\n" + HEAD + FILL, "open"),
     ("class A:\n    pass\n" + HEAD + FILL, "ClassDef"),
     ("from blis_fast.evolve import sandbox\n" + HEAD + FILL, "from blis_fast.evolve"),

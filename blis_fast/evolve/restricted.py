@@ -267,8 +267,10 @@ def check_source(source: str) -> ast.Module:
             if isinstance(stmt, ast.AnnAssign):
                 _check_annotations_of(stmt.annotation)
         else:
-            _refuse(stmt, f"module-level {type(stmt).__name__} statements are not allowed in a "
-                          "candidate (only imports, functions and constants)")
+            what = ("expressions (such as a call)" if isinstance(stmt, ast.Expr)
+                    else f"{type(stmt).__name__} statements")
+            _refuse(stmt, f"module-level {what} are not allowed in a candidate (only imports, "
+                          "functions and constants)")
     return tree
 
 
