@@ -26,7 +26,7 @@ from blis_fast.evolve.benchmark import DEFAULT_BENCHMARK, benchmark_from_dict
 from blis_fast.evolve.evaluate import CandidateError, compile_candidate
 from blis_fast.evolve.sandbox import checked_record, evaluate_contained, run_contained
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
 HEAD = "def custom_scorer(snapshots, request, out):\n"
 FILL = "    for i in range(out.shape[0]):\n        out[i] = 1.0 / (1.0 + snapshots[i, 0])\n"
 HELD = {"pid": "namespace", "network": "namespace", "dev_shm": "private tmpfs"}
@@ -243,3 +243,24 @@ def test_the_supervisor_refuses_a_forged_record(record, why):
     assert (got["ok"], got["fitness"], got["error"]["kind"]) == (False, WORST_FITNESS, "crash")
     assert why in got["error"]["message"]
     assert checked_record(b"{not json", "evaluate", "x")["error"]["kind"] == "crash"
+
+
+def test_without_namespaces_each_promise_names_its_reason_and_the_readme_says_so():
+    """Where ``unshare`` is refused (here simulated: a C library whose unshare fails, in a
+    separate process) every promise reports why it does not hold, and the README's
+    not-contained sentence names each of them."""
+    import subprocess
+    import sys
+
+    code = ("import json\nfrom blis_fast.evolve import sandbox\n"
+            "class Refusing:\n"
+            "    def unshare(self, flags):\n        return -1\n"
+            "sandbox._libc = lambda: Refusing()\n"
+            "print(json.dumps(sandbox._isolate(256)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    state = json.loads(out)
+    assert set(state) == set(HELD)
+    for promise, value in state.items():
+        assert value != HELD[promise] and "unshare refused" in value, (promise, value)
+        assert FALLBACK[promise] in README.split("Where namespaces cannot be made")[1][:600]
