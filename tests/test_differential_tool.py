@@ -68,20 +68,54 @@ def test_generator_is_reproducible_and_seed_dependent() -> None:
     assert all(cfg["args"][:2] == ["--model", cfg["args"][1]] for cfg in generate_configs(5, 10))
 
 
-def test_generated_configurations_pass_blis_fast_validation(tmp_path, monkeypatch) -> None:
-    """Every configuration passes ``build_options`` + ``runner.prepare`` (the sweep's check)."""
+@pytest.mark.parametrize(("family", "seed", "count"), [("april", 2026, 40), ("august", 7, 30)])
+def test_generated_configurations_pass_blis_fast_validation(tmp_path, monkeypatch, family, seed,
+                                                            count) -> None:
+    """Every configuration but the deliberately invalid ones passes ``build_options`` +
+    ``runner.prepare`` (the sweep's check); the families' new flags and keys are drawn."""
     from blis_fast.options import build_options
     from blis_fast.runner import prepare
 
     monkeypatch.chdir(tmp_path)
-    configs = generate_configs(2026, 20)
+    configs = generate_configs(seed, count, family=family)
     assert any(cfg["files"] for cfg in configs)  # some draw a workload spec
+    drawn = " ".join(" ".join(cfg["args"]) + " ".join(cfg["files"].values()) for cfg in configs)
+    wanted = (("--admission-policy", "--fitness-weights", "--gpu-memory-utilization",
+               "pareto_lognormal", "empirical", "--vllm-version", "--routing-latency")
+              if family == "april" else
+              ("--prefill-instances", "--prefill-tp", "node_pools", "autoscaler:", "analyzer:",
+               "--snapshot-refresh-interval", "mistral-nemo"))
+    assert [w for w in wanted if w not in drawn] == []
     for cfg in configs:
+        if cfg.get("invalid"):
+            continue
         for name, text in cfg["files"].items():
             (tmp_path / name).write_text(text)
         with redirect_stderr(io.StringIO()):
             prepared = prepare(build_options(option_fields(cfg["args"])))
         assert prepared.table is not None, cfg["id"]
+
+
+def test_invalid_configurations_are_refused_by_blis_fast(tmp_path, monkeypatch) -> None:
+    """Each deliberately invalid configuration makes blis_fast exit 2 with one error line."""
+    import random
+
+    from config_generator import invalid_config
+
+    from blis_fast.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(3)
+    configs = [invalid_config(rng, f"bad{i}") for i in range(30)]
+    assert len({" ".join(c["args"]) + str(c["files"]) for c in configs}) > 15
+    for cfg in configs:
+        assert cfg["invalid"]
+        for name, text in cfg["files"].items():
+            (tmp_path / name).write_text(text)
+        err = io.StringIO()
+        with redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+            main(["run", *cfg["args"]])
+        assert exit_info.value.code == 2, (cfg, err.getvalue()[-300:])
 
 
 def test_field_name_and_classification() -> None:
@@ -100,6 +134,15 @@ def test_field_name_and_classification() -> None:
     assert rd.classify({"exit_code": 2}, {"exit_code": 1}, []) == "both-refused"
     assert rd.classify({"exit_code": 2}, ok, []) == "blis_fast-refused"
     assert rd.classify(ok, {"exit_code": None}, []) == "reference-timeout"
+    stopped = {"exit_code": None, "limit": "timeout"}
+    assert rd.classify(stopped, ok, []) == "blis_fast-timeout"
+    assert rd.classify(stopped, {"exit_code": None}, []) == "both-timeout"
+    assert rd.classify({"exit_code": None, "limit": "oom"}, ok, []) == "blis_fast-oom"
+    assert rd.classify({"exit_code": None}, ok, []) == "blis_fast-error"
+    assert rd.classify(ok, ok, [], invalid=True) == "invalid-accepted"
+    assert rd.classify({"exit_code": 2}, {"exit_code": 1}, [], invalid=True) == "both-refused"
+    august = ["Priority Inversions: 0 != 7"]
+    assert rd.classify(ok, ok, august, noise=rd.AUGUST_KNOWN_NOISE) == "known-noise"
 
 
 def test_blis_fast_against_itself_agrees(tmp_path) -> None:
@@ -177,3 +220,55 @@ def test_exact_differences_read_parquet_by_data(tmp_path) -> None:
     assert rd.exact_differences(new, "s", old, "s") == []  # added column, other metadata
     pq.write_table(pa.table({"x": [1, 3]}), old / "t.parquet")
     assert rd.exact_differences(new, "s", old, "s") == ["t.parquet: data differs"]
+
+
+BIG_CONFIG = {"id": "big", "files": {},
+              "args": ["--model", "meta-llama/llama-3.1-8b-instruct", "--num-requests", "60000",
+                       "--rate", "2000"]}
+_FAST_FOR_BIG = ("import sys\n"
+                 "if '60000' in sys.argv:\n"
+                 "    sys.exit(0)\n")
+"""A stand-in reference that answers the big configuration at once and runs the others."""
+
+
+def test_blis_fast_over_its_time_limit_is_recorded_and_the_tool_continues(tmp_path) -> None:
+    """A blis_fast run longer than ``--timeout`` is killed and recorded; the next configuration
+    runs in a fresh worker."""
+    reference = _stand_in(tmp_path, "ref", _FAST_FOR_BIG + _RUN_CLI
+                          + "sys.stdout.write(text)\nsys.exit(code)\n")
+    records = rd.run_all([BIG_CONFIG, {**BIG_CONFIG, "id": "big2"}], reference, timeout=0.5,
+                         jobs=1, quiet=True)
+    assert [r["status"] for r in records] == ["blis_fast-timeout"] * 2, records
+    assert records[0]["blis_fast_exit"] is None
+    assert "timed out after 0.5 s" in records[0]["blis_fast_stderr"]
+    assert "blis_fast-timeout" in rd.summary_table(records)
+    assert rd.check_config(SMALL_CONFIG, reference, timeout=60)["status"] == "agree"
+
+
+def test_blis_fast_over_its_memory_limit_is_recorded_and_the_tool_continues(
+        tmp_path, monkeypatch) -> None:
+    """Under an address-space limit too small for blis_fast every configuration is recorded as
+    ``blis_fast-oom`` (no exception, the report complete); at the default limit it runs."""
+    report = tmp_path / "report.jsonl"
+    monkeypatch.setitem(rd.LIMITS, "memory_mb", 200)
+    records = rd.run_all([SMALL_CONFIG, {**SMALL_CONFIG, "id": "small2"}], _same_cli(tmp_path),
+                         timeout=60, jobs=1, report=report, quiet=True)
+    assert [r["status"] for r in records] == ["blis_fast-oom", "blis_fast-oom"]
+    assert len(report.read_text().splitlines()) == 2
+    monkeypatch.setitem(rd.LIMITS, "memory_mb", rd.DEFAULT_MEMORY_LIMIT_MB)
+    assert rd.check_config(SMALL_CONFIG, _same_cli(tmp_path), timeout=60)["status"] == "agree"
+
+
+def test_worker_reports_memory_errors_as_out_of_memory() -> None:
+    """A MemoryError, also wrapped in another exception, counts as the memory limit."""
+    import blis_worker
+
+    assert blis_worker.out_of_memory(MemoryError())
+    try:
+        try:
+            raise MemoryError("numpy")
+        except MemoryError as exc:
+            raise RuntimeError("wrapped") from exc
+    except RuntimeError as wrapped:
+        assert blis_worker.out_of_memory(wrapped)
+    assert not blis_worker.out_of_memory(ValueError("bad"))

@@ -64,10 +64,22 @@ def _length_flags(rng: random.Random, args: list[str]) -> None:
             _flag(args, f"{kind}-tokens-stdev", rng.randint(low, max(low, mean // 2)))
 
 
-def _dist(rng: random.Random, lo: int, hi: int) -> dict[str, Any]:
-    """A spec length distribution (gaussian, exponential or constant)."""
+def _dist(rng: random.Random, lo: int, hi: int, heavy: bool = False) -> dict[str, Any]:
+    """A spec length distribution (gaussian, exponential or constant; with ``heavy`` also
+    pareto-lognormal and inline empirical PDFs)."""
     mean = rng.randint(lo, hi)
-    kind = rng.choice(("gaussian", "exponential", "constant"))
+    kinds = ("gaussian", "exponential", "constant") + (
+        ("pareto_lognormal", "empirical") * 2 if heavy else ())
+    kind = rng.choice(kinds)
+    if kind == "pareto_lognormal":
+        return {"type": "pareto_lognormal", "params": {
+            "alpha": round(rng.uniform(1.2, 3.0), 2), "xm": max(1, mean // 4),
+            "mu": round(rng.uniform(2.0, 6.0), 2), "sigma": round(rng.uniform(0.2, 1.2), 2),
+            "mix_weight": round(rng.uniform(0.0, 1.0), 2)}}
+    if kind == "empirical":
+        bins = sorted(rng.sample(range(lo, hi + 1), rng.randint(1, 5)))
+        return {"type": "empirical",
+                "params": {str(b): round(rng.uniform(0.05, 1.0), 3) for b in bins}}
     if kind == "gaussian":
         return {"type": "gaussian", "params": {"mean": mean, "std_dev": rng.randint(0, mean // 2),
                                                "min": max(1, mean // 4), "max": mean * 3}}
@@ -84,12 +96,16 @@ def _arrival(rng: random.Random) -> dict[str, Any]:
     return out
 
 
-def _client(rng: random.Random, i: int, multi_turn: bool, groups: list[str]) -> dict[str, Any]:
+def _client(rng: random.Random, i: int, multi_turn: bool, groups: list[str],
+            extended: bool = False) -> dict[str, Any]:
     client: dict[str, Any] = {
         "id": f"client-{i}", "tenant_id": f"tenant-{rng.randint(0, 2)}",
         "slo_class": rng.choice(SLO_CLASSES), "rate_fraction": round(rng.uniform(0.1, 1.0), 2),
         "streaming": rng.random() < 0.5, "arrival": _arrival(rng),
-        "input_distribution": _dist(rng, 16, 1024), "output_distribution": _dist(rng, 4, 256)}
+        "input_distribution": _dist(rng, 16, 1024, extended),
+        "output_distribution": _dist(rng, 4, 256, extended)}
+    if extended and rng.random() < 0.3:  # per-client deadline, µs (0 = none)
+        client["timeout"] = rng.choice((0, 200_000, 1_000_000, 5_000_000))
     if groups and rng.random() < 0.5:
         client["prefix_group"] = rng.choice(groups)
         if rng.random() < 0.7:
@@ -129,7 +145,8 @@ def _cohort(rng: random.Random, i: int) -> dict[str, Any]:
     return cohort
 
 
-def workload_spec(rng: random.Random, max_requests: int = 200) -> dict[str, Any]:
+def workload_spec(rng: random.Random, max_requests: int = 200,
+                  extended: bool = False) -> dict[str, Any]:
     """A random v2 workload spec: rate clients (optionally multi-turn, open or closed loop,
     with prefix groups and lifecycles) and cohorts, or concurrency clients alone."""
     spec: dict[str, Any] = {"version": "2", "seed": rng.randint(1, 10_000),
@@ -144,7 +161,7 @@ def workload_spec(rng: random.Random, max_requests: int = 200) -> dict[str, Any]
     spec["aggregate_rate"] = round(rng.uniform(1.0, 80.0), 1)
     groups = [f"group-{g}" for g in range(rng.randint(0, 2))]
     multi_turn = rng.random() < 0.35
-    spec["clients"] = [_client(rng, i, multi_turn and rng.random() < 0.8, groups)
+    spec["clients"] = [_client(rng, i, multi_turn and rng.random() < 0.8, groups, extended)
                        for i in range(rng.randint(1, 3))]
     if rng.random() < 0.25:
         spec["cohorts"] = [_cohort(rng, i) for i in range(rng.randint(1, 2))]
@@ -153,17 +170,280 @@ def workload_spec(rng: random.Random, max_requests: int = 200) -> dict[str, Any]
     return spec
 
 
-def generate_config(rng: random.Random, config_id: str, max_requests: int = 200
-                    ) -> dict[str, Any]:
-    """One random configuration (see the module docstring for its shape) of at most
-    ``max_requests`` requests (``--num-requests`` or the spec's ``num_requests``)."""
+FAMILIES = ("april", "august")
+"""Configuration families: 'april' (flags of the April reference ``b563c440``) and 'august' (P/D
+pools and the autoscaler, flags and bundle keys of the August reference ``f90a1e3a``)."""
+INVALID_SHARE = 0.06
+"""Share of April-family configurations that are deliberately invalid (both sides must refuse)."""
+FITNESS_KEYS = ("throughput", "tokens_per_sec", "p99_ttft", "p50_ttft", "mean_ttft", "p99_e2e",
+                "p50_e2e", "mean_e2e")
+VLLM_VERSIONS = ("vllm/vllm-openai:v0.8.4", "vllm/vllm-openai:v0.10.1.1",
+                 "vllm/vllm-openai:v0.11.0")
+_ROWS: list[dict[str, Any]] = []
+
+
+def large_requests(max_requests: int) -> int:
+    """The request count of the occasional large draw: 15 x ``max_requests``, at most 3000."""
+    return max(max_requests, min(3000, 15 * max_requests))
+
+
+def _coefficient_row(rng: random.Random) -> dict[str, Any]:
+    """A fitted ``models:`` row of the project's bundled defaults.yaml (model, GPU, TP, vLLM
+    version): ``--vllm-version`` picks among a model's rows."""
+    if not _ROWS:
+        from pathlib import Path
+
+        text = (Path(__file__).resolve().parents[2] / "defaults.yaml").read_text()
+        _ROWS.extend(yaml.safe_load(text)["models"])
+    return rng.choice(_ROWS)
+
+
+def _admission(rng: random.Random, args: list[str], files: dict[str, str]) -> None:
+    """An admission policy (flags, or a policy bundle for tier-shed / gaie-legacy options) and
+    sometimes an admission latency."""
+    policy = rng.choice(("", "token-bucket", "reject-all", "tier-shed", "gaie-legacy"))
+    if policy == "token-bucket":
+        _flag(args, "admission-policy", "token-bucket")
+        _flag(args, "token-bucket-capacity", rng.choice((2000, 10_000, 50_000)))
+        _flag(args, "token-bucket-refill-rate", rng.choice((500, 5000, 20_000)))
+    elif policy in ("tier-shed", "gaie-legacy") and rng.random() < 0.5:
+        admission: dict[str, Any] = {"policy": policy}
+        if policy == "tier-shed":
+            admission["tier_shed_threshold"] = rng.choice((0, 1, 4, 16))
+            admission["tier_shed_min_priority"] = rng.choice((-2, 0, 3, 4))
+        else:
+            admission["gaie_qd_threshold"] = rng.choice((1.0, 5.0, 20.0))
+            admission["gaie_kv_threshold"] = rng.choice((0.3, 0.8, 1.0))
+        files["policy.yaml"] = yaml.safe_dump({"admission": admission}, sort_keys=False)
+        _flag(args, "policy-config", "policy.yaml")
+    elif policy:
+        _flag(args, "admission-policy", policy)
+    if rng.random() < 0.3:
+        _flag(args, "admission-latency", rng.choice((0, 100, 1000, 5000)))
+
+
+def _extended_flags(rng: random.Random, args: list[str], instances: int) -> None:
+    """Routing latency, cache-signal delay, fitness weights, GPU memory utilisation and the
+    (validated, ignored) offload threshold."""
+    if instances > 1 and rng.random() < 0.4:
+        _flag(args, "routing-latency", rng.choice((0, 50, 500, 3000)))
+    if instances > 1 and rng.random() < 0.4:
+        _flag(args, "cache-signal-delay", rng.choice((0, 10_000, 50_000, 200_000)))
+    if rng.random() < 0.3:
+        keys = rng.sample(FITNESS_KEYS, rng.randint(1, 3))
+        _flag(args, "fitness-weights", ",".join(f"{k}:{rng.choice((0.2, 0.5, 1, 2))}"
+                                                for k in keys))
+    if rng.random() < 0.3:
+        _flag(args, "gpu-memory-utilization", rng.choice((0.5, 0.7, 0.85, 0.95, 1.0)))
+    if rng.random() < 0.2:
+        _flag(args, "kv-offload-threshold", rng.choice((0, 0.5, 0.9, 1)))
+
+
+INVALID_FLAGS: tuple[tuple[str, str], ...] = (
+    ("--gpu-memory-utilization", "1.5"), ("--gpu-memory-utilization", "0"),
+    ("--kv-offload-threshold", "1.5"), ("--cache-signal-delay", "-1"),
+    ("--routing-latency", "-5"), ("--admission-latency", "-5"),
+    ("--fitness-weights", "throughput:-1"), ("--fitness-weights", "throughput"),
+    ("--admission-policy", "nope"), ("--routing-policy", "nope"), ("--scheduler", "nope"),
+    ("--priority-policy", "nope"), ("--num-instances", "0"), ("--max-num-running-reqs", "0"),
+    ("--latency-model", "nope"), ("--token-bucket-capacity", "-1"),
+)
+"""Flag values both references refuse."""
+INVALID_SPECS: tuple[dict[str, Any], ...] = (
+    {"type": "nope", "params": {"mean": 10}},
+    {"type": "pareto_lognormal", "params": {"alpha": 2.0, "xm": 10}},  # parameters missing
+    {"type": "empirical", "params": {}},
+    {"type": "empirical", "params": {"ten": 1.0}},
+)
+"""Input distributions of a workload spec that both references refuse."""
+
+
+def invalid_config(rng: random.Random, config_id: str) -> dict[str, Any]:
+    """A small configuration with one deliberately invalid input (a flag value, a distribution
+    of the workload spec or a negative per-client timeout); both sides must refuse it."""
+    args = ["--model", "meta-llama/llama-3.1-8b-instruct", "--num-requests", "8",
+            "--seed", str(rng.randint(1, 1000))]
+    files: dict[str, str] = {}
+    kind = rng.choice(("flag", "flag", "spec"))
+    if kind == "flag":
+        flag, value = rng.choice(INVALID_FLAGS)
+        if flag == "--token-bucket-capacity":
+            args += ["--admission-policy", "token-bucket"]
+        if flag in ("--routing-latency", "--cache-signal-delay"):
+            args += ["--num-instances", "2"]
+        args += [flag, value]
+    else:
+        client: dict[str, Any] = {"id": "c", "rate_fraction": 1.0, "arrival": {"process": "poisson"},
+                                  "input_distribution": _dist(rng, 16, 256),
+                                  "output_distribution": _dist(rng, 4, 64)}
+        if rng.random() < 0.25:
+            client["timeout"] = -rng.randint(1, 1000)
+        else:
+            client[rng.choice(("input_distribution", "output_distribution"))] = dict(
+                rng.choice(INVALID_SPECS))
+        spec = {"version": "2", "seed": 1, "num_requests": 8, "aggregate_rate": 10.0,
+                "clients": [client]}
+        files["workload.yaml"] = yaml.safe_dump(spec, sort_keys=False)
+        args = args[:2] + ["--workload-spec", "workload.yaml"]
+    return {"id": config_id, "args": args, "files": files, "invalid": True}
+
+
+AUGUST_MODELS = ("meta-llama/llama-3.1-8b-instruct", "meta-llama/llama-3.1-8b-instruct",
+                 "qwen/qwen3-14b", "mistralai/mistral-nemo-instruct-2407",
+                 "qwen/qwen3-30b-a3b", "qwen/qwen2.5-7b-instruct")
+"""Models of the August family (two with an explicit ``head_dim`` in config.json)."""
+GPU_MEMORY_GIB = {"H100": 80, "A100-80": 80, "A100-SXM": 80, "L40S": 48}
+
+
+def _node_pools(rng: random.Random, needed: int) -> list[dict[str, Any]]:
+    """One or two node pools with at least ``needed`` GPUs in all (first-fit placement)."""
+    pools = []
+    for n in range(rng.choice((1, 1, 2))):
+        gpu = rng.choice(("H100", "H100", "A100-80"))
+        per_node = rng.choice((1, 2, 4, 8))
+        nodes = max(1, -(-needed // per_node)) + rng.randint(0, 2)
+        pools.append({"name": f"pool{n}", "gpu_type": gpu, "gpus_per_node": per_node,
+                      "gpu_memory_gib": GPU_MEMORY_GIB[gpu], "initial_nodes": nodes,
+                      "max_nodes": nodes + rng.randint(0, 2)})
+    return pools
+
+
+def _autoscaler(rng: random.Random) -> dict[str, Any]:
+    """An ``autoscaler`` bundle section: the saturation analyzer's defaults or custom values."""
+    section: dict[str, Any] = {
+        "interval_us": rng.choice((7_000, 20_000, 50_000, 130_000, 500_000, 1_000_000)),
+        "scale_up_stabilization_window_us": rng.choice((0, 0, 60_000, 500_000)),
+        "scale_down_stabilization_window_us": rng.choice((0, 300_000, 2_000_000, 8_000_000))}
+    if rng.random() < 0.4:
+        delay = rng.choice((0.0, 0.05, 0.5))
+        section["hpa_scrape_delay"] = {"mean": delay, "stddev": round(delay / 2, 3)}
+    if rng.random() < 0.5:  # custom analyzer thresholds (else the defaults 0.8/0.8/0.4/512)
+        up = rng.choice((0.6, 0.8, 0.9))
+        section["analyzer"] = {"kv_cache_threshold": rng.choice((0.5, 0.8, 1.0)),
+                               "scale_up_threshold": up,
+                               "scale_down_boundary": rng.choice((0.2, 0.4)),
+                               "avg_input_tokens": rng.choice((128, 512, 2048))}
+    return section
+
+
+def august_config(rng: random.Random, config_id: str, max_requests: int = 200
+                  ) -> dict[str, Any]:
+    """A P/D and/or autoscaler configuration for the August reference: prefill/decode/shared
+    pools with per-pool TP, hardware and scorers, KV transfer settings; node pools, instance
+    lifecycle and the autoscaler (saturation or custom analyzer) in a policy bundle; an explicit
+    snapshot refresh (the two references' defaults differ)."""
     args: list[str] = []
     files: dict[str, str] = {}
-    model, roofline_tps, physics_tps = rng.choice(MODELS)
+    model = rng.choice(AUGUST_MODELS)
     _flag(args, "model", model)
+    _flag(args, "latency-model", "roofline")
+    tp = rng.choice((1, 1, 2))
+    _flag(args, "hardware", "H100")
+    _flag(args, "tp", tp)
+    _flag(args, "seed", rng.randint(1, 100_000))
+    # blis_fast refuses P/D pools together with node pools or the autoscaler (the instances it
+    # adds would serve no pool), so the two are drawn apart
+    kind = rng.choice(("pd", "pd", "autoscaler", "autoscaler", "autoscaler"))
+    instances = 0
+    if kind == "pd":
+        prefill, decode = rng.randint(1, 3), rng.randint(1, 3)
+        shared = rng.choice((0, 0, 1))
+        instances = prefill + decode + shared
+        _flag(args, "num-instances", instances)
+        _flag(args, "prefill-instances", prefill)
+        _flag(args, "decode-instances", decode)
+        if shared:
+            _flag(args, "prefill-decode-instances", shared)
+        decider = rng.choice(("always", "always", "prefix-threshold", "never"))
+        _flag(args, "pd-decider", decider)
+        if decider == "prefix-threshold":
+            _flag(args, "pd-prefix-threshold", rng.choice((16, 128, 512)))
+        if rng.random() < 0.4:
+            _flag(args, "prefill-tp", rng.choice((1, 2)))
+        if rng.random() < 0.4:
+            _flag(args, "decode-tp", rng.choice((1, 2)))
+        if rng.random() < 0.2:
+            _flag(args, "decode-hardware", "A100-80")
+        if rng.random() < 0.5:
+            _flag(args, "pd-transfer-bandwidth", rng.choice((5, 25, 100)))
+            _flag(args, "pd-transfer-base-latency", rng.choice((0, 0.05, 1)))
+        if rng.random() < 0.3:
+            args.append("--pd-transfer-contention")
+        if rng.random() < 0.3:
+            _flag(args, "routing-policy", "weighted")
+            _flag(args, "prefill-routing-scorers", "queue-depth:1,kv-utilization:1")
+            _flag(args, "decode-routing-scorers", rng.choice(("load-balance:1", "queue-depth:2")))
+    else:
+        instances = rng.randint(1, 4)
+        _flag(args, "num-instances", instances)
+        if instances > 1:
+            _flag(args, "routing-policy", rng.choice(ROUTING))
+    bundle: dict[str, Any] = {}
+    if kind == "autoscaler":
+        bundle["node_pools"] = _node_pools(rng, instances * tp + rng.randint(0, 4) * tp)
+        loading = rng.choice((0.0, 0.2, 0.5, 2.0))
+        bundle["instance_lifecycle"] = {
+            "loading_delay": {"mean": loading, "stddev": round(loading / 4, 3)},
+            "warm_start_initial_instances": rng.random() < 0.8}
+    if kind == "autoscaler":
+        bundle["autoscaler"] = _autoscaler(rng)
+    if bundle:
+        files["policy.yaml"] = yaml.safe_dump(bundle, sort_keys=False)
+        _flag(args, "policy-config", "policy.yaml")
+    _flag(args, "snapshot-refresh-interval", rng.choice((0, 0, 13_000, 50_000, 100_000)))
+    if rng.random() < 0.2:
+        _flag(args, "scheduler", rng.choice(SCHEDULERS))
+    if rng.random() < 0.2:
+        _flag(args, "total-kv-blocks", rng.choice((2000, 5000, 20_000)))
+    spec = workload_spec(rng, max_requests) if rng.random() < 0.3 else None
+    if spec is not None and kind == "pd":  # blis_fast has no sessions with P/D yet
+        for client in spec["clients"]:
+            client.pop("closed_loop", None)
+            client.pop("reasoning", None)
+        if any("concurrency" in client for client in spec["clients"]):
+            spec = None
+    if spec is not None:
+        files["workload.yaml"] = yaml.safe_dump(spec, sort_keys=False)
+        _flag(args, "workload-spec", "workload.yaml")
+    else:
+        _flag(args, "num-requests", rng.randint(20, max(20, max_requests)))
+        _flag(args, "rate", rng.choice((5, 10, 30, 60, 120)))
+        _flag(args, "prompt-tokens", rng.choice((128, 400, 1024, 2048)))
+        _flag(args, "output-tokens", rng.choice((16, 100, 300)))
+        if rng.random() < 0.3:
+            _flag(args, "prefix-tokens", rng.choice((64, 256, 1024)))
+    return {"id": config_id, "args": args, "files": files, "family": "august"}
+
+
+def generate_config(rng: random.Random, config_id: str, max_requests: int = 200,
+                    family: str = "april") -> dict[str, Any]:
+    """One random configuration (see the module docstring for its shape) of at most
+    ``max_requests`` requests (``--num-requests`` or the spec's ``num_requests``; the large
+    draws of the extended families up to ``large_requests(max_requests)``); ``family`` is
+    'april' (the April reference's flags) or 'august' (P/D and autoscaler)."""
+    if family == "august":
+        return august_config(rng, config_id, max_requests)
+    if family != "april":
+        raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
+    if rng.random() < INVALID_SHARE:
+        return invalid_config(rng, config_id)
+    args: list[str] = []
+    files: dict[str, str] = {}
+    extended = rng.random() < 0.5  # the flags the first version of this generator lacked
+    model, roofline_tps, physics_tps = rng.choice(MODELS)
     latency = rng.choices(("roofline", "blackbox", "trained-physics"), (6, 2, 2))[0]
+    row = _coefficient_row(rng) if extended and rng.random() < 0.2 else None
+    if row is not None:  # a fitted blackbox row of defaults.yaml, chosen by its vLLM version
+        _flag(args, "model", row["id"])
+        _flag(args, "hardware", row["GPU"])
+        _flag(args, "tp", row["tensor_parallelism"])
+        _flag(args, "latency-model", "blackbox")
+        _flag(args, "vllm-version", row["vllm_version"])
+        latency = "row"
+    else:
+        _flag(args, "model", model)
     tps = physics_tps if latency == "trained-physics" else roofline_tps
-    if model not in MODELS_WITH_DEFAULTS or rng.random() < 0.5:
+    if latency != "row" and (model not in MODELS_WITH_DEFAULTS or rng.random() < 0.5):
         _flag(args, "hardware", rng.choice(HARDWARE))
         _flag(args, "tp", rng.choice(tps))
     if latency == "blackbox":
@@ -172,7 +452,7 @@ def generate_config(rng: random.Random, config_id: str, max_requests: int = 200
                                     f"{rng.randint(500, 5000)}")
         _flag(args, "beta-coeffs", f"{rng.randint(2000, 9000)},{rng.uniform(1, 40):.3f},"
                                    f"{rng.uniform(0.5, 10):.3f}")
-    elif latency == "trained-physics" or rng.random() < 0.2:
+    elif latency == "trained-physics" or (latency != "row" and rng.random() < 0.2):
         _flag(args, "latency-model", latency)
     _flag(args, "seed", rng.randint(1, 100_000))
 
@@ -187,7 +467,10 @@ def generate_config(rng: random.Random, config_id: str, max_requests: int = 200
             _flag(args, "routing-scorers", ",".join(f"{s}:{rng.randint(1, 5)}" for s in chosen))
         if rng.random() < 0.3:
             _flag(args, "snapshot-refresh-interval", rng.choice((10_000, 50_000, 100_000)))
-    if rng.random() < 0.2:
+    if extended:
+        _admission(rng, args, files)
+        _extended_flags(rng, args, instances)
+    elif rng.random() < 0.2:
         _flag(args, "admission-policy", "token-bucket")
         _flag(args, "token-bucket-capacity", rng.choice((2000, 10_000, 50_000)))
         _flag(args, "token-bucket-refill-rate", rng.choice((500, 5000, 20_000)))
@@ -219,9 +502,12 @@ def generate_config(rng: random.Random, config_id: str, max_requests: int = 200
     if rng.random() < 0.25:
         _flag(args, "max-num-scheduled-tokens", rng.choice((128, 512, 1024, 4096)))
 
-    source = rng.choices(("distribution", "preset", "concurrency", "spec"), (5, 1, 1, 3))[0]
+    if extended and rng.random() < 0.1:
+        max_requests = large_requests(max_requests)
+    source = rng.choices(("distribution", "preset", "concurrency", "spec"),
+                         (5, 1, 1, 6 if extended else 3))[0]
     if source == "spec":
-        files["workload.yaml"] = yaml.safe_dump(workload_spec(rng, max_requests),
+        files["workload.yaml"] = yaml.safe_dump(workload_spec(rng, max_requests, extended),
                                                 sort_keys=False)
         _flag(args, "workload-spec", "workload.yaml")
         if rng.random() < 0.3:
@@ -253,13 +539,16 @@ def generate_config(rng: random.Random, config_id: str, max_requests: int = 200
     return {"id": config_id, "args": args, "files": files}
 
 
-def generate_configs(seed: int, count: int, max_requests: int = 200) -> list[dict[str, Any]]:
-    """``count`` configurations drawn from ``seed`` (the same seed gives the same list)."""
+def generate_configs(seed: int, count: int, max_requests: int = 200,
+                     family: str = "april") -> list[dict[str, Any]]:
+    """``count`` configurations of ``family`` drawn from ``seed`` (the same seed gives the same
+    list)."""
     if max_requests < 5:
         raise ValueError(f"max_requests must be >= 5, got {max_requests}")
     rng = random.Random(seed)
-    return [generate_config(rng, f"s{seed}-{i}", max_requests) for i in range(count)]
-
+    prefix = "s" if family == "april" else "a"
+    return [generate_config(rng, f"{prefix}{seed}-{i}", max_requests, family)
+            for i in range(count)]
 
 
 def option_fields(args: list[str]) -> dict[str, Any]:

@@ -12,11 +12,13 @@ prefix); see tests/differential/README.md.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import copy
-import io
+import functools
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
@@ -36,8 +38,16 @@ for _path in (str(HERE), str(HERE.parent)):  # config_generator, and tests/parit
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from config_generator import generate_configs  # noqa: E402
-from parity import BOOL_FLAGS, case_flags, compare_results, compare_stdout  # noqa: E402
+from config_generator import FAMILIES, generate_configs  # noqa: E402
+from parity import (  # noqa: E402
+    BOOL_FLAGS,
+    HEAD_EXTRA_KEYS,
+    _drop_keys,
+    _without_extra_lines,
+    case_flags,
+    compare_results,
+    compare_stdout,
+)
 
 OUTPUT_ARGS = ["--metrics-path", "results.json", "--trace-output", "trace"]
 """Output flags added to every run (both sides), relative to the run's folder."""
@@ -57,36 +67,181 @@ KNOWN_NOISE: dict[str, str] = {
 """Fields (as ``field_name`` reports them) whose differences alone do not make a configuration
 'differ', with the reason."""
 
+AUGUST_KNOWN_NOISE: dict[str, str] = {
+    name: ("the August reference counts priority inversions under the priority schedulers "
+           "(priority-fcfs, reverse-priority) where the April reference, which blis_fast "
+           "follows, does not; and it draws them in Go map order")
+    for name in ("Priority Inversions", "priority_inversions")}
+"""KNOWN_NOISE of the August family (``--family august``)."""
+
 STATUSES = ("agree", "known-noise", "both-refused", "differ", "blis_fast-refused",
-            "reference-refused", "reference-timeout", "blis_fast-error")
+            "reference-refused", "invalid-accepted", "reference-timeout", "both-timeout",
+            "blis_fast-timeout", "blis_fast-oom", "blis_fast-error")
+BAD_STATUSES = frozenset({"differ", "blis_fast-refused", "reference-refused",
+                          "invalid-accepted", "blis_fast-timeout", "blis_fast-oom",
+                          "blis_fast-error"})
+"""Statuses that make the tool's exit code 1 (a finding)."""
+HEAD_EXTRAS = {"on": False}
+"""``--family august`` (set by :func:`main`): the reference is the August build, so what it adds
+to every run (tests/parity.py's HEAD_EXTRA_*) is dropped from both sides before comparing."""
 
-_CLI_LOCK = threading.Lock()
-"""The in-process blis_fast run swaps sys.stdout/sys.stderr and the working folder."""
+_PRINT_LOCK = threading.Lock()
+"""Progress lines of parallel checks are printed one at a time."""
+
+WORKER = HERE / "blis_worker.py"
+DEFAULT_MEMORY_LIMIT_MB = 4096
+LIMITS = {"memory_mb": DEFAULT_MEMORY_LIMIT_MB}
+"""``--memory-limit-mb`` (set by :func:`main`): the address-space limit (RLIMIT_AS) of every
+blis_fast worker process."""
+WORKER_START_TIMEOUT = 300.0
+"""Seconds a fresh worker may take to import blis_fast (not counted in ``--timeout``)."""
+_OOM_MARKS = ("MemoryError", "Cannot allocate memory", "bad_alloc", "out of memory")
 
 
-def run_blis_fast(args: list[str], workdir: Path) -> dict[str, Any]:
-    """``blis run <args>`` through blis_fast's CLI in this process, inside ``workdir``."""
-    from blis_fast.cli import main
+def _limit_memory(limit_mb: int) -> None:
+    """``preexec_fn`` of a worker: cap its address space (the child then raises MemoryError,
+    or dies, instead of taking the machine)."""
+    import resource
 
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    start = time.perf_counter()
-    with _CLI_LOCK:
-        cwd = os.getcwd()
-        os.chdir(workdir)
+    limit = int(limit_mb) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+class BlisWorker:
+    """One ``blis_worker.py`` process under the memory limit: runs configurations one after
+    another; killed and replaced when it overruns the time limit or dies."""
+
+    def __init__(self, memory_mb: int) -> None:
+        self.memory_mb = memory_mb
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.log: Any = None
+
+    def _start(self) -> str | None:
+        """Start the process and wait for its ready line; an error text if it never came (it
+        starts with 'MemoryError' when the memory limit was the cause)."""
+        self.close()
+        self.log = tempfile.TemporaryFile()
+        self.lines = queue.Queue()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.log, text=True, env=env, cwd=str(HERE.parents[1]),
+            preexec_fn=functools.partial(_limit_memory, self.memory_mb))
+        lines, stdout = self.lines, self.proc.stdout
+        threading.Thread(target=_pump, args=(stdout, lines), daemon=True).start()
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                try:
-                    main(["run", *args])
-                except SystemExit as exc:
-                    code = exc.code if isinstance(exc.code, int) else 1
-                except Exception as exc:  # a crash is a finding, not a refusal
-                    return {"exit_code": None, "stdout": out.getvalue(),
-                            "stderr": f"{type(exc).__name__}: {exc}", "seconds": 0.0}
-        finally:
-            os.chdir(cwd)
-    return {"exit_code": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
-            "seconds": time.perf_counter() - start}
+            first = lines.get(timeout=WORKER_START_TIMEOUT)
+        except queue.Empty:
+            first = None
+        hello = json.loads(first) if first is not None else {}
+        if not hello.get("ready"):
+            why = (("MemoryError (address-space limit) " if hello.get("oom") else "")
+                   + str(hello.get("stderr", "")) + "\n" + self._death_note())
+            self.close()
+            return why
+        return None
+
+    def _death_note(self) -> str:
+        """The tail of the worker's stderr log (why it died)."""
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return self.log.read().decode("utf-8", "replace")[-2000:]
+
+    def run(self, args: list[str], workdir: Path, timeout: float) -> dict[str, Any]:
+        """``blis run <args>`` in ``workdir``; ``limit`` is 'timeout' or 'oom' when the run was
+        stopped by a limit (exit code None)."""
+        if self.proc is None or self.proc.poll() is not None:
+            why = self._start()
+            if why is not None:
+                # imports and the warm-up run do not depend on the configuration: a worker
+                # that cannot start under a memory limit is stopped by that limit
+                limit = "oom" if self.memory_mb > 0 else None
+                return {"exit_code": None, "stdout": "", "limit": limit, "seconds": 0.0,
+                        "stderr": f"blis_fast worker did not start: {_tail(why)}"}
+        assert self.proc is not None and self.proc.stdin is not None
+        start = time.perf_counter()
+        try:
+            self.proc.stdin.write(json.dumps({"args": args, "cwd": str(workdir)}) + "\n")
+            self.proc.stdin.flush()
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            self.close()
+            return {"exit_code": None, "stdout": "", "limit": "timeout",
+                    "stderr": f"timed out after {timeout} s",
+                    "seconds": time.perf_counter() - start}
+        except OSError:  # the pipe closed: the worker died while reading
+            line = None
+        if line is None:  # the worker died mid-run
+            code = self.proc.wait()
+            why = self._death_note()
+            self.close()
+            oom = code == -9 or any(m in why for m in _OOM_MARKS)
+            return {"exit_code": None, "stdout": "", "limit": "oom" if oom else None,
+                    "stderr": f"blis_fast worker died (exit {code}): {_tail(why)}",
+                    "seconds": time.perf_counter() - start}
+        record = json.loads(line)
+        if record.pop("oom", False):
+            record["limit"] = "oom"
+            self.close()
+        return record
+
+    def close(self) -> None:
+        """Kill the process (if any) and drop its log."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout):
+                with contextlib.suppress(OSError):
+                    if stream is not None:
+                        stream.close()
+            self.proc = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
+    """Move a worker's protocol lines into ``lines`` (None at end of file)."""
+    try:
+        for line in stream:
+            lines.put(line)
+    except (OSError, ValueError):
+        pass
+    lines.put(None)
+
+
+_IDLE: dict[int, list[BlisWorker]] = {}
+_IDLE_LOCK = threading.Lock()
+
+
+def close_workers() -> None:
+    """End every idle worker (``run_all`` leaves them running for the next call)."""
+    with _IDLE_LOCK:
+        workers = [w for pool in _IDLE.values() for w in pool]
+        _IDLE.clear()
+    for worker in workers:
+        worker.close()
+
+
+atexit.register(close_workers)
+
+
+def run_blis_fast(args: list[str], workdir: Path, timeout: float = 300.0) -> dict[str, Any]:
+    """``blis run <args>`` by a blis_fast worker process inside ``workdir``, under the memory
+    limit (``LIMITS``) and ``timeout`` seconds (exit code None and ``limit`` set when either
+    stopped it; None without ``limit`` for a crash)."""
+    memory_mb = LIMITS["memory_mb"]
+    with _IDLE_LOCK:
+        pool = _IDLE.setdefault(memory_mb, [])
+        worker = pool.pop() if pool else BlisWorker(memory_mb)
+    try:
+        return worker.run(args, workdir, timeout)
+    finally:
+        with _IDLE_LOCK:
+            _IDLE.setdefault(memory_mb, []).append(worker)
 
 
 def run_reference(reference: str, args: list[str], workdir: Path,
@@ -165,7 +320,7 @@ def compare_outputs(blis_dir: Path, blis_stdout: str, ref_dir: Path, ref_stdout:
     if EXACT["on"]:
         return exact_differences(blis_dir, blis_stdout, ref_dir, ref_stdout)
     try:
-        errors = compare_stdout(blis_stdout, ref_stdout)
+        errors = compare_stdout(blis_stdout, ref_stdout, head_extras=HEAD_EXTRAS["on"])
     except (ValueError, json.JSONDecodeError) as exc:
         errors = [f"stdout: not comparable ({exc})"]
     for name in OUTPUT_FILES:
@@ -176,32 +331,47 @@ def compare_outputs(blis_dir: Path, blis_stdout: str, ref_dir: Path, ref_stdout:
         elif not mine.is_file():
             continue
         elif name == "results.json":
-            errors += compare_results(json.loads(mine.read_text()),
-                                      json.loads(theirs.read_text()))
-        elif mine.read_text() == theirs.read_text():
+            a, b = json.loads(mine.read_text()), json.loads(theirs.read_text())
+            if HEAD_EXTRAS["on"]:
+                a, b = (_drop_keys(x, set(HEAD_EXTRA_KEYS)) for x in (a, b))
+            errors += compare_results(a, b)
+        elif _text(mine) == _text(theirs):
             continue
         elif name == "trace.csv":
-            errors += trace_csv_differences(mine.read_text(), theirs.read_text())
+            errors += trace_csv_differences(_text(mine), _text(theirs))
         else:
             errors.append(f"{name}: text differs")
     return errors
 
 
-def classify(blis: dict[str, Any], ref: dict[str, Any], errors: list[str]) -> str:
-    """The status of one configuration (one of STATUSES)."""
+def _text(path: Path) -> str:
+    """A text output file, less the lines the August reference adds (``--family august``)."""
+    text = path.read_text()
+    return _without_extra_lines(text) if HEAD_EXTRAS["on"] else text
+
+
+def classify(blis: dict[str, Any], ref: dict[str, Any], errors: list[str],
+             invalid: bool = False, noise: dict[str, str] | None = None) -> str:
+    """The status of one configuration (one of STATUSES); ``invalid``: the configuration is
+    deliberately wrong, so both sides must refuse it."""
+    noise = KNOWN_NOISE if noise is None else noise
+    if blis["exit_code"] is None and blis.get("limit") == "timeout":
+        return "both-timeout" if ref["exit_code"] is None else "blis_fast-timeout"
     if blis["exit_code"] is None:
-        return "blis_fast-error"
+        return "blis_fast-oom" if blis.get("limit") == "oom" else "blis_fast-error"
     if ref["exit_code"] is None:
         return "reference-timeout"
     if blis["exit_code"] != 0 and ref["exit_code"] != 0:
         return "both-refused"
+    if invalid and blis["exit_code"] == 0 and ref["exit_code"] == 0:
+        return "invalid-accepted"
     if blis["exit_code"] != 0:
         return "blis_fast-refused"
     if ref["exit_code"] != 0:
         return "reference-refused"
     if not errors:
         return "agree"
-    if all(field_name(e) in KNOWN_NOISE for e in errors):
+    if all(field_name(e) in noise for e in errors):
         return "known-noise"
     return "differ"
 
@@ -218,12 +388,13 @@ def check_config(config: dict[str, Any], reference: str, timeout: float,
                 (folder / name).write_text(text)
         args = [*config["args"], *OUTPUT_ARGS, *(EXACT_OUTPUT_ARGS if EXACT["on"] else [])]
         ref = run_reference(reference, args, dirs["reference"], timeout)
-        blis = run_blis_fast(args, dirs["blis_fast"])
+        blis = run_blis_fast(args, dirs["blis_fast"], timeout)
         errors: list[str] = []
         if blis["exit_code"] == 0 and ref["exit_code"] == 0:
             errors = compare_outputs(dirs["blis_fast"], blis["stdout"], dirs["reference"],
                                      ref["stdout"])
-        status = classify(blis, ref, errors)
+        status = classify(blis, ref, errors, bool(config.get("invalid")),
+                          AUGUST_KNOWN_NOISE if HEAD_EXTRAS["on"] else KNOWN_NOISE)
         fields = list(dict.fromkeys(field_name(e) for e in errors))
         record = {"id": config["id"], "status": status, "fields": fields[:10],
                   "differences": errors[:10], "num_differences": len(errors),
@@ -232,6 +403,8 @@ def check_config(config: dict[str, Any], reference: str, timeout: float,
                   "reference_stderr": _tail(ref["stderr"]),
                   "reference_seconds": round(ref["seconds"], 3),
                   "blis_fast_seconds": round(blis["seconds"], 3),
+                  "family": config.get("family", "april"),
+                  **({"invalid": True} if config.get("invalid") else {}),
                   "args": config["args"], "files": config.get("files", {})}
         if keep_dir is not None:
             shutil.copytree(root, keep_dir / config["id"], dirs_exist_ok=True)
@@ -356,6 +529,10 @@ def _shrink_spec(config: dict[str, Any], name: str, record: dict[str, Any], refe
     return config
 
 
+SHRINKABLE = frozenset({"differ", "blis_fast-refused", "reference-refused", "blis_fast-error"})
+"""Statuses ``--shrink`` minimises (not the limits: each attempt would run into them again)."""
+
+
 def run_all(configs: list[dict[str, Any]], reference: str, timeout: float, jobs: int,
             do_shrink: bool = False, report: Path | None = None,
             keep_dir: Path | None = None, quiet: bool = False) -> list[dict[str, Any]]:
@@ -369,8 +546,7 @@ def run_all(configs: list[dict[str, Any]], reference: str, timeout: float, jobs:
                        for cfg in configs]
             for cfg, future in zip(configs, futures, strict=True):
                 record = future.result()
-                if do_shrink and record["status"] not in ("agree", "known-noise",
-                                                          "both-refused", "reference-timeout"):
+                if do_shrink and record["status"] in SHRINKABLE:
                     small = shrink(cfg, record, reference, timeout, jobs)
                     record["shrunk_args"] = small["args"]
                     record["shrunk_files"] = small["files"]
@@ -379,7 +555,7 @@ def run_all(configs: list[dict[str, Any]], reference: str, timeout: float, jobs:
                     out.write(json.dumps(record) + "\n")
                     out.flush()
                 if not quiet:
-                    with _CLI_LOCK:
+                    with _PRINT_LOCK:
                         detail = ", ".join(record["fields"][:3])
                         print(f"{record['id']}: {record['status']}"
                               + (f" ({detail})" if detail else ""), flush=True)
@@ -404,7 +580,8 @@ def summary_table(records: list[dict[str, Any]]) -> str:
             lines.append(f"    shrunk: {' '.join(r['shrunk_args'])}")
     if counts["known-noise"]:
         reasons: dict[str, list[str]] = {}
-        for name, reason in KNOWN_NOISE.items():
+        noise = AUGUST_KNOWN_NOISE if HEAD_EXTRAS["on"] else KNOWN_NOISE
+        for name, reason in noise.items():
             reasons.setdefault(reason, []).append(name)
         lines += [f"known noise ({', '.join(names)}): {reason}"
                   for reason, names in reasons.items()]
@@ -418,7 +595,9 @@ def load_configs(path: Path) -> list[dict[str, Any]]:
         if line.strip():
             obj = json.loads(line)
             configs.append({"id": obj.get("id", f"c{n}"), "args": obj["args"],
-                            "files": obj.get("files", {})})
+                            "files": obj.get("files", {}),
+                            "family": obj.get("family", "april"),
+                            **({"invalid": True} if obj.get("invalid") else {})})
     return configs
 
 
@@ -435,7 +614,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSONL of configurations ({id, args, files}) instead of generating")
     parser.add_argument("--jobs", type=int, default=1, help="configurations run in parallel")
     parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds a reference run may take")
+                        help="seconds a run (either side) may take")
+    parser.add_argument("--memory-limit-mb", type=int, default=DEFAULT_MEMORY_LIMIT_MB,
+                        help="address-space limit of the blis_fast worker processes (MiB)")
+    parser.add_argument("--family", choices=FAMILIES, default="april",
+                        help="configuration family: 'april' (the April reference b563c440) "
+                             "or 'august' (P/D and autoscaler, the August reference f90a1e3a: "
+                             "its stdout/file additions are ignored, its noise listed)")
     parser.add_argument("--shrink", action="store_true",
                         help="minimise each configuration that differs or is refused by one side")
     parser.add_argument("--report", type=Path, default=Path("differential-report.jsonl"),
@@ -447,16 +632,20 @@ def main(argv: list[str] | None = None) -> int:
                              "must be identical (Parquet by data, on its columns)")
     opts = parser.parse_args(argv)
     EXACT["on"] = opts.exact
+    HEAD_EXTRAS["on"] = opts.family == "august"
+    if opts.memory_limit_mb < 64:
+        parser.error(f"--memory-limit-mb must be >= 64, got {opts.memory_limit_mb}")
+    LIMITS["memory_mb"] = opts.memory_limit_mb
     configs = (load_configs(opts.configs) if opts.configs
-               else generate_configs(opts.seed, opts.count, opts.max_requests))
+               else generate_configs(opts.seed, opts.count, opts.max_requests, opts.family))
     if opts.keep_dirs:
         opts.keep_dirs.mkdir(parents=True, exist_ok=True)
     records = run_all(configs, opts.reference, opts.timeout, opts.jobs, opts.shrink,
                       opts.report, opts.keep_dirs)
     print(summary_table(records))
     print(f"report: {opts.report}")
-    bad = {"differ", "blis_fast-refused", "reference-refused", "blis_fast-error"}
-    return 1 if any(r["status"] in bad for r in records) else 0
+    close_workers()
+    return 1 if any(r["status"] in BAD_STATUSES for r in records) else 0
 
 
 if __name__ == "__main__":
