@@ -259,3 +259,16 @@ def test_the_python_api_refuses_absurd_limits(tmp_path, timeout_s, memory_mb):
         with pytest.raises(BlisConfigError, match="timeout_s|memory_mb"):
             call()
     assert not (tmp_path / "oe").exists()
+
+
+def test_the_evaluator_raises_on_a_benchmark_the_simulator_refuses():
+    """Through the Python API (OpenEvolve's and GEPA's path) a refused benchmark raises
+    instead of scoring every candidate -1."""
+    from blis_fast.evolve.sandbox import Evaluator
+
+    data = _valid()
+    data["clusters"] = [{"name": "bad", "num_instances": 4, "routing_latency": -1}]
+    evaluator = Evaluator("scorer", benchmark_from_dict(data, "bench"), timeout_s=30,
+                          memory_mb=512, workers=1)
+    with pytest.raises(BlisConfigError, match="--routing-latency must be >= 0"):
+        evaluator.evaluate(INITIAL_PROGRAMS["scorer"], stage="tiny")

@@ -483,6 +483,12 @@ def _contained_task(payload: tuple) -> tuple[int, dict[str, Any]]:
                                      memory_mb=memory_mb)
 
 
+def _raise_bad_benchmark(record: dict[str, Any], bench: Benchmark) -> None:
+    """BlisConfigError for a record whose benchmark the simulator refused."""
+    if (record.get("error") or {}).get("kind") == "benchmark":
+        raise BlisConfigError(f"benchmark {bench.name!r}: {record['error']['message']}")
+
+
 class Evaluator:
     """Contained, cached, parallel evaluation of candidates of one target on one benchmark.
 
@@ -512,13 +518,16 @@ class Evaluator:
 
     def evaluate(self, source: str, *, stage: str = "full",
                  bench: Benchmark | None = None) -> dict[str, Any]:
-        """One candidate's record (from the cache when it was scored before)."""
+        """One candidate's record (from the cache when it was scored before). A benchmark
+        the simulator refuses raises BlisConfigError: it is no candidate's failure, and a
+        search scoring every candidate -1 would hide it."""
         bench = bench or self.bench
         key = EvalCache.key(source, self.target, bench, stage)
         record = self.cache.get(key)
         if record is None:
             record = evaluate_contained(source, self.target, bench, stage=stage,
                                         timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+            _raise_bad_benchmark(record, bench)
             self.cache.put(key, record)
         return record
 
@@ -540,6 +549,7 @@ class Evaluator:
                      self.memory_mb) for i in todo.values()]
         with TaskRunner("ray", self.workers, self.ray_address) as runner:
             for index, record in runner.map(_contained_task, payloads):
+                _raise_bad_benchmark(record, self.bench)
                 self.cache.put(keys[index], record)
                 records[index] = record
         return [r if r is not None else records[todo[k]] for r, k in zip(records, keys,
