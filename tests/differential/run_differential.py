@@ -1,7 +1,8 @@
 """Differential testing of blis_fast against a reference ``blis`` binary on random configurations.
 
 Each configuration (``config_generator.py``, or a JSONL file of them) is run by blis_fast (its
-CLI, in this process) and by ``--reference PATH`` (any executable taking ``run <flags>``), each
+CLI in a persistent worker process, ``blis_worker.py``, under ``--memory-limit-mb`` and
+``--timeout``) and by ``--reference PATH`` (any executable taking ``run <flags>``), each
 in its own folder with ``--metrics-path results.json --trace-output trace``; the outputs are
 compared with the parity rules of ``tests/parity.py``. Not collected by pytest (no ``test_``
 prefix); see tests/differential/README.md.
