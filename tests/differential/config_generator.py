@@ -3,7 +3,10 @@
 A configuration is a dict ``{"id": str, "args": [flag, value, ...], "files": {name: text}}``:
 ``args`` omit the output flags (the runner adds them) and name files by their bare name (the
 runner writes ``files`` into the run folder). Only flags and values the reference accepts are
-drawn; ``tests/test_differential_tool.py`` checks that blis_fast accepts every one.
+drawn, except in the deliberately invalid configurations (``"invalid": true``), which both sides
+must refuse; ``tests/test_differential_tool.py`` checks that blis_fast accepts every valid one and
+refuses every invalid one with exit code 2. Two families: 'april' (flags of the April reference)
+and 'august' (P/D pools and the autoscaler, for the August reference).
 """
 
 from __future__ import annotations
