@@ -18,7 +18,18 @@ pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(),
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\n"
 
 
+def _background_share(seconds: float = 0.5) -> float:
+    """Foreign CPU (in cores) while this test does nothing: other jobs on the machine."""
+    meter = ForeignCpu()
+    meter.start()
+    time.sleep(seconds)
+    return meter.share()
+
+
 def test_own_child_is_not_foreign_and_a_detached_process_is():
+    background = _background_share()
+    if background > 0.3:  # the busy loops below would compete with it and the gaps blur
+        pytest.skip(f"other processes use {background:.2f} cores: too busy to measure shares")
     own = ForeignCpu()
     own.start()
     subprocess.run([sys.executable, "-c", BUSY.format(s=1.5)], check=True)

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 import blis_fast
-from blis_fast.config.pd import requested as pd_requested
+from blis_fast.config.pd_mode import requested as pd_requested
 from blis_fast.engine.simulate import engine_variant, event_loop_arguments
 from blis_fast.engine.warmup import _one_request_run, compile_engine
 from blis_fast.kernels.engine.event_loop import PD_ARGUMENT, run_events

@@ -38,6 +38,8 @@ from blis_fast.config.model_resolution import (
     resolve_hardware_config,
     resolve_model_config,
 )
+from blis_fast.config.pd_mode import requested as pd_requested
+from blis_fast.config.policy_bundle import load_policy_bundle
 from blis_fast.errors import BlisConfigError, BlisError, BlisInputError
 
 
@@ -149,20 +151,13 @@ def august_kv_rule(opts: Any) -> bool:
     ``head_dim`` in config.json sizes KV bytes and K/V weights): runs in P/D mode or with the
     autoscaler or node pools, the features blis_fast takes from that reference. Plain runs keep
     the April rule (hidden/heads) that their parity cases follow."""
-    from blis_fast.config.pd import requested as pd_requested
-
-    try:
-        if pd_requested(opts):
-            return True
-    except AttributeError:  # options without the P/D flags (not a run)
-        return False
+    if pd_requested(opts):
+        return True
     if getattr(opts, "model_autoscaler_interval_us", 0) > 0:
         return True
     path = getattr(opts, "policy_config", "")
     if not path:
         return False
-    from blis_fast.config.policy_bundle import load_policy_bundle
-
     try:
         bundle = load_policy_bundle(path)
     except BlisError:  # reported where the run loads the bundle

@@ -24,6 +24,7 @@ from blis_fast.config.kv_capacity import (
 from blis_fast.config.latency import pack_latency_params
 from blis_fast.config.latency_backends import LATENCY_BACKENDS
 from blis_fast.config.model_config import parse_hf_config
+from blis_fast.config.pd_mode import pd_mode_on
 from blis_fast.config.policy_bundle import parse_scorer_list
 from blis_fast.errors import BlisConfigError
 from blis_fast.gofmt import go_pct_f, go_quote
@@ -60,8 +61,8 @@ class PDConfig:
 
     @property
     def on(self) -> bool:
-        """P/D mode: some prefill, decode or shared instance (encode alone never turns it on)."""
-        return self.prefill + self.decode + self.shared > 0
+        """P/D mode (the rule in pd_mode)."""
+        return pd_mode_on(self.prefill, self.decode, self.shared)
 
     def roles(self, n_instances: int) -> np.ndarray:
         """Each instance's role bits by index: prefill, decode, shared, encode, then role 0."""
@@ -72,12 +73,6 @@ class PDConfig:
         roles[p + d:p + d + s] = ROLE_PREFILL | ROLE_DECODE
         roles[p + d + s:p + d + s + e] = ROLE_ENCODE
         return roles
-
-
-def requested(opts: Any) -> bool:
-    """Whether the flags ask for P/D mode (before any check: which engine to compile first)."""
-    return PDConfig(prefill=opts.prefill_instances, decode=opts.decode_instances,
-                    shared=opts.prefill_decode_instances).on
 
 
 def _fail(message: str) -> None:
