@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from blis_fast.errors import BlisConfigError
+from blis_fast.evolve import WORST_FITNESS
 from blis_fast.evolve.benchmark import Benchmark, benchmark_from_dict
 from blis_fast.evolve.evaluate import evaluate_source, failure_record
 
@@ -337,8 +338,6 @@ def checked_record(data: bytes, body: str, source: str) -> dict[str, Any]:
     """Parse and check the evaluation's record: the keys of a record, a finite fitness, a
     failure at the worst fitness, a success in range (goodput in [0, 1]) and equal to the
     mean of its workloads' fitness. Anything else is a ``crash`` record."""
-    from blis_fast.evolve import WORST_FITNESS
-
     def bad(why: str) -> dict[str, Any]:
         return failure_record("crash", f"the evaluation sent an invalid record: {why}", source)
 
