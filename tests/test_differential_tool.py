@@ -272,3 +272,22 @@ def test_worker_reports_memory_errors_as_out_of_memory() -> None:
     except RuntimeError as wrapped:
         assert blis_worker.out_of_memory(wrapped)
     assert not blis_worker.out_of_memory(ValueError("bad"))
+
+
+def test_august_inversion_noise_may_add_the_whole_anomaly_section(monkeypatch, tmp_path) -> None:
+    """The August reference prints an anomaly section with only its inversion count non-zero
+    where blis_fast prints none: known noise under ``--family august``, a difference otherwise."""
+    base = "=== Simulation Metrics ===\n{\n  \"completed_requests\": 5\n}\n"
+    theirs = (base + "=== Anomaly Counters ===\nPriority Inversions: 287\n"
+              "HOL Blocking Events: 0\nTimed Out Requests: 0\n")
+    assert rd.without_inversions(theirs) == (base, "287")
+    busy = theirs.replace("Timed Out Requests: 0", "Timed Out Requests: 2")
+    assert rd.without_inversions(busy)[0] == (
+        base + "=== Anomaly Counters ===\nHOL Blocking Events: 0\nTimed Out Requests: 2\n")
+    monkeypatch.setitem(rd.HEAD_EXTRAS, "on", True)
+    errors = rd.compare_outputs(tmp_path, base, tmp_path, theirs)
+    assert errors == ["Priority Inversions: 0 != 287"]
+    ok = {"exit_code": 0}
+    assert rd.classify(ok, ok, errors, noise=rd.AUGUST_KNOWN_NOISE) == "known-noise"
+    monkeypatch.setitem(rd.HEAD_EXTRAS, "on", False)
+    assert rd.classify(ok, ok, rd.compare_outputs(tmp_path, base, tmp_path, theirs)) == "differ"

@@ -399,6 +399,14 @@ def august_config(rng: random.Random, config_id: str, max_requests: int = 200
     if rng.random() < 0.2:
         _flag(args, "total-kv-blocks", rng.choice((2000, 5000, 20_000)))
     spec = workload_spec(rng, max_requests) if rng.random() < 0.3 else None
+    if spec is not None:  # the August reference wants slo_class on every entry or on none
+        entries = spec.get("clients", []) + spec.get("cohorts", [])
+        every = rng.random() < 0.5
+        for entry in entries:
+            if every:
+                entry["slo_class"] = entry.get("slo_class") or rng.choice(SLO_CLASSES[1:])
+            else:
+                entry.pop("slo_class", None)
     if spec is not None and kind == "pd":  # blis_fast has no sessions with P/D yet
         for client in spec["clients"]:
             client.pop("closed_loop", None)
