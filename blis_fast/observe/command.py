@@ -71,6 +71,9 @@ OBSERVE_OPTIONS: tuple[OptionSpec, ...] = (
     _own("itl-output", "str", "", "ITL CSV path [default: <trace-data minus .csv>.itl.csv]",
          file="output"),
     _own("output-dir", "str", "", "Also write observed_requests.parquet here", file="output"),
+    _own("quality-columns", "bool", False,
+         "Append blis_fast's burst, not_streamed, client_late and client_lag_us columns to "
+         "the trace CSV (the reference's 27 columns are unchanged without it)"),
     _own("workload", "str", "",
          "Workload preset (chatbot, summarization, contentgen, multidoc); needs --rate",
          group="Workload"),
@@ -143,6 +146,7 @@ class ObserveOptions:
     record_itl: bool = observe_default("record-itl")
     itl_output: str = observe_default("itl-output")
     output_dir: str = observe_default("output-dir")
+    quality_columns: bool = observe_default("quality-columns")
     drain_timeout: float = observe_default("drain-timeout")
     given: frozenset[str] = frozenset()
 
@@ -463,7 +467,8 @@ def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
         plan.stage_text(o.trace_header, "--trace-header",
                         trace_header(created, o.warmup_requests, w.seed, w.header_spec,
                                      o.server_type, o.model, o.rtt_ms))
-        plan.stage_text(o.trace_data, "--trace-data", trace_csv(r.result.observed))
+        plan.stage_text(o.trace_data, "--trace-data", trace_csv(r.result.observed,
+                                                                 o.quality_columns))
         if o.record_itl:
             if not r.result.itl:
                 log.warning("--record-itl was set but no ITL data recorded (non-streaming requests?)")
@@ -488,6 +493,20 @@ def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
         plan.commit()
     log.info("Trace exported: %d records to %s / %s", len(r.result.observed), o.trace_header,
              o.trace_data)
+    report_quality(r)
+
+
+def report_quality(r: ObserveResult) -> None:
+    """Say on stderr which requests cannot teach the simulator about the server, and when
+    the client itself ran late (issue 30, ``blis_fast.observe.quality``)."""
+    from blis_fast.observe.output import observed_quality  # lazy: not for blis --help
+    from blis_fast.observe.quality import lag_warning  # lazy: not for blis --help
+
+    for line in observed_quality(r.result.observed).summary_lines():
+        log.warning("observe: %s", line)
+    warning = lag_warning(r.result.lag_us)
+    if warning:
+        log.warning("observe: %s", warning)
 
 
 def run_observe(o: ObserveOptions) -> ObserveResult:

@@ -14,6 +14,7 @@ exactly one record (aborted ones ``error``, ``context canceled``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -25,6 +26,7 @@ import numpy as np
 from blis_fast.engine.sessions import SessionDriver
 from blis_fast.observe.client import CANCELLED_TEXT, PendingRequest, RealClient, RequestRecord
 from blis_fast.observe.prompts import build_prompt
+from blis_fast.observe.quality import LAG_SAMPLE_S, lag_per_request
 
 log = logging.getLogger("blis_fast.observe")
 
@@ -61,6 +63,7 @@ class Observed:
     pending: PendingRequest
     record: RequestRecord
     job: Job
+    client_lag_us: int = -1  # largest event-loop lag sampled while in flight; -1 = unknown
 
 
 @dataclass
@@ -88,6 +91,8 @@ class DispatchResult:
     start_wall_us: int  # wall clock at the loop's origin (planned send = this + arrival)
     dispatched: int
     interrupted: bool
+    lag_us: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The event loop's own lag, sampled every ``LAG_SAMPLE_S`` during the run (µs)."""
 
 
 class Dispatcher:
@@ -112,6 +117,8 @@ class Dispatcher:
         self.start_mono = 0.0
         self.start_wall_us = 0
         self.active = 0
+        self.lag_wall_us: list[int] = []
+        self.lag_us: list[int] = []
         if driver is not None:
             self.active = len({j.session_id for j in jobs if j.session_id})
 
@@ -225,12 +232,34 @@ class Dispatcher:
                                                   f"{CANCELLED_TEXT}")
                 self.observed.append(Observed(pending, rec, job))
 
+    async def _watch_lag(self) -> None:
+        """Sample how late the event loop wakes (issue 30): a loop busy with parsing or
+        starved of CPU reads every chunk late, and the trace would blame the server."""
+        while True:
+            due = time.perf_counter() + LAG_SAMPLE_S
+            await asyncio.sleep(LAG_SAMPLE_S)
+            self.lag_us.append(max(int((time.perf_counter() - due) * 1e6), 0))
+            self.lag_wall_us.append(time.time_ns() // 1000)
+
+    def _attribute_lag(self) -> None:
+        """Each observed request's largest sampled lag while it was in flight."""
+        if not self.observed:
+            return
+        send = np.array([o.record.send_time_us for o in self.observed], dtype=np.int64)
+        end = np.array([o.record.last_chunk_time_us or o.record.send_time_us
+                        for o in self.observed], dtype=np.int64)
+        lags = lag_per_request(np.array(self.lag_wall_us, dtype=np.int64),
+                               np.array(self.lag_us, dtype=np.int64), send, end)
+        for o, lag in zip(self.observed, lags, strict=True):
+            o.client_lag_us = int(lag)
+
     async def run(self) -> DispatchResult:
         """Dispatch everything (or until interrupted) and wait for the in-flight requests."""
         loop = asyncio.get_running_loop()
         self.start_mono = time.perf_counter()
         self.start_wall_us = time.time_ns() // 1000
         main = loop.create_task(self._loop())
+        watcher = loop.create_task(self._watch_lag())
 
         def on_signal() -> None:
             if self.stopping:
@@ -260,10 +289,14 @@ class Dispatcher:
                 while self.inflight:
                     await asyncio.wait(set(self.inflight))
         finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
             for sig in installed:
                 loop.remove_signal_handler(sig)
+        self._attribute_lag()
         return DispatchResult(self.observed, self.itl, self.start_wall_us, self.dispatched,
-                              self.stopping)
+                              self.stopping, np.array(self.lag_us, dtype=np.int64))
 
 
 __all__ = ["DispatchConfig", "DispatchResult", "Dispatcher", "Job", "Observed"]

@@ -15,11 +15,15 @@ import pyarrow as pa
 
 from blis_fast.gofmt import go_g
 from blis_fast.observe.orchestrator import Observed
+from blis_fast.observe.quality import Quality, assess
 from blis_fast.output.schemas import load_schema
 from blis_fast.workload.trace_v2 import TRACE_V2_COLUMNS, go_csv_field
 from blis_fast.workload.yaml_writer import yaml_string
 
 ITL_HEADER = "request_id,chunk_index,timestamp_us\n"
+QUALITY_COLUMNS = ("burst", "not_streamed", "client_late", "client_lag_us")
+"""blis_fast-only trace columns (``--quality-columns``, issue 30), after the 27 of trace v2;
+the reference's reader stops at its own columns, blis_fast's reads them (``load_quality``)."""
 
 def trace_header(created_at: str, warmup: int, seed: int, workload_spec: str,
                  server_type: str, model: str, rtt_ms: float) -> str:
@@ -61,9 +65,32 @@ def row_fields(o: Observed) -> list[str]:
     ]
 
 
-def trace_csv(observed: Sequence[Observed]) -> str:
-    """The trace CSV text, header row included, rows in completion order."""
-    rows = [",".join(TRACE_V2_COLUMNS)] + [",".join(row_fields(o)) for o in observed]
+def observed_quality(observed: Sequence[Observed]) -> Quality:
+    """The observation-quality flags of the recorded requests (``observe.quality``)."""
+    return assess(
+        np.array([o.pending.streaming for o in observed], dtype=bool),
+        np.array([o.record.status == "ok" for o in observed], dtype=bool),
+        np.array([o.record.send_time_us for o in observed], dtype=np.int64),
+        np.array([o.record.first_chunk_time_us for o in observed], dtype=np.int64),
+        np.array([o.record.last_chunk_time_us for o in observed], dtype=np.int64),
+        np.array([o.record.num_chunks for o in observed], dtype=np.int64),
+        np.array([o.client_lag_us for o in observed], dtype=np.int64))
+
+
+def trace_csv(observed: Sequence[Observed], quality_columns: bool = False) -> str:
+    """The trace CSV text, header row included, rows in completion order; with
+    ``quality_columns`` the :data:`QUALITY_COLUMNS` follow the reference's 27."""
+    if not quality_columns:
+        rows = [",".join(TRACE_V2_COLUMNS)] + [",".join(row_fields(o)) for o in observed]
+        return "\n".join(rows) + "\n"
+    q = observed_quality(observed)
+    def tf(flag: np.bool_) -> str:
+        return "true" if flag else "false"
+
+    rows = [",".join(TRACE_V2_COLUMNS + QUALITY_COLUMNS)] + [
+        ",".join([*row_fields(o), tf(q.burst[k]), tf(q.not_streamed[k]), tf(q.client_late[k]),
+                  str(q.client_lag_us[k])])
+        for k, o in enumerate(observed)]
     return "\n".join(rows) + "\n"
 
 
@@ -107,6 +134,8 @@ def observed_table(observed: Sequence[Observed], start_wall_us: int) -> pa.Table
         streaming[k] = p.streaming
     ok = np.array([o.record.status == "ok" and o.record.first_chunk_time_us > 0
                    for o in observed], dtype=bool)
+    q = observed_quality(observed)
+    flags = {"burst": q.burst, "not_streamed": q.not_streamed, "client_late": q.client_late}
     ttft = (i64["first_chunk_time_us"] - i64["send_time_us"]) / 1e3
     e2e = (i64["last_chunk_time_us"] - i64["send_time_us"]) / 1e3
     cols = []
@@ -121,6 +150,11 @@ def observed_table(observed: Sequence[Observed], start_wall_us: int) -> pa.Table
             cols.append(pa.array(ttft, type=fld.type, mask=~ok))
         elif fld.name == "e2e_ms":
             cols.append(pa.array(e2e, type=fld.type, mask=~ok))
+        elif fld.name in flags:
+            cols.append(pa.array(flags[fld.name], type=fld.type))
+        elif fld.name == "client_lag_ms":
+            cols.append(pa.array(q.client_lag_us / 1e3, type=fld.type,
+                                 mask=q.client_lag_us < 0))
         else:  # pragma: no cover - the schema and this writer change together
             raise ValueError(f"observed_requests schema field {fld.name!r} has no writer")
     return pa.Table.from_arrays(cols, schema=schema)

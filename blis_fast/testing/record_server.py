@@ -19,7 +19,8 @@ Answers follow the protocol the parity cases were recorded with:
 * ``GET /v1/models`` one model; ``GET /metrics`` a few fixed ``vllm:*`` lines; other paths 404;
   a POST body that is not a JSON object 400.
 ``--token-delay-ms`` (default 0) waits that long before each streamed token, to make streams
-take time. Standard library only (asyncio streams, HTTP/1.1 keep-alive for JSON answers).
+take time; ``--buffer-stream`` still waits but holds the events back and writes the whole stream
+at its end, as a buffering proxy or a CPU-starved frontend does (issue 30). Standard library only (asyncio streams, HTTP/1.1 keep-alive for JSON answers).
 """
 
 from __future__ import annotations
@@ -119,9 +120,11 @@ def whole_answer(body: dict, chat: bool, n: int, reason: str, usage: dict) -> di
 class RecordServer:
     """The asyncio server; ``log_path`` receives one JSON line per request."""
 
-    def __init__(self, log_path: str, token_delay_s: float = 0.0) -> None:
+    def __init__(self, log_path: str, token_delay_s: float = 0.0,
+                 buffer_stream: bool = False) -> None:
         self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.token_delay_s = token_delay_s
+        self.buffer_stream = buffer_stream
 
     def close(self) -> None:
         self.log.close()
@@ -195,7 +198,10 @@ class RecordServer:
         events = [b"data: " + json.dumps(ev).encode() + b"\n\n"
                   for ev in sse_events(body, chat, n, reason, usage)]
         events.append(b"data: [DONE]\n\n")
-        if self.token_delay_s > 0:
+        if self.token_delay_s > 0 and self.buffer_stream:
+            await asyncio.sleep(self.token_delay_s * len(events))
+            writer.write(b"".join(b"%x\r\n%s\r\n" % (len(ev), ev) for ev in events))
+        elif self.token_delay_s > 0:
             for ev in events:
                 await asyncio.sleep(self.token_delay_s)
                 writer.write(b"%x\r\n%s\r\n" % (len(ev), ev))
@@ -217,9 +223,10 @@ class RecordServer:
         await writer.drain()
 
 
-async def serve(log_path: str, port: int, token_delay_s: float) -> None:
+async def serve(log_path: str, port: int, token_delay_s: float,
+                buffer_stream: bool = False) -> None:
     """Run until SIGTERM/SIGINT; print the bound port first."""
-    rec = RecordServer(log_path, token_delay_s)
+    rec = RecordServer(log_path, token_delay_s, buffer_stream)
     server = await asyncio.start_server(rec.handle, "127.0.0.1", port, backlog=1024)
     print(server.sockets[0].getsockname()[1], flush=True)
     stop = asyncio.Event()
@@ -234,11 +241,12 @@ async def serve(log_path: str, port: int, token_delay_s: float) -> None:
 
 
 @contextlib.contextmanager
-def running_record_server(record_path: str | os.PathLike, token_delay_ms: float = 0.0
-                          ) -> Iterator[str]:
+def running_record_server(record_path: str | os.PathLike, token_delay_ms: float = 0.0,
+                          buffer_stream: bool = False) -> Iterator[str]:
     """Run the server in a child process; yield its base URL; stop it with SIGTERM."""
     cmd = [sys.executable, "-m", "blis_fast.testing.record_server", "--port", "0",
-           "--record", os.fspath(record_path), "--token-delay-ms", str(token_delay_ms)]
+           "--record", os.fspath(record_path), "--token-delay-ms", str(token_delay_ms),
+           *(["--buffer-stream"] if buffer_stream else [])]
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -266,8 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0 = any free one)")
     ap.add_argument("--token-delay-ms", type=float, default=0.0,
                     help="pause before each streamed token")
+    ap.add_argument("--buffer-stream", action="store_true",
+                    help="hold a stream's events back and write them all at its end")
     a = ap.parse_args(argv)
-    asyncio.run(serve(a.record, a.port, a.token_delay_ms / 1000.0))
+    asyncio.run(serve(a.record, a.port, a.token_delay_ms / 1000.0, a.buffer_stream))
     return 0
 
 

@@ -1,0 +1,171 @@
+"""Observations the simulator cannot learn from (issue 30): bursts, unstreamed requests and a
+late client are flagged per request, by ``blis observe`` at the end of a run and in its files,
+and a clean stream raises no flag."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from blis_fast.observe.quality import (
+    BURST_GAP_FLOOR_US,
+    CLIENT_LATE_US,
+    assess,
+    lag_per_request,
+    lag_warning,
+)
+from blis_fast.testing.record_server import running_record_server
+
+ROOT = Path(__file__).resolve().parents[1]
+BURST_LINE = ("requests arrived in one burst: TTFT and ITL of these measure the delivery path, "
+              "not the server")
+
+
+def _trace(ttft_ms, itl_ms, chunks, streaming=True, ok=True):
+    """Columns of a synthetic trace: send at 1 s apart, first chunk after ``ttft_ms``, then
+    ``chunks - 1`` gaps of ``itl_ms`` each (arrays or scalars)."""
+    n = len(ttft_ms)
+    send = 1_000_000 * (np.arange(n, dtype=np.int64) + 1)
+    first = send + (np.asarray(ttft_ms) * 1000).astype(np.int64)
+    ch = np.broadcast_to(np.asarray(chunks, dtype=np.int64), (n,)).copy()
+    last = first + (np.asarray(itl_ms) * 1000 * (ch - 1)).astype(np.int64)
+    return (np.broadcast_to(streaming, (n,)), np.broadcast_to(ok, (n,)), send, first, last, ch)
+
+
+# ---- the rule on synthetic traces -------------------------------------------------------------
+def test_a_trace_of_bursts_is_flagged_though_its_median_gap_is_zero():
+    # the issue's trace: 56 of 60 requests delivered whole (first chunk = last chunk, TTFT = E2E
+    # ~ 100 ms), 4 streamed at 2 ms a token; the trace's median gap is 0
+    rng = np.random.default_rng(1)
+    ttft = np.where(np.arange(60) < 56, rng.uniform(90, 110, 60), rng.uniform(5, 10, 60))
+    itl = np.where(np.arange(60) < 56, 0.0, 2.0)
+    q = assess(*_trace(ttft, itl, 47))
+    assert int(q.burst.sum()) == 56 and not q.burst[56:].any()
+    assert q.summary_lines() == [f"56 of 60 {BURST_LINE}"]
+    assert int(q.usable.sum()) == 4
+
+
+def test_near_zero_gaps_are_bursts_whatever_the_other_requests_do():
+    # every request read in a few network reads: gaps of 40 µs, under the absolute floor
+    q = assess(*_trace(np.full(20, 80.0), np.full(20, 0.04), 30))
+    assert 0.04 * 1000 < BURST_GAP_FLOOR_US and q.burst.all()
+
+
+def test_partly_buffered_requests_are_told_apart_from_the_streams_beside_them():
+    # 12 streams at 8-12 ms a token, 6 requests flushed by a proxy in 0.4 ms gaps after
+    # 400 ms: above the absolute floor, but a twentieth of the streams' gaps over a sliver
+    # of their own E2E
+    ttft = np.r_[np.full(12, 30.0), np.full(6, 400.0)]
+    itl = np.r_[np.linspace(8, 12, 12), np.full(6, 0.4)]
+    q = assess(*_trace(ttft, itl, 40))
+    assert q.burst.tolist() == [False] * 12 + [True] * 6
+
+
+def test_a_clean_stream_raises_no_flag():
+    # long prefill, few tokens, varied decode speed: still a stream (no false alarm)
+    rng = np.random.default_rng(2)
+    ttft = rng.uniform(20, 900, 200)
+    itl = rng.uniform(3, 40, 200)
+    chunks = rng.integers(3, 200, 200)
+    q = assess(*_trace(ttft, itl, chunks))
+    assert not q.flagged.any() and q.summary_lines() == []
+
+
+def test_unstreamed_and_failed_requests():
+    streaming = np.array([False, False, True, True])
+    ok = np.array([True, True, True, False])
+    send = np.array([1, 2, 3, 4]) * 1_000_000
+    first = send + 50_000
+    last = first + np.array([0, 0, 90_000, 0])
+    chunks = np.array([1, 1, 10, 0])
+    first[3] = 0
+    q = assess(streaming, ok, send, first, last, chunks)
+    assert q.not_streamed.tolist() == [True, True, False, False]
+    assert q.judged.tolist() == [True, True, True, False]
+    assert q.summary_lines() == ["2 of 3 requests were not streamed: their TTFT is their E2E "
+                                 "and they have no ITL"]
+
+
+def test_client_lag_is_attributed_to_the_requests_in_flight():
+    # samples every 10 ms from t = 0; the loop was 30 ms late once, at t = 500 ms
+    t = np.arange(0, 1_000_000, 10_000)
+    lag = np.where(t == 500_000, 30_000, 200)
+    send = np.array([100_000, 450_000, 600_000, 0])
+    end = np.array([300_000, 520_000, 900_000, 0])
+    got = lag_per_request(t, lag, send, end)
+    assert got.tolist() == [200, 30_000, 200, -1]
+    q = assess(np.ones(4, bool), np.array([1, 1, 1, 0], bool), send, send + 1000, end,
+               np.full(4, 1), got)
+    assert q.client_late.tolist() == [False, True, False, False]
+    assert 30_000 > CLIENT_LATE_US
+
+
+def test_lag_warning_gives_percentiles_only_over_the_threshold():
+    assert lag_warning(np.full(1000, 500)) is None
+    assert lag_warning(np.zeros(0)) is None
+    lag = np.r_[np.full(980, 500), np.full(20, 50_000)]
+    msg = lag_warning(lag)
+    assert msg is not None
+    assert "p50 0.5 ms" in msg and "p99 50.0 ms" in msg and "max 50.0 ms" in msg
+    assert "1000 checks" in msg and "--max-concurrency" in msg
+
+
+# ---- blis observe against a loopback server ---------------------------------------------------
+def _observe(url: str, tmp: Path, *extra: str, n: int = 6) -> tuple[int, str, list[dict]]:
+    args = [sys.executable, "-m", "blis_fast.cli", "observe", "--server-url", url,
+            "--model", "m", "--rate", "50", "--num-requests", str(n), "--prompt-tokens", "20",
+            "--prompt-tokens-stdev", "5", "--output-tokens", "12", "--output-tokens-stdev", "2",
+            "--trace-header", str(tmp / "t.yaml"), "--trace-data", str(tmp / "t.csv"),
+            "--output-dir", str(tmp / "out"), *extra]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    rows = []
+    if (tmp / "t.csv").exists():
+        rows = list(csv.DictReader(io.StringIO((tmp / "t.csv").read_text())))
+    return res.returncode, res.stderr, rows
+
+
+def test_observe_flags_a_server_that_flushes_each_stream_whole(tmp_path):
+    # each stream takes ~13 x 3 ms at the server but reaches the client in one write
+    with running_record_server(tmp_path / "r.jsonl", token_delay_ms=3,
+                               buffer_stream=True) as url:
+        code, err, rows = _observe(url, tmp_path, "--record-itl", "--quality-columns")
+    assert code == 0, err
+    assert f"6 of 6 {BURST_LINE}" in err
+    assert [r["burst"] for r in rows] == ["true"] * 6
+    assert all(r["not_streamed"] == "false" and int(r["client_lag_us"]) >= 0 for r in rows)
+    for r in rows:  # first chunk = last chunk, over 30 ms after the send
+        assert r["first_chunk_time_us"] == r["last_chunk_time_us"]
+        assert int(r["first_chunk_time_us"]) - int(r["send_time_us"]) >= 30_000
+    table = pq.read_table(tmp_path / "out" / "observed_requests.parquet")
+    assert table.column("burst").to_pylist() == [True] * 6
+    assert table.column("not_streamed").to_pylist() == [False] * 6
+    assert table.schema.metadata[b"blis_fast.schema_version"] == b"2"
+
+
+def test_observe_raises_no_flag_on_a_real_stream(tmp_path):
+    with running_record_server(tmp_path / "r.jsonl", token_delay_ms=3) as url:
+        code, err, rows = _observe(url, tmp_path, "--record-itl")
+    assert code == 0, err
+    assert "burst" not in err and "not streamed" not in err
+    assert len(rows[0]) == 27  # the reference's columns only, without --quality-columns
+    table = pq.read_table(tmp_path / "out" / "observed_requests.parquet")
+    assert table.column("burst").to_pylist() == [False] * 6
+    assert table.column("not_streamed").to_pylist() == [False] * 6
+    assert all(v >= 0 for v in table.column("client_lag_ms").to_pylist())
+
+
+def test_observe_says_when_requests_were_not_streamed(tmp_path):
+    with running_record_server(tmp_path / "r.jsonl") as url:
+        code, err, rows = _observe(url, tmp_path, "--no-streaming", "--quality-columns", n=4)
+    assert code == 0, err
+    assert "4 of 4 requests were not streamed: their TTFT is their E2E" in err
+    assert [r["not_streamed"] for r in rows] == ["true"] * 4
+    assert [r["burst"] for r in rows] == ["false"] * 4
