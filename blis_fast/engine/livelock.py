@@ -33,8 +33,9 @@ def livelock_error(loop, totals, table, pd_on: bool) -> BlisConfigError:
                "forever")
     elif int(loop[LoopSlot.STOP_KIND]) == Livelock.CYCLE:
         why = (f"instance_{inst} (wait queue first {name}) keeps preempting and re-admitting "
-               "the same requests, its state repeating exactly with nothing else left to happen "
-               "(KV blocks held by waiting requests starve the running ones)")
+               "the same requests, its state repeating exactly with nothing else left to happen"
+               + (" (KV blocks reserved for waiting decode sub-requests starve the running ones)"
+                  if pd_on else ""))
     else:
         why = (f"instance_{inst}'s wait queue (first {name}) waits for KV blocks that nothing "
                "will ever free, so it takes empty steps forever")

@@ -6,9 +6,9 @@ transfers, timeouts, request-left events: every completion pushes one, every dro
 one) the simulation is closed: each instance's step is a deterministic function of that
 instance's own state - its wait queue (order and each request's progress and block list), its
 running batch, its KV cache (blocks, their hashes and reference counts, the free list's order,
-the prefix table) - provided the queue's order does not depend on the clock (constant
-priorities, no user scheduler key), there is no CPU tier, no autoscaler and no closed-loop
-follow-up pending, and the horizon is infinite (timeouts and arrivals are events, so none is
+the prefix table, the CPU tier's LRU store) - provided the queue's order does not depend on the clock (constant
+priorities, no user scheduler key), there is no autoscaler and no closed-loop follow-up
+pending, and the horizon is infinite (timeouts and arrivals are events, so none is
 pending when the heap holds steps only). Counters, clocks, ITL samples and step-log links are
 outputs: they never steer a step. So if instance ``i`` is twice in the same state with only
 its own steps in between and no other event anywhere, it goes through the same steps again
@@ -44,7 +44,7 @@ from blis_fast.kernels.go.gomath import INT64_MAX
 from blis_fast.kernels.hashing import splitmix64
 from blis_fast.kernels.jit import njit
 from blis_fast.kernels.kv import kvcache as kvc
-from blis_fast.kernels.kv.kv_layout import POS_MASK, BlockField, BlockList
+from blis_fast.kernels.kv.kv_layout import POS_MASK, BlockField, BlockList, CpuMeta
 
 _SEED_B = np.uint64(0x9E3779B97F4A7C15)
 _ODD = np.uint64(0xD6E8FEB86659FD93)
@@ -111,6 +111,27 @@ def fingerprint(rs, ins, kv, i):
             table_b += pb
     a, b = _mix(a, b, table_a)
     a, b = _mix(a, b, table_b)
+    if kv.cfg[kvc.KVConfig.TIERED] != 0:
+        a, b = _mix_cpu_tier(a, b, kv, i)
+    return a, b
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _mix_cpu_tier(a, b, kv, i):
+    """Fold instance ``i``'s CPU tier: its LRU order of (slot, hash), the free-slot stack
+    and the transfer time the next step pays; the hash -> slot table is those pairs."""
+    cm = kv.cpu_meta
+    a, b = _mix(a, b, cm[i, CpuMeta.USED])
+    a, b = _mix(a, b, cm[i, CpuMeta.PENDING])
+    s = cm[i, CpuMeta.HEAD]
+    while s >= 0:
+        a, b = _mix(a, b, s)
+        a, b = _mix(a, b, kv.cpu_hash[i, s])
+        s = kv.cpu_nxt[i, s]
+    top = cm[i, CpuMeta.FREE_TOP]
+    a, b = _mix(a, b, top)
+    for k in range(top):
+        a, b = _mix(a, b, kv.cpu_free[i, k])
     return a, b
 
 
@@ -121,7 +142,7 @@ def _closed(cfg, ins, kv, heap, n_inst):
     ints = cfg.ints
     if (ints[ConfigSlot.HORIZON] != INT64_MAX or ints[ConfigSlot.PRIORITY] != Priority.CONSTANT
             or ints[ConfigSlot.SCHEDULER] == Scheduler.CUSTOM
-            or kv.cfg[kvc.KVConfig.TIERED] != 0 or heap.loop[LoopSlot.PENDING_OUTCOMES] > 0):
+            or heap.loop[LoopSlot.PENDING_OUTCOMES] > 0):
         return False
     size = heap.loop[LoopSlot.HEAP_SIZE]
     if size > n_inst:
