@@ -248,15 +248,14 @@ def test_blis_fast_over_its_time_limit_is_recorded_and_the_tool_continues(tmp_pa
 def test_blis_fast_over_its_memory_limit_is_recorded_and_the_tool_continues(
         tmp_path, monkeypatch) -> None:
     """Under an address-space limit too small for blis_fast every configuration is recorded as
-    ``blis_fast-oom`` (no exception, the report complete); at the default limit it runs."""
+    ``blis_fast-oom`` (no exception, the report complete; blis_fast starts without the limit)."""
     report = tmp_path / "report.jsonl"
     monkeypatch.setitem(rd.LIMITS, "memory_mb", 200)
     records = rd.run_all([SMALL_CONFIG, {**SMALL_CONFIG, "id": "small2"}], _same_cli(tmp_path),
                          timeout=60, jobs=1, report=report, quiet=True)
     assert [r["status"] for r in records] == ["blis_fast-oom", "blis_fast-oom"]
     assert len(report.read_text().splitlines()) == 2
-    monkeypatch.setitem(rd.LIMITS, "memory_mb", rd.DEFAULT_MEMORY_LIMIT_MB)
-    assert rd.check_config(SMALL_CONFIG, _same_cli(tmp_path), timeout=60)["status"] == "agree"
+    assert "did not start" in records[0]["blis_fast_stderr"]
 
 
 def test_worker_reports_memory_errors_as_out_of_memory() -> None:
@@ -291,3 +290,18 @@ def test_august_inversion_noise_may_add_the_whole_anomaly_section(monkeypatch, t
     assert rd.classify(ok, ok, errors, noise=rd.AUGUST_KNOWN_NOISE) == "known-noise"
     monkeypatch.setitem(rd.HEAD_EXTRAS, "on", False)
     assert rd.classify(ok, ok, rd.compare_outputs(tmp_path, base, tmp_path, theirs)) == "differ"
+
+
+def test_a_worker_that_cannot_start_at_all_is_an_error_not_out_of_memory(tmp_path,
+                                                                          monkeypatch) -> None:
+    """A worker that fails to start even without a memory limit is ``blis_fast-error``."""
+    broken = tmp_path / "broken_worker.py"
+    broken.write_text("import sys\nsys.exit('no blis_fast here')\n")
+    monkeypatch.setattr(rd, "WORKER", broken)
+    monkeypatch.setitem(rd.LIMITS, "memory_mb", 1234)  # a pool of its own
+    try:
+        record = rd.check_config(SMALL_CONFIG, _same_cli(tmp_path), timeout=60)
+    finally:
+        rd.close_workers()
+    assert record["status"] == "blis_fast-error"
+    assert "no blis_fast here" in record["blis_fast_stderr"]

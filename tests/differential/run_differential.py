@@ -104,8 +104,9 @@ def _limit_memory(limit_mb: int) -> None:
     or dies, instead of taking the machine)."""
     import resource
 
-    limit = int(limit_mb) * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if limit_mb > 0:  # 0: no limit (the probe of _starts_unlimited)
+        limit = int(limit_mb) * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 class BlisWorker:
@@ -156,9 +157,9 @@ class BlisWorker:
         if self.proc is None or self.proc.poll() is not None:
             why = self._start()
             if why is not None:
-                # imports and the warm-up run do not depend on the configuration: a worker
-                # that cannot start under a memory limit is stopped by that limit
-                limit = "oom" if self.memory_mb > 0 else None
+                # imports and the warm-up run do not depend on the configuration: a worker that
+                # cannot start under the memory limit but starts without one is stopped by it
+                limit = "oom" if self.memory_mb > 0 and _starts_unlimited() else None
                 return {"exit_code": None, "stdout": "", "limit": limit, "seconds": 0.0,
                         "stderr": f"blis_fast worker did not start: {_tail(why)}"}
         assert self.proc is not None and self.proc.stdin is not None
@@ -202,6 +203,22 @@ class BlisWorker:
         if self.log is not None:
             self.log.close()
             self.log = None
+
+
+_PROBED: dict[str, bool] = {}
+
+
+def _starts_unlimited() -> bool:
+    """Whether a worker starts without a memory limit (tells a limit too small for blis_fast's
+    imports and warm-up from a broken installation); probed once per worker script."""
+    key = str(WORKER)
+    if key not in _PROBED:
+        probe = BlisWorker(0)
+        try:
+            _PROBED[key] = probe._start() is None
+        finally:
+            probe.close()
+    return _PROBED[key]
 
 
 def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
