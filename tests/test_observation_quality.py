@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import subprocess
 import sys
@@ -13,13 +14,19 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
+import test_calibrate
+from _cli import invoke
+from parity import CASES_DIR
 
+from blis_fast.errors import BlisInputError
 from blis_fast.observe.quality import (
     BURST_GAP_FLOOR_US,
     CLIENT_LATE_US,
     assess,
     lag_per_request,
     lag_warning,
+    trace_client_lag_us,
 )
 from blis_fast.testing.record_server import running_record_server
 
@@ -169,3 +176,71 @@ def test_observe_says_when_requests_were_not_streamed(tmp_path):
     assert "4 of 4 requests were not streamed: their TTFT is their E2E" in err
     assert [r["not_streamed"] for r in rows] == ["true"] * 4
     assert [r["burst"] for r in rows] == ["false"] * 4
+
+
+# ---- blis calibrate ---------------------------------------------------------------------------
+case_copy = test_calibrate.case_copy
+"""The fixture of test_calibrate: the reference case cal-header-warmup-rtt (10 of whose 24 ok
+rows past the warm-up were sent unstreamed) in a temporary working directory."""
+CALIBRATE = ["calibrate", "--trace-header", "observed.yaml", "--trace-data", "observed.csv",
+             "--sim-results", "sim.json", "--report", "r.json"]
+UNSTREAMED = [3, 5, 6, 10, 11, 15, 16, 20, 25, 29]
+
+
+def test_calibrate_grades_every_pair_by_default_and_says_what_the_flagged_ones_change(case_copy):
+    result = invoke(CALIBRATE)
+    assert result.code == 0, result.stderr
+    # the reference's report, byte for byte
+    assert (case_copy / "r.json").read_bytes() == (
+        CASES_DIR / "cal-header-warmup-rtt" / "calibration.json").read_bytes()
+    assert ("10 of 24 requests were not streamed: their TTFT is their E2E and they have no ITL"
+            in result.stderr)
+    assert "graded TTFT and ITL on every pair, flagged ones included" in result.stderr
+    assert "without them: TTFT real mean=87304µs, sim mean=9473µs (-89.1%, 15 pairs)" \
+        in result.stderr
+
+
+def test_calibrate_exclude_flagged_grades_without_them_and_says_so(case_copy):
+    result = invoke(CALIBRATE + ["--exclude-flagged"])
+    assert result.code == 0, result.stderr
+    report = json.loads((case_copy / "r.json").read_text())
+    reference = json.loads((CASES_DIR / "cal-header-warmup-rtt" / "calibration.json").read_text())
+    assert report["metrics"]["ttft"]["count"] == 15  # 25 pairs less the 10 unstreamed
+    assert report["metrics"]["e2e"] == reference["metrics"]["e2e"]  # E2E on every pair
+    q = report["observation_quality"]
+    assert q["flagged_request_ids"] == {"burst": [], "not_streamed": UNSTREAMED,
+                                        "client_late": []}
+    assert q["with_flagged_workload_level"]["ttft"] == \
+        reference["metrics"]["ttft"]["workload_level"]
+    assert "graded TTFT and ITL without the 10 flagged request(s)" in result.stderr
+
+
+def test_calibrate_flags_bursts_and_refuses_to_grade_nothing(case_copy):
+    # every streamed row delivered whole: first chunk = last chunk
+    rows = list(csv.reader(io.StringIO((case_copy / "observed.csv").read_text())))
+    head = rows[0]
+    first, last = head.index("first_chunk_time_us"), head.index("last_chunk_time_us")
+    for r in rows[1:]:
+        if r[head.index("streaming")] == "true" and r[head.index("status")] == "ok":
+            r[first] = r[last]
+    (case_copy / "observed.csv").write_text("\n".join(",".join(r) for r in rows) + "\n")
+    result = invoke(CALIBRATE)
+    assert result.code == 0, result.stderr
+    assert f"14 of 24 {BURST_LINE}" in result.stderr
+    (case_copy / "r.json").unlink()
+    result = invoke(CALIBRATE + ["--exclude-flagged"])
+    assert result.code == 2
+    assert result.stderr.count("\n") == 1
+    assert "--exclude-flagged" in result.stderr and "only 1 of 25 TTFT pairs" in result.stderr
+    assert not (case_copy / "r.json").exists()
+
+
+def test_the_lag_column_of_a_quality_trace_is_read_back(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("request_id,x,client_lag_us\n0,a,120\n1,b,25000\n")
+    assert trace_client_lag_us(str(path), 2).tolist() == [120, 25000]
+    path.write_text("request_id,x,client_lag_us\n0,a,fast\n")
+    with pytest.raises(BlisInputError, match="row 2: client_lag_us"):
+        trace_client_lag_us(str(path), 1)
+    path.write_text("request_id,x\n0,a\n")
+    assert trace_client_lag_us(str(path), 1) is None

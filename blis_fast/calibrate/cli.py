@@ -52,9 +52,12 @@ def _info_logging():
 @click.option("--plot", "plot_path", default="", metavar="FILE",
               help="Also draw sim vs real (per-request scatter and CDFs of TTFT and E2E) to "
               "this image file (.png, .svg, .pdf)")
+@click.option("--exclude-flagged", is_flag=True, default=False,
+              help="Grade TTFT and ITL without the requests delivered in one burst, sent "
+              "unstreamed or read by a late client (the report then says so)")
 def calibrate_command(trace_header: str, trace_data: str, sim_results: str, report: str,
                       warmup_requests: int, network_rtt_us: int, network_bandwidth_mbps: float,
-                      itl_data: str, plot_path: str) -> None:
+                      itl_data: str, plot_path: str, exclude_flagged: bool) -> None:
     """Compare the latencies of an observed trace with a replay's SimResults."""
     from blis_fast.calibrate.calibration import calibrate  # lazy: not for blis --help
     from blis_fast.calibrate.report import report_text, summary_lines  # lazy: not for blis --help
@@ -81,6 +84,13 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
                        network_rtt_us=network_rtt_us,
                        network_bandwidth_mbps=network_bandwidth_mbps,
                        itl_data=itl_data or None)
+    # lazy: not for blis --help (numpy, the trace reader)
+    from blis_fast.calibrate.quality import quality_lines, regrade, trace_flags
+    from blis_fast.workload.replay import load_trace_records  # lazy: not for blis --help
+
+    flags = trace_flags(load_trace_records(trace_data), trace_data, result.warm_up)
+    if exclude_flagged and flags.flagged:
+        result.report = regrade(result.report, result.pairs, flags, trace_data)
     text = report_text(result.report)
     with plan:  # the report and its asked-for plot are written together or not at all
         plan.stage_text(report, "--report", text)
@@ -93,6 +103,8 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
         plan.commit()
     with _info_logging():
         for line in result.pairs.warnings:
+            log.warning(line)
+        for line in quality_lines(flags, result.pairs, exclude_flagged):
             log.warning(line)
         for line in summary_lines(result.report, result.pairs, report):
             log.info(line)

@@ -23,7 +23,8 @@ from blis_fast.workload.yaml_writer import yaml_string
 ITL_HEADER = "request_id,chunk_index,timestamp_us\n"
 QUALITY_COLUMNS = ("burst", "not_streamed", "client_late", "client_lag_us")
 """blis_fast-only trace columns (``--quality-columns``, issue 30), after the 27 of trace v2;
-the reference's reader stops at its own columns, blis_fast's reads them (``load_quality``)."""
+the reference's reader stops at its own columns, blis_fast's reads the lag
+(``observe.quality.trace_client_lag_us``)."""
 
 def trace_header(created_at: str, warmup: int, seed: int, workload_spec: str,
                  server_type: str, model: str, rtt_ms: float) -> str:

@@ -29,17 +29,22 @@ TTFT and ITL do not. Only requests with status ``ok`` and a first chunk are judg
 
 from __future__ import annotations
 
+import csv
+import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from blis_fast.errors import BlisInputError
+from blis_fast.files import MAX_TRACE_BYTES, read_input_text
 
 if TYPE_CHECKING:
     from blis_fast.workload.replay import TraceRecords
 
 __all__ = ["BURST_GAP_FLOOR_US", "BURST_GAP_FRACTION", "BURST_SPREAD_FRACTION",
            "CLIENT_LAG_WARN_US", "CLIENT_LATE_US", "LAG_SAMPLE_S", "MIN_CHUNKS", "Quality",
-           "assess", "assess_trace", "lag_per_request", "lag_warning"]
+           "assess", "assess_trace", "lag_per_request", "lag_warning", "trace_client_lag_us"]
 
 MIN_CHUNKS = 3
 """Fewest chunks a streamed request needs to be judged a burst (a role chunk, one token and
@@ -176,3 +181,26 @@ def lag_warning(sample_lag_us: np.ndarray) -> str | None:
             f"over {lag.size} checks; over {CLIENT_LAG_WARN_US / 1000:g} ms at p99): the "
             f"recorded times include this delay; run the client on a less busy machine or "
             f"lower --max-concurrency")
+
+
+def trace_client_lag_us(path: str, n_rows: int) -> np.ndarray | None:
+    """The ``client_lag_us`` column of a trace CSV written with ``blis observe
+    --quality-columns`` (row order), or None when the file has no such column. A value that is
+    not a whole number is refused naming the file and row (exit 2)."""
+    text = read_input_text(path, MAX_TRACE_BYTES, universal_newlines=False)
+    rows = csv.reader(io.StringIO(text, newline=""))
+    header = next(rows, [])
+    if "client_lag_us" not in header:
+        return None
+    k = header.index("client_lag_us")
+    out = np.full(n_rows, -1, dtype=np.int64)
+    for i, row in enumerate(rows):
+        if i >= n_rows:
+            break
+        if k < len(row) and row[k] != "":
+            try:
+                out[i] = int(row[k])
+            except ValueError:
+                raise BlisInputError(f"--trace-data {path}: row {i + 2}: client_lag_us must be "
+                                     f"a whole number of µs, got {row[k][:40]!r}") from None
+    return out
