@@ -15,9 +15,20 @@ from blis_fast.calibrate.pairing import CalibrationPairs, pair_requests
 from blis_fast.calibrate.report import build_report
 from blis_fast.errors import BlisConfigError, BlisInputError
 
-__all__ = ["Calibration", "calibrate", "resolve_rtt_us"]
+__all__ = ["Calibration", "calibrate", "check_bandwidth", "resolve_rtt_us"]
 
 UNSET = -1  # --warmup-requests / --network-rtt-us: take the value from the trace header
+MIN_BANDWIDTH_MBPS = 1e-6
+"""Smallest non-zero ``--network-bandwidth-mbps`` (1 bit/s): below it a request's transfer delay
+is no longer a finite number of µs."""
+
+
+def check_bandwidth(mbps: float) -> None:
+    """``--network-bandwidth-mbps``: 0 (no transfer delay) or a finite number >= 1 bit/s. The
+    reference treats a negative bandwidth as none; here it is refused, being a typo."""
+    if not (mbps == 0 or (math.isfinite(mbps) and mbps >= MIN_BANDWIDTH_MBPS)):
+        raise BlisConfigError(f"--network-bandwidth-mbps must be 0 (none) or a finite number "
+                              f">= {MIN_BANDWIDTH_MBPS:g}, got {mbps}")
 
 
 @dataclass
@@ -59,9 +70,7 @@ def calibrate(trace_header: str, trace_data: str, sim_results: str, *,
                              f"nothing to calibrate")
     warm_up = trace.warm_up_requests if warmup_requests == UNSET else warmup_requests
     rtt_us = resolve_rtt_us(network_rtt_us, trace)
-    if not math.isfinite(network_bandwidth_mbps):
-        raise BlisConfigError(f"--network-bandwidth-mbps must be a finite number, got "
-                              f"{network_bandwidth_mbps}")
+    check_bandwidth(network_bandwidth_mbps)
     itl = load_itl(itl_data) if itl_data else None
     pairs = pair_requests(trace.records, sims, warm_up=warm_up, rtt_us=rtt_us,
                           bandwidth_mbps=network_bandwidth_mbps, itl=itl)

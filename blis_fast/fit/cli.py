@@ -131,8 +131,14 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
         _fail(f"--time-limit must be a number of seconds > 0, got {time_limit}")
     seed_value = int(_number("seed", seed, integer=True))
     n_starts = int(_number("starts", starts, integer=True))
+    from blis_fast.fit.optimize import MAX_STARTS  # lazy: not for blis --help
+
     if n_starts < 1:
         _fail(f"--starts must be >= 1, got {n_starts}")
+    if n_starts > min(max_evals, MAX_STARTS):
+        _fail(f"--starts {n_starts} is more than "
+              + (f"--max-evaluations {max_evals} (the starts share that budget, each needs at "
+                 "least one evaluation)" if max_evals < MAX_STARTS else f"{MAX_STARTS}"))
     n_workers = int(_number("workers", workers, integer=True))
     if n_workers < 1:
         _fail(f"--workers must be >= 1, got {n_workers}")
@@ -142,20 +148,21 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
         from blis_fast.calibrate.plot import check_plot_path  # lazy: not for blis --help
 
         plot_format = check_plot_path(plot_path)
-    plan = OutputPlan()  # every output checked before the fit, written together after it
-    plan.add_inputs([*(("--trace-header", h) for h in trace_header),
-                     *(("--trace-data", d) for d in trace_data),
-                     *(("--itl-data", i) for i in itl_data)])
-    for flag, path in (("--out-coeffs", out_coeffs), ("--report", report),
-                       ("--plot", plot_path)):
-        if path:
-            plan.check_file(path, flag)
     holdouts = []
     for spec in holdout:
         parts = spec.split(":")
         if len(parts) not in (2, 3) or not all(parts):
             _fail(f"--holdout {spec!r}: expected HEADER:DATA or HEADER:DATA:ITL")
         holdouts.append(parts)
+    plan = OutputPlan()  # every output checked before the fit, written together after it
+    plan.add_inputs([*(("--trace-header", h) for h in trace_header),
+                     *(("--trace-data", d) for d in trace_data),
+                     *(("--itl-data", i) for i in itl_data),
+                     *(("--holdout", path) for parts in holdouts for path in parts)])
+    for flag, path in (("--out-coeffs", out_coeffs), ("--report", report),
+                       ("--plot", plot_path)):
+        if path:
+            plan.check_file(path, flag)
     base = {name.replace("-", "_"): value for name, value in
             (("model", model), *((k.replace("_", "-"), v) for k, v in replay.items()))
             if value is not None}
@@ -165,11 +172,19 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
     held = [load_fit_trace(p[0], p[1], p[2] if len(p) == 3 else None, warmup_requests=warm_up,
                            network_rtt_us=rtt) for p in holdouts]
     from blis_fast.fit.optimize import starting_point  # lazy: not for blis --help
-    from blis_fast.fit.problem import ITL_BURST_FRACTION, simulate  # lazy: not for blis --help
+    from blis_fast.fit.problem import (  # lazy: not for blis --help
+        ITL_BURST_FRACTION,
+        check_fittable,
+        simulate,
+    )
 
     guess = starting_point(FIT_MODELS[latency_model], traces, base)
-    for ft in traces + held:  # refuses bad replay flags and traces before the fit starts
-        simulate(ft, base, latency_model, guess[:3], guess[3:])
+    for ft, flag in [*((t, "--trace-data") for t in traces), *((t, "--holdout") for t in held)]:
+        # refuses bad replay flags, and traces nothing can be fitted to, before the fit starts
+        sims = simulate(ft, base, latency_model, guess[:3], guess[3:])
+        # a holdout is graded on every metric it has pairs for, not only the weighted ones
+        check_fittable(ft, sims, weights if flag == "--trace-data" else dict.fromkeys(weights, 1.0),
+                       loss_function, flag)
     for ft in traces + held:  # after the checks: a refused run prints its one line only
         if ft.itl_bursts:
             sys.stderr.write(

@@ -37,8 +37,8 @@ from blis_fast.fit.problem import (
     trace_loss,
 )
 
-__all__ = ["BLACKBOX_BOUNDS", "BLACKBOX_NAMES", "FIT_MODELS", "FitModel", "FitResult", "fit",
-           "initial_guess"]
+__all__ = ["BLACKBOX_BOUNDS", "BLACKBOX_NAMES", "FIT_MODELS", "MAX_STARTS", "FitModel",
+           "FitResult", "evaluations_per_search", "fit", "initial_guess"]
 
 BLACKBOX_NAMES = ("alpha0", "alpha1", "alpha2", "beta0", "beta1", "beta2")
 # (lower, upper) of each coefficient: µs, µs/input token, µs/output token, µs/step,
@@ -193,7 +193,7 @@ class _Search:
     weights: dict[str, float]
     start: tuple[float, ...]
     max_evaluations: int
-    time_limit_s: float
+    deadline: float  # wall-clock time.time() at which the whole fit's --time-limit runs out
     seed: int
     loss: str  # the per-metric error (a key of problem.LOSSES)
 
@@ -216,14 +216,14 @@ class _Objective:
         self.model = FIT_MODELS[search.model_name]
         self.losses: list[float] = []
         self.best: tuple[float, tuple[float, ...]] = (math.inf, search.start)
-        self.started = time.monotonic()
         self.on_evaluation = on_evaluation
 
     def __call__(self, coeffs: tuple[float, ...], stage_weights: dict[str, float]) -> float:
         s = self.search
         if len(self.losses) >= s.max_evaluations:
             raise _Stop("max-evaluations")
-        if self.losses and time.monotonic() - self.started > s.time_limit_s:
+        # the first search always evaluates its start once, so a fit has a result
+        if (self.losses or s.index > 0) and time.time() > s.deadline:
             raise _Stop("time-limit")
         total = stage_total = 0.0
         for ft in s.traces:
@@ -294,6 +294,21 @@ def _run_search(search: _Search, on_evaluation=None) -> _SearchResult:
                          stopped)
 
 
+MAX_STARTS = 10_000
+"""Most ``--starts`` of one fit: each start is a search object made up front (and a task for the
+workers), so the count is bounded like any other allocation a flag sizes."""
+
+
+def evaluations_per_search(max_evaluations: int, starts: int) -> list[int]:
+    """``max_evaluations`` split over ``starts`` searches: equal shares, the remainder to the
+    first ones, so the total is exactly the budget (each search needs at least one)."""
+    if not 1 <= starts <= min(max_evaluations, MAX_STARTS):
+        raise ValueError(f"starts must be in [1, min(max_evaluations, {MAX_STARTS})], "
+                         f"got {starts} for {max_evaluations} evaluations")
+    share, extra = divmod(max_evaluations, starts)
+    return [share + (k < extra) for k in range(starts)]
+
+
 def _spread_start(model: FitModel, start: tuple[float, ...], seed: int, index: int
                   ) -> tuple[float, ...]:
     """Start ``index`` > 0 of a multi-start fit: the common start moved by a seeded random
@@ -319,16 +334,17 @@ def fit(traces: list[FitTrace], base_options: dict[str, Any], weights: dict[str,
     moves of it) share ``max_evaluations``; with ``workers`` > 1 they run at once on the sweep's
     worker processes (``backend`` local or ray), and the result does not depend on how many
     workers ran them. The best evaluation of all wins (ties: the lower start). ``time_limit_s``
-    bounds each search's wall time. ``on_evaluation(count, loss, best)`` is called after every
+    bounds the whole fit's wall time: a search stops when it runs out and a later search then
+    does not start (the first always evaluates its start, so there is a result). ``on_evaluation(count, loss, best)`` is called after every
     evaluation of an in-process search, or after each search run by workers (the progress bar).
     """
     started = time.monotonic()
+    deadline = time.time() + time_limit_s
     model = FIT_MODELS[latency_model]
     start = starting_point(model, traces, base_options)
-    per_search = max(max_evaluations // starts, 1)
     searches = [_Search(k, latency_model, traces, base_options, weights,
-                        _spread_start(model, start, seed, k), per_search, time_limit_s,
-                        seed + k, loss) for k in range(starts)]
+                        _spread_start(model, start, seed, k), budget, deadline, seed + k, loss)
+                for k, budget in enumerate(evaluations_per_search(max_evaluations, starts))]
     if workers > 1 and starts > 1:
         from blis_fast.sweep.execute import TaskRunner  # lazy: parallel starts only
 
@@ -342,8 +358,10 @@ def fit(traces: list[FitTrace], base_options: dict[str, Any], weights: dict[str,
     else:
         results = []
         for search in searches:
+            if results and time.time() > deadline:
+                break
             results.append(_run_search(search, on_evaluation))
-    results.sort(key=lambda r: r.index)
+    results = sorted((r for r in results if r.losses), key=lambda r: r.index)
     best = min(results, key=lambda r: (r.loss, r.index))
     losses = [v for r in results for v in r.losses]
     stopped = best.stopped

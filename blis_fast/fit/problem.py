@@ -46,8 +46,9 @@ from blis_fast.errors import BlisInputError
 from blis_fast.options import build_options
 from blis_fast.runner import execute_replay
 
-__all__ = ["DEFAULT_LOSS", "LOSSES", "METRICS", "FitTrace", "Loss", "load_fit_trace",
-           "metric_errors", "metric_mapes", "pair_trace", "simulate", "trace_loss"]
+__all__ = ["DEFAULT_LOSS", "LOSSES", "METRICS", "FitTrace", "Loss", "check_fittable",
+           "load_fit_trace", "metric_errors", "metric_mapes", "pair_trace", "simulate",
+           "trace_loss"]
 
 METRICS = ("ttft", "itl", "e2e")
 ITL_BURST_FRACTION = 0.1
@@ -189,10 +190,38 @@ def trace_loss(errors: dict[str, float], weights: dict[str, float]) -> float:
     """Weighted mean of the per-metric errors present (a metric without pairs drops out of the
     weights)."""
     used = [(weights[m], errors[m]) for m in METRICS if m in errors and weights[m] > 0]
-    total = sum(w for w, _ in used)
-    if total == 0:
+    if not used:
         return float("nan")
-    return sum(w * v for w, v in used) / total
+    top = max(w for w, _ in used)  # weights relative to the largest: 1e308 cannot overflow
+    total = sum(w / top for w, _ in used)
+    return sum(w / top * v for w, v in used) / total
+
+
+def check_fittable(ft: FitTrace, sims: list[SimResult], weights: dict[str, float], loss: str,
+                   flag: str = "--trace-data") -> None:
+    """Refuse (one ``BlisInputError`` line naming ``flag`` and the file) a trace that no
+    coefficients can fit: no request past the warm-up with a non-negative TTFT and E2E, or a
+    replay (``sims``, at the starting coefficients) that completes none of them or leaves no
+    pair in a weighted metric, as when the KV cache is too small to run a request. Without this
+    the search would run on a constant penalty and print coefficients at their bounds."""
+    r = ft.trace.records
+    rows = int(r.request_id.size)
+    past = r.request_id >= ft.warm_up
+    usable = past & (r.first_chunk_us >= r.send_us) & (r.last_chunk_us >= r.send_us)
+    where = f"{flag} {ft.data_path}"
+    if not usable.any():
+        raise BlisInputError(
+            f"{where}: no usable request to fit: of {rows} rows, {rows - int(past.sum())} are "
+            f"warm-up (request_id < {ft.warm_up}) and {int(past.sum())} have a negative TTFT or "
+            "E2E")
+    pairs = pair_trace(ft, sims)
+    value = trace_loss(metric_errors(pairs, loss), weights)
+    if pairs.matched == 0 or not np.isfinite(value):
+        done = int(np.isin(r.request_id[usable], [s.request_id for s in sims]).sum())
+        raise BlisInputError(
+            f"{where}: the replay completes {done} of its {int(usable.sum())} usable requests "
+            "and leaves no pair in a weighted metric: nothing to fit (a KV cache too small for "
+            "its requests? --total-kv-blocks, --max-num-scheduled-tokens)")
 
 
 def trace_report(ft: FitTrace, sims: list[SimResult]) -> dict:
