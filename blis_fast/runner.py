@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,6 +33,7 @@ from blis_fast.engine.engine_config import EngineConfig, Hooks
 from blis_fast.engine.fleet import run_warnings
 from blis_fast.engine.floor import floor_warning
 from blis_fast.engine.follow_ups import SessionPlan
+from blis_fast.engine.memory import available_memory
 from blis_fast.engine.results import SimulationResult
 from blis_fast.engine.simulate import run_engine
 from blis_fast.engine.warmup import notify_if_compiling
@@ -453,8 +453,6 @@ def _resolve_policies(opts: Any, hooks: Hooks) -> Policies:
     return pol
 
 
-MEMORY_LIMIT_BYTES = 64 << 30
-"""Refuse configurations whose up-front arrays alone would need more memory than this."""
 REQUEST_BYTES = 512
 """Up-front state of one request (request table, engine and metric columns), a low estimate."""
 GROWING_BYTES = 4 * 52 + 2 * 24 + 3 * 25
@@ -462,26 +460,6 @@ GROWING_BYTES = 4 * 52 + 2 * 24 + 3 * 25
 step-log entries (52 bytes), two ITL runs (24) and three event-heap entries (25) per request
 (``engine/simulate.py``); they double when full, and a growth past the memory available stops
 the run (``simulate._check_growth``)."""
-
-
-def available_memory() -> int:
-    """Bytes of memory the machine can give this process now (MemAvailable), capped at
-    MEMORY_LIMIT_BYTES."""
-    avail = 0
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if avail <= 0:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError):
-            avail = MEMORY_LIMIT_BYTES
-    return min(avail, MEMORY_LIMIT_BYTES)
 
 
 def _check_memory(opts: Any, total_blocks: int, num_requests: int,

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import blis_fast
 from blis_fast.errors import BlisConfigError
+from blis_fast.kernels.engine.state import InstanceCounter
 
 MODEL = ["--model", "meta-llama/llama-3.1-8b-instruct"]
 TINY = [*MODEL, "--latency-model", "blackbox", "--num-requests", "5", "--rate", "10",
@@ -196,3 +197,23 @@ def test_pd_runs_with_room_are_never_stopped(n, pods, prompt, output, seed):
         total_kv_blocks=5 * n * (prompt + output) // 16 + 64, timeout=-1, seed=seed,
         log="error")
     assert res.summary["completed_requests"] == n
+
+
+def test_growth_past_the_memory_available_stops_with_one_line(monkeypatch):
+    """A step log (or event heap) that would grow past the memory available stops the run
+    with one line naming what to change, before the system kills it."""
+    from blis_fast.engine import simulate
+    from blis_fast.kernels.engine.state import new_instance_arrays, new_step_log
+
+    ins = new_instance_arrays(2, 4)
+    ins.cnt[:, InstanceCounter.PREEMPTIONS] = (700, 300)
+    ins.cnt[:, InstanceCounter.COMPLETED] = (2, 1)
+    lg = new_step_log(1024, 1024)
+    monkeypatch.setattr(simulate, "available_memory", lambda: 3 * GIB)
+    simulate._check_growth(3 * GIB, ins, lg)  # fits: nothing happens
+    with pytest.raises(BlisConfigError) as caught:
+        simulate._check_growth(3 * GIB + 1, ins, lg)
+    assert str(caught.value) == (
+        "--horizon: the run's step log outgrew the memory available (0 steps, 1000 preemptions "
+        "and 3 completions so far; 3.0 GiB needed, 3.0 GiB available): give the KV cache more "
+        "blocks (--total-kv-blocks; preemptions outnumber completions)")

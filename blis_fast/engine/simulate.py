@@ -22,6 +22,7 @@ from blis_fast.engine.follow_ups import (
     initial_capacity,
 )
 from blis_fast.engine.livelock import livelock_error
+from blis_fast.engine.memory import available_memory
 from blis_fast.engine.packing import (
     Capacity,
     config_ints,
@@ -183,8 +184,6 @@ def _check_growth(new_bytes: int, ins, lg) -> None:
     available now: the run would be killed by the system a little later (a livelock the
     kernel's rules do not prove, or simply a run too long for this machine), so it stops with
     one line naming what to change instead."""
-    from blis_fast.runner import available_memory  # the runner imports this module
-
     limit = available_memory()
     if new_bytes <= limit:
         return
