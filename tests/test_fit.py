@@ -214,7 +214,7 @@ def test_a_burst_delivered_request_is_left_out_of_the_itl_metric(traces, tmp_pat
     itl = tmp_path / "busy.itl.csv"
     _write_itl(bh, bd, itl, burst_request=17)
     ft = load_fit_trace(bh, bd, str(itl))
-    assert ft.itl_bursts == (17,)
+    assert ft.left_out == {"burst": [17], "not_streamed": [], "client_late": []}
     sims = simulate(ft, {"model": MODEL}, "blackbox", ALPHA, BETA)
     # with the true coefficients the ITL error is the 3% timing noise ...
     assert metric_mapes(pair_trace(ft, sims))["itl"] < 0.10
@@ -230,9 +230,10 @@ def test_a_burst_delivered_request_is_left_out_of_the_itl_metric(traces, tmp_pat
                   "--model", MODEL, "--max-evaluations", "20", "--report",
                   str(tmp_path / "r.json")])
     assert res.code == 0, res.stderr
-    assert "ITL of 1 request(s) left out" in res.stderr and "request 17" in res.stderr
+    assert ("1 request(s) left out of TTFT and ITL, E2E kept: 1 delivered in one burst (e.g. "
+            "request 17)") in res.stderr
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["traces"][0]["itl_bursts_left_out"] == [17]
+    assert report["traces"][0]["left_out_of_ttft_itl"]["burst"] == [17]
     # a refused run still prints one line only: the notice comes after the checks
     bad = invoke(["fit", "--trace-header", bh, "--trace-data", bd, "--itl-data", str(itl),
                   "--model", MODEL, "--total-kv-blocks", "-5"])

@@ -20,6 +20,7 @@ from _cli import invoke
 from parity import CASES_DIR
 
 from blis_fast.errors import BlisInputError
+from blis_fast.fit.verdict import MEAN_TOLERANCE, judge
 from blis_fast.observe.quality import (
     BURST_GAP_FLOOR_US,
     CLIENT_LATE_US,
@@ -29,6 +30,7 @@ from blis_fast.observe.quality import (
     trace_client_lag_us,
 )
 from blis_fast.testing.record_server import running_record_server
+from blis_fast.testing.synthetic_trace import make_observed_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 BURST_LINE = ("requests arrived in one burst: TTFT and ITL of these measure the delivery path, "
@@ -244,3 +246,97 @@ def test_the_lag_column_of_a_quality_trace_is_read_back(tmp_path):
         trace_client_lag_us(str(path), 1)
     path.write_text("request_id,x\n0,a\n")
     assert trace_client_lag_us(str(path), 1) is None
+
+
+# ---- blis fit -----------------------------------------------------------------------------------
+FIT_MODEL = "meta-llama/llama-3.1-8b-instruct"
+
+
+@pytest.fixture(scope="module")
+def bursty_trace(tmp_path_factory):
+    """A simulated observation of 60 streamed requests, then the same with every stream of 3
+    or more chunks delivered whole (first chunk = last chunk: TTFT = E2E)."""
+    tmp = tmp_path_factory.mktemp("bursty")
+    header, data = make_observed_trace(tmp / "clean", alpha=(2000.0, 1.0, 0.0),
+                                       beta=(6000.0, 8.0, 150.0), rate=8, seed=4,
+                                       num_requests=60, prompt_tokens=300,
+                                       prompt_tokens_stdev=100, output_tokens=40,
+                                       output_tokens_stdev=10)
+    rows = list(csv.reader(io.StringIO(Path(data).read_text())))
+    head = rows[0]
+    first, last = head.index("first_chunk_time_us"), head.index("last_chunk_time_us")
+    bursts = 0
+    for r in rows[1:]:
+        if int(r[head.index("num_chunks")]) >= 3:
+            r[first] = r[last]
+            bursts += 1
+    bursty = tmp / "bursty.csv"
+    bursty.write_text("\n".join(",".join(r) for r in rows) + "\n")
+    return header, data, str(bursty), bursts
+
+
+def test_fit_refuses_ttft_on_a_trace_of_bursts_and_fits_e2e_alone(bursty_trace, tmp_path):
+    header, _, bursty, bursts = bursty_trace
+    assert bursts == 60
+    base = ["fit", "--trace-header", header, "--trace-data", bursty, "--model", FIT_MODEL,
+            "--max-evaluations", "60", "--report", str(tmp_path / "r.json")]
+    refused = invoke(base)
+    assert refused.code == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert ("only 0 request(s) usable for TTFT once the flagged ones are left out (60 burst"
+            in refused.stderr)
+    assert "--weight-ttft 0" in refused.stderr and not (tmp_path / "r.json").exists()
+    # E2E alone: the regression start reads the step time off E2E (every TTFT is flagged)
+    e2e_only = invoke(base + ["--weight-ttft", "0"])
+    assert e2e_only.code == 0, e2e_only.stderr
+    assert "fit: converged: mean E2E" in e2e_only.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["traces"][0]["left_out_of_ttft_itl"]["burst"] == list(range(60))
+    assert "60 request(s) left out of TTFT and ITL, E2E kept: 60 delivered in one burst" \
+        in e2e_only.stderr
+    # E2E was fitted on every request; TTFT has no pair left to grade
+    assert set(report["traces"][0]["calibration"]["metrics"]) == {"e2e"}
+    assert set(report["verdict"]["means"]) == {"e2e"}
+
+
+def test_a_clean_trace_raises_no_flag_and_fits(bursty_trace, tmp_path):
+    header, clean, _, _ = bursty_trace
+    res = invoke(["fit", "--trace-header", header, "--trace-data", clean, "--model", FIT_MODEL,
+                  "--max-evaluations", "200", "--report", str(tmp_path / "r.json")])
+    assert res.code == 0, res.stderr
+    assert "left out" not in res.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    verdict = report["verdict"]
+    assert verdict["result"] == "converged" and verdict["loss_improved"]
+    for metric in ("ttft", "e2e"):
+        assert abs(verdict["means"][metric]["error"]) <= MEAN_TOLERANCE
+    assert "fit: converged: mean TTFT" in res.stderr
+
+
+def test_a_fit_that_misses_its_training_means_is_not_called_converged(bursty_trace, tmp_path):
+    # one evaluation: the search cannot get near the answer
+    header, clean, _, _ = bursty_trace
+    res = invoke(["fit", "--trace-header", header, "--trace-data", clean, "--model", FIT_MODEL,
+                  "--max-evaluations", "1", "--report", str(tmp_path / "r.json"),
+                  "--out-coeffs", str(tmp_path / "c.json")])
+    assert res.code == 3, res.stderr
+    assert "fit: did not fit: mean TTFT" in res.stderr and "converged" not in res.stderr
+    verdict = json.loads((tmp_path / "r.json").read_text())["verdict"]
+    assert verdict["result"] == "did not fit"
+    assert json.loads((tmp_path / "c.json").read_text())["latency_model"] == "blackbox"
+    assert res.stdout.startswith("--latency-model blackbox")
+
+
+def test_the_verdict_needs_every_weighted_mean_within_tolerance_and_a_lower_loss():
+    from blis_fast.calibrate.pairing import CalibrationPairs
+
+    pairs = CalibrationPairs()
+    for rid in range(4):
+        pairs.ttft.add(rid, 100.0, 105.0)
+        pairs.e2e.add(rid, 1000.0, 1380.0)  # the issue's +38 %
+    weights = {"ttft": 1.0, "itl": 1.0, "e2e": 1.0}
+    v = judge([pairs], weights, start_loss=0.5, loss=0.2)
+    assert not v.fitted and v.word == "did not fit"
+    assert v.means["e2e"]["error"] == pytest.approx(0.38) and not v.means["e2e"]["within"]
+    assert "mean E2E +38.0% (real 1 ms, sim 1.38 ms) OUT" in v.line()
+    assert judge([pairs], dict(weights, e2e=0.0), 0.5, 0.2).fitted  # E2E not fitted
+    assert not judge([pairs], dict(weights, e2e=0.0), 0.2, 0.2).fitted  # loss not improved

@@ -84,11 +84,12 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
                        network_rtt_us=network_rtt_us,
                        network_bandwidth_mbps=network_bandwidth_mbps,
                        itl_data=itl_data or None)
-    # lazy: not for blis --help (numpy, the trace reader)
-    from blis_fast.calibrate.quality import quality_lines, regrade, trace_flags
+    from blis_fast.calibrate.inputs import load_itl  # lazy: not for blis --help
+    from blis_fast.calibrate.quality import quality_lines, regrade, trace_flags  # lazy: numpy
     from blis_fast.workload.replay import load_trace_records  # lazy: not for blis --help
 
-    flags = trace_flags(load_trace_records(trace_data), trace_data, result.warm_up)
+    flags = trace_flags(load_trace_records(trace_data), trace_data, result.warm_up,
+                        load_itl(itl_data) if itl_data else None)
     if exclude_flagged and flags.flagged:
         result.report = regrade(result.report, result.pairs, flags, trace_data)
     text = report_text(result.report)

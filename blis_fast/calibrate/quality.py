@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from blis_fast.calibrate.inputs import ITLData
 from blis_fast.calibrate.pairing import CalibrationPairs, LatencyPairs
 from blis_fast.calibrate.stats import compare_metric
 from blis_fast.errors import BlisInputError
-from blis_fast.observe.quality import Quality, assess, trace_client_lag_us
+from blis_fast.observe.quality import Quality, assess, chunk_bursts, trace_client_lag_us
 from blis_fast.workload.replay import TraceRecords
 
 __all__ = ["TraceFlags", "regrade", "trace_flags", "without"]
@@ -38,13 +39,20 @@ class TraceFlags:
         return {i for ids in self.ids.values() for i in ids}
 
 
-def trace_flags(records: TraceRecords, trace_data: str, warm_up: int) -> TraceFlags:
-    """Flag the trace's rows from ``warm_up`` on (the lag column is read when present)."""
+def trace_flags(records: TraceRecords, trace_data: str, warm_up: int,
+                itl: ITLData | None = None) -> TraceFlags:
+    """Flag the trace's rows from ``warm_up`` on (the lag column is read when present); with
+    the trace's ITL rows, a request whose recorded chunks came in a burst is one too."""
     rid = np.asarray(records.request_id, dtype=np.int64)
     ok = np.array([s == "ok" for s in records.status], dtype=bool) & (rid >= warm_up)
     lag = trace_client_lag_us(trace_data, rid.size)
     q = assess(np.asarray(records.streaming, dtype=bool), ok, records.send_us,
                records.first_chunk_us, records.last_chunk_us, records.num_chunks, lag)
+    if itl is not None and itl.request_id.size:
+        extra = np.isin(rid, chunk_bursts(itl.request_id, itl.chunk_index, itl.timestamp_us,
+                                          warm_up)) & q.judged
+        q = Quality(q.judged, q.burst | extra, q.not_streamed & ~extra, q.client_late,
+                    q.client_lag_us)
     ids = {kind: sorted(int(i) for i in rid[getattr(q, kind)]) for kind in FLAG_KINDS}
     return TraceFlags(q, ids)
 

@@ -3,7 +3,10 @@ observed traces, report, plot, predict holdouts.
 
 The documented way to use the result: the printed ``--latency-model NAME --alpha-coeffs ...
 --beta-coeffs ...`` flags, pasted into ``blis run``/``replay``. Every input is checked before
-the fit starts; output files are written atomically after it, all or none.
+the fit starts; output files are written atomically after it, all or none. Exit codes: 0 the
+fit converged (``blis_fast.fit.verdict``), 2 bad input (one line), 3 the fit did not fit (its
+replay misses the training traces' means, or the loss did not improve; coefficients, report
+and plot are still written).
 """
 
 from __future__ import annotations
@@ -91,7 +94,10 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
                 weight_ttft, weight_itl, weight_e2e, warmup_requests, network_rtt_us,
                 max_evaluations, time_limit, seed, starts, workers, backend, out_coeffs, report,
                 plot_path, **replay) -> None:
-    """Fit the latency model's coefficients so replays reproduce observed traces."""
+    """Fit the latency model's coefficients so replays reproduce observed traces.
+
+    Exit 3 when the fit did not fit (its replay misses the traces' mean TTFT, ITL or E2E by
+    more than 15 %, or the loss did not improve); the coefficients are still written."""
     from blis_fast.files import OutputPlan  # lazy: not for blis --help
     from blis_fast.fit.problem import load_fit_trace  # lazy: not for blis --help
 
@@ -172,11 +178,7 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
     held = [load_fit_trace(p[0], p[1], p[2] if len(p) == 3 else None, warmup_requests=warm_up,
                            network_rtt_us=rtt) for p in holdouts]
     from blis_fast.fit.optimize import starting_point  # lazy: not for blis --help
-    from blis_fast.fit.problem import (  # lazy: not for blis --help
-        ITL_BURST_FRACTION,
-        check_fittable,
-        simulate,
-    )
+    from blis_fast.fit.problem import check_fittable, simulate  # lazy: not for blis --help
 
     guess = starting_point(FIT_MODELS[latency_model], traces, base)
     for ft, flag in [*((t, "--trace-data") for t in traces), *((t, "--holdout") for t in held)]:
@@ -186,11 +188,8 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
         check_fittable(ft, sims, weights if flag == "--trace-data" else dict.fromkeys(weights, 1.0),
                        loss_function, flag)
     for ft in traces + held:  # after the checks: a refused run prints its one line only
-        if ft.itl_bursts:
-            sys.stderr.write(
-                f"fit: {ft.itl_path}: ITL of {len(ft.itl_bursts)} request(s) left out (chunks "
-                f"delivered in a burst: mean gap under {ITL_BURST_FRACTION:g} of the trace's "
-                f"median), e.g. request {ft.itl_bursts[0]}\n")
+        for line in left_out_lines(ft):
+            sys.stderr.write(line + "\n")
     from blis_fast.fit.optimize import fit  # lazy: not for blis --help
     from blis_fast.fit.report import build_fit_report  # lazy: not for blis --help
 
@@ -219,6 +218,23 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
     for line in summary_lines(fit_report):
         sys.stderr.write(line + "\n")
     sys.stdout.write(paste_flags(latency_model, result.alpha, result.beta) + "\n")
+    from blis_fast.fit.verdict import EXIT_DID_NOT_FIT  # lazy: not for blis --help
+
+    if fit_report["verdict"]["result"] != "converged":
+        sys.exit(EXIT_DID_NOT_FIT)
+
+
+def left_out_lines(ft) -> list[str]:
+    """What a trace's quality flags leave out of TTFT and ITL (E2E keeps every request)."""
+    kinds = {"burst": "delivered in one burst", "not_streamed": "not streamed",
+             "client_late": "read by a late client"}
+    flagged = ft.flags.flagged if ft.flags is not None else set()
+    if not flagged:
+        return []
+    parts = ", ".join(f"{len(ids)} {kinds[k]} (e.g. request {ids[0]})"
+                      for k, ids in ft.left_out.items() if ids)
+    return [f"fit: {ft.data_path}: {len(flagged)} request(s) left out of TTFT and ITL, E2E kept: "
+            f"{parts}"]
 
 
 def paste_flags(latency_model: str, alpha, beta) -> str:
@@ -230,13 +246,18 @@ def paste_flags(latency_model: str, alpha, beta) -> str:
 
 def summary_lines(fit_report: dict) -> list[str]:
     """One line for the fit, one per trace with its MAPE per metric."""
+    stopped = fit_report["stopped"]
+    search = "search settled" if stopped == "converged" else f"search stopped: {stopped}"
     lines = [f"fit: {len(fit_report['losses'])} evaluations in {fit_report['seconds']:.1f} s "
-             f"({fit_report['stopped']}), loss ({fit_report['loss_function']}) "
-             f"{fit_report['loss']:.4f}"]
+             f"({search}), loss ({fit_report['loss_function']}) {fit_report['loss']:.4f}"]
     for entry in fit_report["traces"] + fit_report["holdout"]:
         figures = ", ".join(f"{m} MAPE {v['request_level']['mape'] * 100:.1f}%"
                             for m, v in entry["calibration"]["metrics"].items())
         lines.append(f"fit: {entry['role']} {entry['trace_data']}: {figures}")
+    from blis_fast.fit.verdict import Verdict  # lazy: not for blis --help
+
+    lines.append(Verdict(**{k: fit_report["verdict"][k] for k in ("means", "start_loss", "loss")},
+                         fitted=fit_report["verdict"]["result"] == "converged").line())
     return lines
 
 

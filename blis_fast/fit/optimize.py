@@ -132,12 +132,19 @@ def _linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 def initial_guess(traces: list[FitTrace]) -> tuple[float, ...]:
     """Blackbox coefficients from two regressions on the observed rows (warm-up excluded):
     per-token decode time on the number of requests in flight (→ β0, β2), and TTFT on the
-    input length (→ α0, β1 + α1). Per-token TTFT: 90% to β1, 10% to α1."""
+    input length (→ α0, β1 + α1). Per-token TTFT: 90% to β1, 10% to α1. Requests with a
+    quality flag (``FitTrace.flags``: their TTFT and ITL measure the delivery path) are left
+    out; when none is left, E2E on the output length gives the TTFT and the step time."""
     xs_b, ys_itl, xs_in, ys_ttft = [], [], [], []
+    xs_out, ys_e2e = [], []
     for ft in traces:
         r = ft.trace.records
-        keep = (r.request_id >= ft.warm_up) & (r.first_chunk_us >= r.send_us) \
+        valid = (r.request_id >= ft.warm_up) & (r.first_chunk_us >= r.send_us) \
             & (r.last_chunk_us >= r.first_chunk_us)
+        xs_out.append(r.output_tokens[valid].astype(np.float64))
+        ys_e2e.append((r.last_chunk_us - r.send_us)[valid].astype(np.float64) - float(ft.rtt_us))
+        flagged = ft.flags.flagged if ft.flags is not None else set()
+        keep = valid & ~np.isin(r.request_id, np.fromiter(flagged, dtype=np.int64))
         send = r.send_us[keep].astype(np.float64)
         first = r.first_chunk_us[keep].astype(np.float64)
         last = r.last_chunk_us[keep].astype(np.float64)
@@ -152,6 +159,9 @@ def initial_guess(traces: list[FitTrace]) -> tuple[float, ...]:
         ys_ttft.append(first - send - float(ft.rtt_us))
     c_itl, s_itl = _linear_fit(np.concatenate(xs_b), np.concatenate(ys_itl))
     c_ttft, s_ttft = _linear_fit(np.concatenate(xs_in), np.concatenate(ys_ttft))
+    if not sum(x.size for x in xs_in):  # every request flagged: E2E = TTFT + (n - 1) steps
+        c_ttft, c_itl = _linear_fit(np.concatenate(xs_out) - 1.0, np.concatenate(ys_e2e))
+        s_ttft = s_itl = 0.0
     step = max(c_itl, 0.0)
     if step <= 0:  # no multi-token outputs: read a step time off the TTFT intercept
         step = max(c_ttft, 2.0) / 2.0

@@ -10,10 +10,14 @@ the reference) does not measure what the simulator's ITL is, the time per output
   1/n low for n output tokens; a fit matching it under-predicted a real server's step time and
   mean E2E by 3-4 %. The fit divides the same gaps by the output tokens - 1 instead (the sim
   side's formula); with one chunk per token and no extra chunk the two rules agree.
-* **Bursts left out.** A request whose chunks reached the client in one burst (its mean
-  inter-chunk gap under a tenth of the trace's median) has no usable ITL: one such request at
-  9 µs against ~1.7 ms made a real-server trace's ITL MAPE 500 % and pulled the fit to step
-  times of a few µs. The fit leaves it out of the ITL metric and says so.
+* **Flagged requests left out of TTFT and ITL.** A request whose chunks reached the client in
+  one burst, one sent unstreamed, or one read by a late client (``blis_fast.observe.quality``,
+  the check ``blis observe`` and ``blis calibrate`` run too) has a TTFT and an ITL that measure
+  the delivery path, not the server: one burst at 9 µs against ~1.7 ms made a real-server
+  trace's ITL MAPE 500 % and pulled the fit to step times of a few µs, and a trace of 56
+  bursts in 60 requests (a CPU-starved frontend) fitted a TTFT that was really E2E. The fit
+  keeps their E2E, leaves them out of TTFT and ITL, says so, and refuses a trace with fewer
+  than :data:`MIN_USABLE_REQUESTS` usable requests left for a weighted TTFT or ITL.
 
 The per-metric error the fit minimizes is calibrate's request-level MAPE by default, or, with
 ``--loss rms-log``, the root mean square of ``ln(sim / real)``. MAPE charges an over-prediction
@@ -40,6 +44,7 @@ from blis_fast.calibrate.inputs import (
     load_observed_trace,
 )
 from blis_fast.calibrate.pairing import CalibrationPairs, pair_requests
+from blis_fast.calibrate.quality import TraceFlags, trace_flags, without
 from blis_fast.calibrate.report import build_report
 from blis_fast.calibrate.stats import mape_and_bias
 from blis_fast.errors import BlisInputError
@@ -51,8 +56,8 @@ __all__ = ["DEFAULT_LOSS", "LOSSES", "METRICS", "FitTrace", "Loss", "check_fitta
            "trace_loss"]
 
 METRICS = ("ttft", "itl", "e2e")
-ITL_BURST_FRACTION = 0.1
-"""A request's real mean ITL below this share of the trace's median is a delivery burst."""
+MIN_USABLE_REQUESTS = 3
+"""Fewest requests free of quality flags a trace needs for a weighted TTFT or ITL metric."""
 
 
 @dataclass
@@ -66,7 +71,13 @@ class FitTrace:
     itl: ITLData | None
     warm_up: int
     rtt_us: int
-    itl_bursts: tuple[int, ...] = ()  # requests left out of the ITL metric (module docstring)
+    flags: TraceFlags | None = None  # requests left out of TTFT and ITL (module docstring)
+
+    @property
+    def left_out(self) -> dict[str, list[int]]:
+        """The request ids left out of TTFT and ITL, by flag (``burst``, ``not_streamed``,
+        ``client_late``)."""
+        return dict(self.flags.ids) if self.flags is not None else {}
 
 
 def load_fit_trace(header_path: str, data_path: str, itl_path: str | None = None, *,
@@ -77,34 +88,9 @@ def load_fit_trace(header_path: str, data_path: str, itl_path: str | None = None
         raise BlisInputError(f"--trace-data {data_path}: no requests in the trace")
     itl = load_itl(itl_path) if itl_path else None
     warm_up = trace.warm_up_requests if warmup_requests == UNSET else warmup_requests
-    bursts: tuple[int, ...] = ()
-    if itl is not None:
-        itl, bursts = _without_bursts(itl, warm_up)
     return FitTrace(header_path, data_path, itl_path, trace, itl, warm_up,
-                    resolve_rtt_us(network_rtt_us, trace), bursts)
-
-
-def _without_bursts(itl: ITLData, warm_up: int) -> tuple[ITLData, tuple[int, ...]]:
-    """``itl`` without the rows of requests delivered in a burst, and their ids (sorted).
-
-    A request's real ITL is the mean of its non-negative chunk gaps (calibrate's rule)."""
-    order = np.lexsort((itl.chunk_index, itl.request_id))
-    rid = itl.request_id[order]
-    ts = itl.timestamp_us[order].astype(np.float64)
-    same = rid[1:] == rid[:-1]
-    gap = np.diff(ts)
-    use = same & (gap >= 0) & (rid[1:] >= warm_up)
-    ids, inverse = np.unique(rid[1:][use], return_inverse=True)
-    if ids.size == 0:
-        return itl, ()
-    mean_gap = np.bincount(inverse, weights=gap[use]) / np.bincount(inverse)
-    floor = ITL_BURST_FRACTION * float(np.median(mean_gap))
-    bursts = ids[mean_gap < floor]
-    if bursts.size == 0:
-        return itl, ()
-    keep = ~np.isin(itl.request_id, bursts)
-    return (ITLData(itl.request_id[keep], itl.chunk_index[keep], itl.timestamp_us[keep]),
-            tuple(int(b) for b in bursts))
+                    resolve_rtt_us(network_rtt_us, trace),
+                    trace_flags(trace.records, data_path, warm_up, itl))
 
 
 def sim_results(requests: Any) -> list[SimResult]:
@@ -135,9 +121,14 @@ def simulate(ft: FitTrace, base_options: dict[str, Any], latency_model: str,
 
 def pair_trace(ft: FitTrace, sims: list[SimResult]) -> CalibrationPairs:
     """Calibrate's pairs of the trace with a replay's SimResults (no bandwidth delay), the real
-    ITL per output token (module docstring)."""
-    return pair_requests(ft.trace.records, sims, warm_up=ft.warm_up, rtt_us=ft.rtt_us,
-                         bandwidth_mbps=0.0, itl=ft.itl, itl_per_token=True)
+    ITL per output token, flagged requests out of TTFT and ITL (module docstring)."""
+    pairs = pair_requests(ft.trace.records, sims, warm_up=ft.warm_up, rtt_us=ft.rtt_us,
+                          bandwidth_mbps=0.0, itl=ft.itl, itl_per_token=True)
+    drop = ft.flags.flagged if ft.flags is not None else set()
+    if drop:
+        pairs.ttft = without(pairs.ttft, drop)
+        pairs.itl = without(pairs.itl, drop)
+    return pairs
 
 
 def metric_mapes(pairs: CalibrationPairs) -> dict[str, float]:
@@ -215,6 +206,8 @@ def check_fittable(ft: FitTrace, sims: list[SimResult], weights: dict[str, float
             f"warm-up (request_id < {ft.warm_up}) and {int(past.sum())} have a negative TTFT or "
             "E2E")
     pairs = pair_trace(ft, sims)
+    if flag == "--trace-data":
+        _check_usable(ft, pairs, weights, where)
     value = trace_loss(metric_errors(pairs, loss), weights)
     if pairs.matched == 0 or not np.isfinite(value):
         done = int(np.isin(r.request_id[usable], [s.request_id for s in sims]).sum())
@@ -222,6 +215,26 @@ def check_fittable(ft: FitTrace, sims: list[SimResult], weights: dict[str, float
             f"{where}: the replay completes {done} of its {int(usable.sum())} usable requests "
             "and leaves no pair in a weighted metric: nothing to fit (a KV cache too small for "
             "its requests? --total-kv-blocks, --max-num-scheduled-tokens)")
+
+
+def _check_usable(ft: FitTrace, pairs: CalibrationPairs, weights: dict[str, float],
+                  where: str) -> None:
+    """Refuse a trace whose flagged requests leave fewer than :data:`MIN_USABLE_REQUESTS` for a
+    weighted TTFT or ITL (one line: the counts by flag, and how to fit without the metric)."""
+    if ft.flags is None or not ft.flags.flagged:
+        return
+    counts = ", ".join(f"{len(ids)} {kind.replace('_', ' ')}" for kind, ids in ft.flags.ids.items()
+                       if ids)
+    for metric in ("ttft", "itl"):
+        if weights[metric] <= 0 or (metric == "itl" and ft.itl is None):
+            continue
+        usable = len(set(getattr(pairs, metric).request_id))
+        if usable < MIN_USABLE_REQUESTS:
+            raise BlisInputError(
+                f"{where}: only {usable} request(s) usable for {metric.upper()} once the flagged "
+                f"ones are left out ({counts}; their {metric.upper()} measures the delivery "
+                f"path, not the server), fewer than {MIN_USABLE_REQUESTS}: record a streamed "
+                f"trace the client reads directly, or give --weight-{metric} 0 to fit without it")
 
 
 def trace_report(ft: FitTrace, sims: list[SimResult]) -> dict:

@@ -1,13 +1,16 @@
-"""The fit report: losses, fitted values with bounds, calibrate figures per trace and holdout."""
+"""The fit report: losses, fitted values with bounds, calibrate figures per trace and holdout,
+the requests left out of TTFT and ITL, and the verdict (``blis_fast.fit.verdict``)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from blis_fast.calibrate.pairing import CalibrationPairs
 from blis_fast.calibrate.report import build_report
 from blis_fast.fit.optimize import FitResult
-from blis_fast.fit.problem import FitTrace, pair_trace, simulate
+from blis_fast.fit.problem import FitTrace, metric_errors, pair_trace, simulate, trace_loss
+from blis_fast.fit.verdict import judge
 
 __all__ = ["build_fit_report"]
 
@@ -24,8 +27,10 @@ def build_fit_report(result: FitResult, traces: list[FitTrace], holdout: list[Fi
             figures.append((role, pairs))
             entries.append({"role": role, "trace_header": ft.header_path,
                             "trace_data": ft.data_path, "itl_data": ft.itl_path,
-                            "itl_bursts_left_out": list(ft.itl_bursts),
+                            "left_out_of_ttft_itl": ft.left_out,
                             "calibration": build_report(pairs)})
+    verdict = judge([p for role, p in figures if role == "fit"], weights,
+                    start_loss(result, traces, base_options, weights), result.loss)
     model = result.model
     coefficients = [
         {"name": name, "value": value, "initial": start, "lower": lo, "upper": hi,
@@ -47,5 +52,18 @@ def build_fit_report(result: FitResult, traces: list[FitTrace], holdout: list[Fi
         "search_losses": result.search_losses,
         "traces": [e for e in entries if e["role"] == "fit"],
         "holdout": [e for e in entries if e["role"] == "holdout"],
+        "verdict": verdict.report(),
     }
     return report, figures
+
+
+def start_loss(result: FitResult, traces: list[FitTrace], base_options: dict[str, Any],
+               weights: dict[str, float]) -> float:
+    """The loss at the starting coefficients, as the search scores an evaluation."""
+    total = 0.0
+    for ft in traces:
+        sims = simulate(ft, base_options, result.latency_model, result.initial[:3],
+                        result.initial[3:])
+        value = trace_loss(metric_errors(pair_trace(ft, sims), result.loss_function), weights)
+        total += value if math.isfinite(value) else 1e9
+    return total / len(traces)

@@ -23,7 +23,8 @@ this module flags each per request, from the trace's own columns (so ``blis obse
   knows nothing of it unless the lag column is there), so its timestamps carry the client's
   delay.
 
-E2E stays usable in all three cases (the last chunk still marks the end of the answer);
+With an ITL file (one row per chunk), :func:`chunk_bursts` judges the recorded chunk gaps by
+the same floor and median rule. E2E stays usable in all three cases (the last chunk still marks the end of the answer);
 TTFT and ITL do not. Only requests with status ``ok`` and a first chunk are judged.
 """
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BURST_GAP_FLOOR_US", "BURST_GAP_FRACTION", "BURST_SPREAD_FRACTION",
            "CLIENT_LAG_WARN_US", "CLIENT_LATE_US", "LAG_SAMPLE_S", "MIN_CHUNKS", "Quality",
+           "chunk_bursts",
            "assess", "assess_trace", "lag_per_request", "lag_warning", "trace_client_lag_us"]
 
 MIN_CHUNKS = 3
@@ -204,3 +206,27 @@ def trace_client_lag_us(path: str, n_rows: int) -> np.ndarray | None:
                 raise BlisInputError(f"--trace-data {path}: row {i + 2}: client_lag_us must be "
                                      f"a whole number of µs, got {row[k][:40]!r}") from None
     return out
+
+
+def chunk_bursts(request_id: np.ndarray, chunk_index: np.ndarray, timestamp_us: np.ndarray,
+                 warm_up: int = 0) -> np.ndarray:
+    """Request ids (sorted) whose recorded chunks (an ITL file's rows) came in a burst: the
+    mean of their non-negative gaps under :data:`BURST_GAP_FLOOR_US`, or under
+    :data:`BURST_GAP_FRACTION` of the median mean gap of the requests above that floor (never
+    of the whole file: a file of bursts has a median near zero). Requests below ``warm_up``
+    and with fewer than two chunks are not judged."""
+    rid = np.asarray(request_id, dtype=np.int64)
+    order = np.lexsort((np.asarray(chunk_index), rid))
+    rid = rid[order]
+    ts = np.asarray(timestamp_us, dtype=np.float64)[order]
+    same = rid[1:] == rid[:-1]
+    gap = np.diff(ts)
+    use = same & (gap >= 0) & (rid[1:] >= warm_up)
+    ids, inverse = np.unique(rid[1:][use], return_inverse=True)
+    if ids.size == 0:
+        return ids
+    mean_gap = np.bincount(inverse, weights=gap[use]) / np.bincount(inverse)
+    burst = mean_gap < BURST_GAP_FLOOR_US
+    if int((~burst).sum()) >= 3:
+        burst |= mean_gap < BURST_GAP_FRACTION * float(np.median(mean_gap[~burst]))
+    return ids[burst]

@@ -48,6 +48,7 @@ def make_observed_trace(prefix: str | Path, *, alpha: tuple[float, float, float]
         row[col["last_chunk_time_us"]] = str(send + ttft + decode)
         row[col["server_input_tokens"]] = row[col["input_tokens"]]
         row[col["num_chunks"]] = row[col["output_tokens"]]
+        row[col["streaming"]] = "true"  # one chunk per token: a streamed observation
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows([head, *body])
     header_path, data_path = f"{prefix}.yaml", f"{prefix}.csv"
