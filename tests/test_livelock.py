@@ -45,6 +45,13 @@ LIVELOCKS = {
     "P/D shared pod, decode reservations starve the running requests": (
         [*PD_SHARED, "--total-kv-blocks", "20", "--prompt-tokens", "100"],
         "keeps preempting and re-admitting the same requests"),
+    # three such pods (17 of 200 complete by 50 s and by 500 s): every stepping pod must be
+    # proven to cycle before the run stops
+    "three P/D shared pods thrashing": (
+        [*MODEL, "--num-requests", "200", "--rate", "100", "--num-instances", "3",
+         "--prefill-decode-instances", "3", "--pd-decider", "always", "--output-tokens", "100",
+         "--timeout", "-1", "--total-kv-blocks", "20", "--prompt-tokens", "100"],
+        "keeps preempting and re-admitting the same requests"),
     # the pod's KV is all reserved for queued decode sub-requests: empty steps forever
     "P/D shared pod, queue stuck behind reservations": (
         [*PD_SHARED, "--total-kv-blocks", "30", "--prompt-tokens", "250"],
