@@ -180,6 +180,38 @@ def test_observe_says_when_requests_were_not_streamed(tmp_path):
     assert [r["burst"] for r in rows] == ["false"] * 4
 
 
+def test_observe_warns_when_its_own_event_loop_runs_late(tmp_path, monkeypatch):
+    # the first read of every stream holds the event loop for 40 ms (a client starved of CPU):
+    # the loop's own lag check sees it, the run ends with the percentiles, and the requests in
+    # flight then are flagged
+    import time
+
+    from blis_fast.observe.response import StreamParser
+
+    real = StreamParser.feed
+
+    def slow(self, data, now):
+        if self.rec.num_chunks == 0:
+            time.sleep(0.04)
+        return real(self, data, now)
+
+    monkeypatch.setattr(StreamParser, "feed", slow)
+    with running_record_server(tmp_path / "r.jsonl", token_delay_ms=3) as url:
+        result = invoke(["observe", "--server-url", url, "--model", "m", "--rate", "50",
+                         "--num-requests", "6", "--prompt-tokens", "20", "--prompt-tokens-stdev",
+                         "5", "--output-tokens", "12", "--output-tokens-stdev", "2",
+                         "--record-itl", "--quality-columns", "--trace-header",
+                         str(tmp_path / "t.yaml"), "--trace-data", str(tmp_path / "t.csv")])
+    assert result.code == 0, result.stderr
+    assert "the client's own event loop ran late during the run (lag p50" in result.stderr
+    assert "run the client on a less busy machine or lower --max-concurrency" in result.stderr
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "t.csv").read_text())))
+    late = [r for r in rows if r["client_late"] == "true"]
+    assert late and all(int(r["client_lag_us"]) > CLIENT_LATE_US for r in late)
+    assert f"{len(late)} of 6 requests were in flight while the client's own event loop" \
+        in result.stderr
+
+
 # ---- blis calibrate ---------------------------------------------------------------------------
 case_copy = test_calibrate.case_copy
 """The fixture of test_calibrate: the reference case cal-header-warmup-rtt (10 of whose 24 ok

@@ -258,8 +258,8 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         self.start_mono = time.perf_counter()
         self.start_wall_us = time.time_ns() // 1000
-        main = loop.create_task(self._loop())
-        watcher = loop.create_task(self._watch_lag())
+        watcher = loop.create_task(self._watch_lag())  # first: it must be waiting when the
+        main = loop.create_task(self._loop())  # loop's first stretch of work runs
 
         def on_signal() -> None:
             if self.stopping:
