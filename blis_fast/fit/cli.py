@@ -120,36 +120,9 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
 
     if loss_function not in LOSSES:
         _fail(f"--loss: unknown value {loss_function!r}. Valid: {', '.join(LOSSES)}")
-    weights = {m: _number(f"weight-{m}", v) for m, v in
-               (("ttft", weight_ttft), ("itl", weight_itl), ("e2e", weight_e2e))}
-    for m, w in weights.items():
-        if not math.isfinite(w) or w < 0:
-            _fail(f"--weight-{m} must be a finite number >= 0, got {w}")
-    if not any(weights[m] > 0 for m in ("ttft", "e2e")) and not (itl_data and weights["itl"] > 0):
-        _fail("every loss weight is 0 (--weight-itl counts only with --itl-data)")
-    warm_up = int(_number("warmup-requests", warmup_requests, integer=True))
-    rtt = int(_number("network-rtt-us", network_rtt_us, integer=True))
-    max_evals = int(_number("max-evaluations", max_evaluations, integer=True))
-    if max_evals < 1:
-        _fail(f"--max-evaluations must be >= 1, got {max_evals}")
-    limit = _number("time-limit", time_limit)
-    if not math.isfinite(limit) or limit <= 0:
-        _fail(f"--time-limit must be a number of seconds > 0, got {time_limit}")
-    seed_value = int(_number("seed", seed, integer=True))
-    n_starts = int(_number("starts", starts, integer=True))
-    from blis_fast.fit.optimize import MAX_STARTS  # lazy: not for blis --help
-
-    if n_starts < 1:
-        _fail(f"--starts must be >= 1, got {n_starts}")
-    if n_starts > min(max_evals, MAX_STARTS):
-        _fail(f"--starts {n_starts} is more than "
-              + (f"--max-evaluations {max_evals} (the starts share that budget, each needs at "
-                 "least one evaluation)" if max_evals < MAX_STARTS else f"{MAX_STARTS}"))
-    n_workers = int(_number("workers", workers, integer=True))
-    if n_workers < 1:
-        _fail(f"--workers must be >= 1, got {n_workers}")
-    if backend not in ("local", "ray"):
-        _fail(f"--backend: unknown value {backend!r}. Valid: local, ray")
+    weights, warm_up, rtt, max_evals, limit, seed_value, n_starts, n_workers = _search_flags(
+        weight_ttft, weight_itl, weight_e2e, bool(itl_data), warmup_requests, network_rtt_us,
+        max_evaluations, time_limit, seed, starts, workers, backend)
     if plot_path:
         from blis_fast.calibrate.plot import check_plot_path  # lazy: not for blis --help
 
@@ -222,6 +195,44 @@ def fit_command(trace_header, trace_data, itl_data, holdout, model, latency_mode
 
     if fit_report["verdict"]["result"] != "converged":
         sys.exit(EXIT_DID_NOT_FIT)
+
+
+def _search_flags(weight_ttft, weight_itl, weight_e2e, has_itl: bool, warmup_requests,
+                  network_rtt_us, max_evaluations, time_limit, seed, starts, workers,
+                  backend: str) -> tuple:
+    """The search's numbers, each checked (one line and exit 2 for a bad one): loss weights,
+    warm-up requests, RTT, evaluation and time budgets, seed, starts, workers."""
+    from blis_fast.fit.optimize import MAX_STARTS  # lazy: not for blis --help
+
+    weights = {m: _number(f"weight-{m}", v) for m, v in
+               (("ttft", weight_ttft), ("itl", weight_itl), ("e2e", weight_e2e))}
+    for m, w in weights.items():
+        if not math.isfinite(w) or w < 0:
+            _fail(f"--weight-{m} must be a finite number >= 0, got {w}")
+    if not any(weights[m] > 0 for m in ("ttft", "e2e")) and not (has_itl and weights["itl"] > 0):
+        _fail("every loss weight is 0 (--weight-itl counts only with --itl-data)")
+    warm_up = int(_number("warmup-requests", warmup_requests, integer=True))
+    rtt = int(_number("network-rtt-us", network_rtt_us, integer=True))
+    max_evals = int(_number("max-evaluations", max_evaluations, integer=True))
+    if max_evals < 1:
+        _fail(f"--max-evaluations must be >= 1, got {max_evals}")
+    limit = _number("time-limit", time_limit)
+    if not math.isfinite(limit) or limit <= 0:
+        _fail(f"--time-limit must be a number of seconds > 0, got {time_limit}")
+    seed_value = int(_number("seed", seed, integer=True))
+    n_starts = int(_number("starts", starts, integer=True))
+    if n_starts < 1:
+        _fail(f"--starts must be >= 1, got {n_starts}")
+    if n_starts > min(max_evals, MAX_STARTS):
+        _fail(f"--starts {n_starts} is more than "
+              + (f"--max-evaluations {max_evals} (the starts share that budget, each needs at "
+                 "least one evaluation)" if max_evals < MAX_STARTS else f"{MAX_STARTS}"))
+    n_workers = int(_number("workers", workers, integer=True))
+    if n_workers < 1:
+        _fail(f"--workers must be >= 1, got {n_workers}")
+    if backend not in ("local", "ray"):
+        _fail(f"--backend: unknown value {backend!r}. Valid: local, ray")
+    return weights, warm_up, rtt, max_evals, limit, seed_value, n_starts, n_workers
 
 
 def left_out_lines(ft) -> list[str]:
