@@ -228,6 +228,8 @@ class SimulationResult:
     instance: np.ndarray
     registered: np.ndarray
     ttft_us: np.ndarray  # -1 when no first token
+    ttft_standing: np.ndarray  # bool: the first token was not undone by a later preemption
+    # (a preempted request re-runs its prefill; until it does, the trace has no chunk times)
     e2e_us: np.ndarray  # -1 unless completed
     itl_sum_us: np.ndarray
     itl_count: np.ndarray
@@ -348,6 +350,7 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
         instance=rs.inst[used],
         registered=rs.registered[used],
         ttft_us=np.where(rs.has_ttft[used] == 1, rs.ttft[used], -1),
+        ttft_standing=rs.hot[used, HotField.TTFT_SET] == 1,
         e2e_us=np.where(completed, rs.e2e[used], -1),
         itl_sum_us=rs.hot[used, HotField.ITL_SUM].copy(),
         itl_count=rs.hot[used, HotField.ITL_COUNT].copy(),

@@ -132,7 +132,9 @@ def trace_outcome(res: SimulationResult, n: int | None = None) -> TraceOutcome:
     status = np.full(state.shape[0], 2, dtype=np.int8)
     status[res.completed[:n]] = 0
     status[res.timed_out[:n]] = 1
-    ttft = res.ttft_us[:n].astype(np.int64)
+    # chunk times only while the first token stands: a request preempted after it and not
+    # re-prefilled since (then timed out or cut by the horizon) has none, as in the reference
+    ttft = np.where(res.ttft_standing[:n], res.ttft_us[:n], -1).astype(np.int64)
     itl = res.itl_sum_us[:n].astype(np.int64)
     if res.pd is not None:
         split = res.pd.disaggregated[:n]
