@@ -44,14 +44,16 @@ PF_G_LAUNCH_US = 37  # fixed time of every GEMM (launch and tail), µs
 PF_SIZE = 38
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _gemm(p, m, n, k):
+def _gemm(p, m, n, k, timed):
     """(seconds, FLOPs, bytes) of an M x K by K x N GEMM with M tokens: a fixed launch time plus
     the p-norm of its compute and memory times, compute efficiency rising with M (tile
-    occupancy)."""
+    occupancy). Untimed (the floor guard's work only), the seconds are 0."""
     if m <= 0.0 or n <= 0.0 or k <= 0.0:
         return 0.0, 0.0, 0.0
     flops = 2.0 * m * n * k
     nbytes = n * k * p[PF_WBYTES] + (m * k + m * n) * p[PF_KVBYTES]
+    if not timed:
+        return 0.0, flops, nbytes
     eff = p[PF_G_COMPUTE] * m / (m + p[PF_G_HALF_M])
     compute = flops / (p[PF_PEAK_FLOPS] * eff)
     memory = nbytes / (p[PF_PEAK_BW] * p[PF_G_MEMORY])
@@ -61,23 +63,23 @@ def _gemm(p, m, n, k):
     return p[PF_G_LAUNCH_US] * 1e-6 + hi * (1.0 + (lo / hi) ** q) ** (1.0 / q), flops, nbytes
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
-def _weight_gemms(p, tokens, sampled):
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _weight_gemms(p, tokens, sampled, timed):
     """(seconds, FLOPs, bytes, FFN activation width) of every weight GEMM of a step: each
     layer's QKV and O, its dense MLP (gate+up, down) or its MoE (router, the experts the tokens
     are expected to touch with their share of tokens, shared experts), and the LM head over the
     sampled tokens."""
     hq, hkv, dh, d = p[PF_HQ], p[PF_HKV], p[PF_DH], p[PF_D]
-    qkv_s, qkv_f, qkv_b = _gemm(p, tokens, (hq + 2.0 * hkv) * dh, d)
-    o_s, o_f, o_b = _gemm(p, tokens, d, hq * dh)
+    qkv_s, qkv_f, qkv_b = _gemm(p, tokens, (hq + 2.0 * hkv) * dh, d, timed)
+    o_s, o_f, o_b = _gemm(p, tokens, d, hq * dh, timed)
     layers = p[PF_N_DENSE] + p[PF_N_MOE]
     seconds = layers * (qkv_s + o_s)
     flops = layers * (qkv_f + o_f)
     nbytes = layers * (qkv_b + o_b)
     ffn_act = p[PF_DFF]
     if p[PF_N_DENSE] > 0.0:
-        gu_s, gu_f, gu_b = _gemm(p, tokens, p[PF_MLP_INPUTS] * p[PF_DFF], d)
-        dn_s, dn_f, dn_b = _gemm(p, tokens, d, p[PF_DFF])
+        gu_s, gu_f, gu_b = _gemm(p, tokens, p[PF_MLP_INPUTS] * p[PF_DFF], d, timed)
+        dn_s, dn_f, dn_b = _gemm(p, tokens, d, p[PF_DFF], timed)
         seconds += p[PF_N_DENSE] * (gu_s + dn_s)
         flops += p[PF_N_DENSE] * (gu_f + dn_f)
         nbytes += p[PF_N_DENSE] * (gu_b + dn_b)
@@ -85,17 +87,17 @@ def _weight_gemms(p, tokens, sampled):
         e, k = p[PF_E], p[PF_K]
         touched = e * (1.0 - (1.0 - k / e) ** tokens)
         per_expert = tokens * k / touched
-        r_s, r_f, r_b = _gemm(p, tokens, e, d)  # router
-        gu_s, gu_f, gu_b = _gemm(p, per_expert, p[PF_MLP_INPUTS] * p[PF_DFF_MOE], d)
-        dn_s, dn_f, dn_b = _gemm(p, per_expert, d, p[PF_DFF_MOE])
-        sg_s, sg_f, sg_b = _gemm(p, tokens, p[PF_MLP_INPUTS] * p[PF_DFF_SHARED], d)
-        sd_s, sd_f, sd_b = _gemm(p, tokens, d, p[PF_DFF_SHARED])
+        r_s, r_f, r_b = _gemm(p, tokens, e, d, timed)  # router
+        gu_s, gu_f, gu_b = _gemm(p, per_expert, p[PF_MLP_INPUTS] * p[PF_DFF_MOE], d, timed)
+        dn_s, dn_f, dn_b = _gemm(p, per_expert, d, p[PF_DFF_MOE], timed)
+        sg_s, sg_f, sg_b = _gemm(p, tokens, p[PF_MLP_INPUTS] * p[PF_DFF_SHARED], d, timed)
+        sd_s, sd_f, sd_b = _gemm(p, tokens, d, p[PF_DFF_SHARED], timed)
         seconds += p[PF_N_MOE] * (r_s + touched * (gu_s + dn_s) + sg_s + sd_s)
         flops += p[PF_N_MOE] * (r_f + touched * (gu_f + dn_f) + sg_f + sd_f)
         nbytes += p[PF_N_MOE] * (r_b + touched * (gu_b + dn_b) + sg_b + sd_b)
         if p[PF_N_DENSE] == 0.0:
             ffn_act = k * p[PF_DFF_MOE] + p[PF_DFF_SHARED]
-    h_s, h_f, h_b = _gemm(p, sampled, p[PF_VOCAB], d)
+    h_s, h_f, h_b = _gemm(p, sampled, p[PF_VOCAB], d, timed)
     return seconds + h_s, flops + h_f, nbytes + h_b, ffn_act
 
 
@@ -103,7 +105,7 @@ def _weight_gemms(p, tokens, sampled):
 def gemm_seconds(params, m, n, k) -> float:
     """The modelled time of one GEMM (M tokens, N outputs, K inputs) on the profiled GPU: what
     a GEMM microbenchmark measures, for fitting a profile's GEMM figures."""
-    return _gemm(params, float(m), float(n), float(k))[0]
+    return _gemm(params, float(m), float(n), float(k), True)[0]
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -111,12 +113,19 @@ def weight_gemm_seconds(params, tokens, sampled) -> float:
     """The modelled time of a step's weight GEMMs alone (``tokens`` through every layer,
     ``sampled`` through the LM head): what a GEMM-only timing measures, for fitting the GEMM
     figures of a profile."""
-    return _weight_gemms(params, float(tokens), float(sampled))[0]
+    return _weight_gemms(params, float(tokens), float(sampled), True)[0]
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def profiled_work(params, n, progress, new_tokens, input_len, output_len):
     """(seconds, FLOPs, bytes) of one step: the modelled time and the step's true work."""
+    return _work(params, n, progress, new_tokens, input_len, output_len, True)
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _work(params, n, progress, new_tokens, input_len, output_len, timed):
+    """:func:`profiled_work`; untimed (the floor guard, every step of every backend) it skips
+    the time terms and returns 0 seconds with the same FLOPs and bytes."""
     p = params
     hq, hkv, dh, d = p[PF_HQ], p[PF_HKV], p[PF_DH], p[PF_D]
     tokens = 0.0
@@ -134,13 +143,14 @@ def profiled_work(params, n, progress, new_tokens, input_len, output_len):
                 sampled += 1.0
             f = 4.0 * hq * dh * (t * ctx + t * t / 2.0)
             attn_flops += f
-            attn_s += f / (p[PF_PEAK_FLOPS] * p[PF_A_PREFILL_COMPUTE])
             span = ctx + t
             kv_bytes += 2.0 * hkv * dh * span * p[PF_KVBYTES]
-            copy_bytes += p[PF_E_KV_COPY] * (hq + hkv) * dh * span
-            if progress[i] > 0:
-                attn_s += p[PF_A_CACHED_SCORE_BYTES] * hq * t * span / p[PF_PEAK_BW]
-                copy_bytes += p[PF_E_KV_CONCAT] * hkv * dh * span
+            if timed:
+                attn_s += f / (p[PF_PEAK_FLOPS] * p[PF_A_PREFILL_COMPUTE])
+                copy_bytes += p[PF_E_KV_COPY] * (hq + hkv) * dh * span
+                if progress[i] > 0:
+                    attn_s += p[PF_A_CACHED_SCORE_BYTES] * hq * t * span / p[PF_PEAK_BW]
+                    copy_bytes += p[PF_E_KV_CONCAT] * hkv * dh * span
         elif output_len[i] > 0:
             ctx = float(progress[i])
             tokens += 1.0
@@ -148,11 +158,18 @@ def profiled_work(params, n, progress, new_tokens, input_len, output_len):
             attn_flops += 4.0 * hq * dh * ctx
             kv = 2.0 * hkv * dh * ctx * p[PF_KVBYTES]
             kv_bytes += kv
-            attn_s += (kv + p[PF_A_DECODE_SCORE_BYTES] * hq * ctx) / (p[PF_PEAK_BW] * p[PF_A_DECODE_MEMORY])
+            if timed:
+                attn_s += ((kv + p[PF_A_DECODE_SCORE_BYTES] * hq * ctx)
+                           / (p[PF_PEAK_BW] * p[PF_A_DECODE_MEMORY]))
     if tokens == 0.0:
         return 0.0, 0.0, 0.0
 
-    gemm_s, gemm_f, gemm_b, ffn_act = _weight_gemms(p, tokens, sampled)
+    gemm_s, gemm_f, gemm_b, ffn_act = _weight_gemms(p, tokens, sampled, timed)
+    layers = p[PF_N_DENSE] + p[PF_N_MOE]
+    flops = layers * attn_flops + gemm_f
+    nbytes = layers * kv_bytes + gemm_b
+    if not timed:
+        return 0.0, flops, nbytes
 
     # elementwise bytes of one layer (norms, residuals, rotary, activation, KV copies)
     ew_bytes = (tokens * (p[PF_E_HIDDEN] * d + p[PF_E_QKV] * (hq + 2.0 * hkv) * dh
@@ -164,11 +181,8 @@ def profiled_work(params, n, progress, new_tokens, input_len, output_len):
         allreduce_s = 2.0 * (p[PF_AR_LATENCY_US] * 1e-6
                              + share * tokens * d * p[PF_KVBYTES] / p[PF_AR_BW])
 
-    layers = p[PF_N_DENSE] + p[PF_N_MOE]
     per_layer_s = attn_s + ew_s + allreduce_s + p[PF_FIX_LAYER_US] * 1e-6
     seconds = layers * per_layer_s + gemm_s + p[PF_FIX_STEP_US] * 1e-6
-    flops = layers * attn_flops + gemm_f
-    nbytes = layers * kv_bytes + gemm_b
     return seconds, flops, nbytes
 
 
@@ -191,7 +205,7 @@ def step_floor_us(params, n, progress, new_tokens, input_len, output_len) -> flo
     if params.shape[0] < FLOOR_OFFSET + PF_SIZE or params[FLOOR_OFFSET + PF_PEAK_FLOPS] <= 0.0:
         return -1.0
     work = params[FLOOR_OFFSET:]
-    _, flops, nbytes = profiled_work(work, n, progress, new_tokens, input_len, output_len)
+    _, flops, nbytes = _work(work, n, progress, new_tokens, input_len, output_len, False)
     return physical_floor_seconds(work, flops, nbytes) * 1e6
 
 
