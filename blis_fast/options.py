@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 TIME_LIMIT_US = 1 << 61
 """Largest delay or duration accepted (µs): event times stay far from int64 overflow."""
+MAX_GPU_HOUR_COST = 1e12
+"""Largest price of one GPU-hour (flag or node pool): any run's cost stays a finite float."""
 LOG_LEVELS = {
     "trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
     "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR,
@@ -285,8 +287,9 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                     in_time_range())),
         OptionSpec("gpu-hour-cost", "float", 0.0,
                    "price of one GPU-hour: prints the run's cost (node_pools[].gpu_hour_cost wins)",
-                   (Check(lambda v: v >= 0 and not math.isinf(v),
-                          lambda flag, v: f"--{flag} must be a finite number >= 0, got {_go_g(v)}"),)),
+                   (Check(lambda v: 0 <= v <= MAX_GPU_HOUR_COST,
+                          lambda flag, v: f"--{flag} must be a number between 0 and "
+                                          f"{MAX_GPU_HOUR_COST:g}, got {_go_g(v)}"),)),
     ),
     *_in_group("Workload",
         OptionSpec("workload", "str", "distribution", "distribution or a preset name"),
@@ -522,6 +525,7 @@ def build_options(given: dict[str, Any], *, keywords: bool = False) -> RunOption
 __all__ = [
     "CHECK_ORDER",
     "INT64_MAX",
+    "MAX_GPU_HOUR_COST",
     "OPTIONS_BY_FIELD",
     "OPTIONS_BY_FLAG",
     "RUN_OPTIONS",

@@ -21,6 +21,7 @@ from blis_fast.config.latency import LatencyConfig, resolve_latency
 from blis_fast.config.pd import (
     check_construction,
     check_encode,
+    check_transfer_range,
     config_warnings,
     resolve_pools,
     validate_pd,
@@ -245,6 +246,8 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
             _fail("closed-loop sessions are not supported yet with P/D disaggregation")
         pd = with_transfer_sizing(pd, opts, latency)
         pools = resolve_pools(pd, opts, latency)
+        _check_memory(opts, total_blocks, table.n, instance_blocks=pools.kv_blocks)
+        check_transfer_range(pd, pools.kv_blocks, table.n)
     pd = replace(pd, warnings=pd.warnings + tuple(config_warnings(opts, pd, latency.backend)))
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
@@ -434,8 +437,8 @@ def _resolve_policies(opts: Any, hooks: Hooks) -> Policies:
         _fail(f"--kv-transfer-bandwidth must be a finite value > 0 when --kv-cpu-blocks > 0, "
               f"got {bw:f}")
     check_options(opts, "delays")
-    if opts.kv_cpu_blocks > 0 and (opts.kv_transfer_base_latency
-                                   + math.ceil(opts.block_size_in_tokens / bw) > TIME_LIMIT_US):
+    if opts.kv_cpu_blocks > 0 and (opts.kv_transfer_base_latency  # float: a denormal bw is inf
+                                   + opts.block_size_in_tokens / bw > TIME_LIMIT_US):
         _fail(f"--kv-transfer-bandwidth {bw} makes a block transfer longer than the simulator's "
               "time range")
     if pol.routing == "weighted":
@@ -463,7 +466,8 @@ the run (``simulate._check_growth``)."""
 
 
 def _check_memory(opts: Any, total_blocks: int, num_requests: int,
-                  tokens_per_request: int = 0) -> None:
+                  tokens_per_request: int = 0,
+                  instance_blocks: tuple[int, ...] | None = None) -> None:
     """One estimate of the arrays a run allocates up front, refused (naming the flag that
     drives it) when it exceeds the memory available: KV blocks of every instance (GPU and CPU
     tiers), the requests with their block digests and their share of the step log and event
@@ -472,10 +476,15 @@ def _check_memory(opts: Any, total_blocks: int, num_requests: int,
     n = max(opts.num_instances, 0)
     bs = max(opts.block_size_in_tokens, 1)
     reqs = max(num_requests, 0)
+    blocks_flag = ("--total-kv-blocks" if opts.given("total_kv_blocks") else
+                   "--tp" if opts.given("tp") else "--num-instances")
+    if instance_blocks is not None:  # P/D pools: each pool's TP, GPU and length size its KV
+        blocks_flag = next((f"--{pool}-{what}" for what in ("tp", "hardware")
+                            for pool in ("prefill", "decode")
+                            if opts.given(f"{pool}_{what}")), blocks_flag)
     parts = {
-        "--total-kv-blocks" if opts.given("total_kv_blocks") else
-        ("--tp" if opts.given("tp") else "--num-instances"):
-            n * max(total_blocks, 0) * (32 + 2 * 16),  # block records and the prefix table
+        blocks_flag: (sum(max(b, 0) for b in instance_blocks) if instance_blocks is not None
+                      else n * max(total_blocks, 0)) * (32 + 2 * 16),  # records, prefix table
         "--kv-cpu-blocks": n * max(opts.kv_cpu_blocks, 0) * (8 + 3 * 4 + 2 * 16),
         "--num-requests": reqs * (REQUEST_BYTES + GROWING_BYTES
                                   + 16 * (max(tokens_per_request, 0) // bs)),
@@ -486,8 +495,9 @@ def _check_memory(opts: Any, total_blocks: int, num_requests: int,
         k = min(max(opts.counterfactual_k, 1), max(n, 1))
         parts["--counterfactual-k"] = reqs * k * 56
         parts["--num-instances"] = parts.get("--num-instances", 0) + reqs * n * 8
-    refuse_over_memory(parts, f"{n} instance(s) x {total_blocks} GPU + {opts.kv_cpu_blocks} "
-                              f"CPU KV blocks, {reqs} requests")
+    gpu = (f"{sum(instance_blocks)} GPU KV blocks over {n} instance(s)"
+           if instance_blocks is not None else f"{n} instance(s) x {total_blocks} GPU")
+    refuse_over_memory(parts, f"{gpu} + {opts.kv_cpu_blocks} CPU KV blocks, {reqs} requests")
 
 
 def refuse_over_memory(parts: dict[str, int], detail: str) -> None:

@@ -25,7 +25,10 @@ from blis_fast.config.strict_yaml import (
     is_null,
 )
 from blis_fast.gofmt import go_g, go_quote
-from blis_fast.options import TIME_LIMIT_US
+from blis_fast.options import MAX_GPU_HOUR_COST, TIME_LIMIT_US
+
+MAX_GPU_MEMORY_GIB = 4096
+"""Largest ``gpu_memory_gib`` of a node pool (GiB; today's largest GPUs have under 300)."""
 
 MAX_POOL_GPUS = 1 << 20
 """Most GPUs all node pools may hold together (blis_fast's own limit: inventory arrays)."""
@@ -218,6 +221,9 @@ def _pool_error(i: int, p: NodePoolBundle) -> str | None:
         return f"{where}: gpu_memory_gib must be finite, got {g(p.gpu_memory_gib)}"
     if p.gpu_memory_gib <= 0:
         return f"{where}: gpu_memory_gib must be > 0, got {g(p.gpu_memory_gib)}"
+    if p.gpu_memory_gib > MAX_GPU_MEMORY_GIB:  # its KV blocks are sized before any estimate
+        return (f"{where}: gpu_memory_gib must be at most {MAX_GPU_MEMORY_GIB}, "
+                f"got {g(p.gpu_memory_gib)}")
     if p.initial_nodes < 0:
         return f"{where}: initial_nodes must be >= 0, got {p.initial_nodes}"
     if p.max_nodes < p.initial_nodes:
@@ -257,9 +263,9 @@ def _own_error(a: AutoscalerBundle, pools: list[NodePoolBundle],
     seen: set[str] = set()
     for i, p in enumerate(pools):
         price = p.gpu_hour_cost
-        if price is not None and not (_finite(price) and price >= 0):
-            return (f"node_pools[{i}] {go_quote(p.name)}: gpu_hour_cost must be a finite number "
-                    f">= 0, got {g(price)}")
+        if price is not None and not (0 <= price <= MAX_GPU_HOUR_COST):
+            return (f"node_pools[{i}] {go_quote(p.name)}: gpu_hour_cost must be a number "
+                    f"between 0 and {MAX_GPU_HOUR_COST:g}, got {g(price)}")
         if p.name in seen:
             return (f"node_pools[{i}] {go_quote(p.name)}: duplicate pool name (the reference "
                     "panics on this)")

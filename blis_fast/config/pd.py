@@ -28,7 +28,7 @@ from blis_fast.config.pd_mode import pd_mode_on
 from blis_fast.config.policy_bundle import parse_scorer_list
 from blis_fast.errors import BlisConfigError
 from blis_fast.gofmt import go_pct_f, go_quote
-from blis_fast.options import check_options
+from blis_fast.options import TIME_LIMIT_US, check_options
 from blis_fast.policies.deciders import DECIDERS, ENCODE_DECIDERS
 
 ROLE_PREFILL, ROLE_DECODE, ROLE_ENCODE = 1, 2, 4
@@ -285,6 +285,22 @@ def with_transfer_sizing(pd: PDConfig, opts: Any, latency: Any) -> PDConfig:
                                    pool_tp(opts, pd, "prefill", latency.tp),
                                    explicit_head_dim=True)
     return replace(pd, block_bytes=float(opts.block_size_in_tokens) * per_token)
+
+
+def check_transfer_range(pd: PDConfig, kv_blocks: tuple[int, ...], num_requests: int) -> None:
+    """Refuse transfer figures whose longest KV transfer (every block of the largest
+    instance, sharing the link with every request under contention) is beyond the simulator's
+    time range: the reference's float-to-int conversion turns such a transfer into 1 µs, the
+    fastest of all."""
+    base_us = pd.base_latency_ms * 1000.0
+    if base_us > TIME_LIMIT_US:
+        _fail(f"--pd-transfer-base-latency {pd.base_latency_ms:g} ms is beyond the simulator's "
+              "time range")
+    sharing = max(num_requests, 1) if pd.contention else 1
+    longest = base_us + max(kv_blocks, default=0) * pd.block_bytes / (pd.bandwidth_gbps * 1000.0)
+    if longest * sharing > TIME_LIMIT_US:
+        _fail(f"--pd-transfer-bandwidth {pd.bandwidth_gbps:g} GB/s makes a KV transfer longer "
+              "than the simulator's time range")
 
 
 @dataclass(frozen=True)

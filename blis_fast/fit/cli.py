@@ -220,6 +220,8 @@ def _search_flags(weight_ttft, weight_itl, weight_e2e, has_itl: bool, warmup_req
     if not math.isfinite(limit) or limit <= 0:
         _fail(f"--time-limit must be a number of seconds > 0, got {time_limit}")
     seed_value = int(_number("seed", seed, integer=True))
+    if seed_value < 0:  # numpy's generators take a seed >= 0 only
+        _fail(f"--seed must be >= 0, got {seed_value}")
     n_starts = int(_number("starts", starts, integer=True))
     if n_starts < 1:
         _fail(f"--starts must be >= 1, got {n_starts}")

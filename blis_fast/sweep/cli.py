@@ -4,6 +4,7 @@ reported by ``blis_fast.cli.main``; hook the commands in with ``register(main_gr
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -122,8 +123,7 @@ def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by:
     """Plot a sweep directory (SOURCE) or a Parquet file: y vs x lines, or a CDF."""
     from blis_fast.sweep import plot as P  # lazy: not for blis --help
 
-    if not (width > 0 and height > 0 and dpi > 0):
-        raise BlisConfigError("--width, --height and --dpi must be > 0")
+    _check_figure(width, height, dpi, output)
     from blis_fast.files import OutputPlan  # lazy: not for blis --help
 
     plan = OutputPlan()
@@ -146,6 +146,32 @@ def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by:
                               dpi=dpi)
     result.save(output)
     click.echo(f"{output}: {len(result.series)} series")
+
+
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+"""The image formats ``blis plot`` writes (chosen by the output's suffix)."""
+MAX_PIXELS = 50_000_000
+"""Largest raster (width x height in pixels) ``blis plot`` draws: about 200 MB of RGBA."""
+
+
+def _check_figure(width: float, height: float, dpi: int, output: str) -> None:
+    """Refuse a figure matplotlib cannot draw, or only with gigabytes: sizes finite and at
+    least 1 inch, 10 to 2400 dpi, at most MAX_PIXELS pixels, a known image suffix."""
+    from blis_fast.gofmt import go_g  # lazy: not for blis --help
+
+    for flag, inches in (("width", width), ("height", height)):
+        if not (1 <= inches <= 1000):
+            raise BlisConfigError(f"--{flag} must be between 1 and 1000 inches, got {go_g(inches)}")
+    if not (10 <= dpi <= 2400):
+        raise BlisConfigError(f"--dpi must be between 10 and 2400, got {dpi}")
+    if width * height * dpi * dpi > MAX_PIXELS:
+        raise BlisConfigError(
+            f"--width {go_g(width)} x --height {go_g(height)} inches at --dpi {dpi} is "
+            f"{width * dpi * height * dpi:.0f} pixels, more than {MAX_PIXELS}")
+    suffix = Path(output).suffix.lower()
+    if suffix not in PLOT_FORMATS:
+        raise BlisConfigError(f"--output {output}: unknown image format {suffix or '(none)'!r}; "
+                              f"use one of {', '.join(PLOT_FORMATS)}")
 
 
 def register(main_group: click.Group) -> None:

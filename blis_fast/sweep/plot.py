@@ -22,6 +22,9 @@ from blis_fast.gonum import NumError, parse_float
 __all__ = ["PlotResult", "load_requests", "load_summary", "plot_cdf", "plot_lines",
            "plot_scaling"]
 
+MAX_WINDOWS = 1_000_000
+"""Most ``--window`` bins of a scaling plot (its arrays stay a few MB)."""
+
 
 @dataclass
 class PlotResult:
@@ -225,6 +228,9 @@ def plot_scaling(run_dir: str | Path, window_s: float = 10.0, *, width: float = 
     result.series["replicas"] = (xs_r, ys_r)
     top.step(xs_r, ys_r, where="post", color="C0", label="serving replicas")
     top.set_ylabel("serving replicas")
+    if end / window_s > MAX_WINDOWS:
+        raise BlisConfigError(f"--window {window_s:g} s cuts the run's {end:g} s into more than "
+                              f"{MAX_WINDOWS} windows")
     edges = np.arange(0.0, end + window_s, window_s)
     counts, _ = np.histogram(arrival, bins=edges)
     mids = edges[:-1] + window_s / 2
