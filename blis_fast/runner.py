@@ -410,6 +410,7 @@ def _replay_workload(opts: Any) -> tuple[RequestTable, int, SessionPlan | None]:
     notify_if_compiling(pd=pd_requested(opts))
     prelim = (opts.horizon if opts.given("horizon")
               else replay_horizon(max_injected_arrival(records, closed)))
+    _check_replay_tokens(records, opts.block_size_in_tokens)
     replayed = replay_workload(records, opts.seed, opts.block_size_in_tokens,
                                closed_loop=closed, think_sampler=think, horizon=prelim)
     table = replayed.table
@@ -498,6 +499,25 @@ def _check_memory(opts: Any, total_blocks: int, num_requests: int,
     gpu = (f"{sum(instance_blocks)} GPU KV blocks over {n} instance(s)"
            if instance_blocks is not None else f"{n} instance(s) x {total_blocks} GPU")
     refuse_over_memory(parts, f"{gpu} + {opts.kv_cpu_blocks} CPU KV blocks, {reqs} requests")
+
+
+def _check_replay_tokens(rec: Any, block_size: int) -> None:
+    """Refuse a trace whose token counts need more memory than there is before its token ids
+    are drawn (in Python integers: a row of 2^63-1 tokens must not wrap to a negative size):
+    each shared prefix's ids, a digest per block of every request, one request's ids."""
+    bs = max(block_size, 1)
+    groups: dict[str, int] = {}
+    for g, plen in zip(rec.prefix_group, rec.prefix_length.tolist(), strict=True):
+        if g and plen > 0:
+            groups.setdefault(g, int(plen))
+    blocks = longest = 0
+    for g, n_in, n_out in zip(rec.prefix_group, rec.input_tokens.tolist(),
+                              rec.output_tokens.tolist(), strict=True):
+        total = groups.get(g, 0) + int(n_in) + int(n_out)
+        blocks += total // bs
+        longest = max(longest, total)
+    refuse_over_memory({"--trace-data": 8 * (sum(groups.values()) + blocks + longest)},
+                       f"{len(rec.input_tokens)} trace rows, longest {longest} tokens")
 
 
 def refuse_over_memory(parts: dict[str, int], detail: str) -> None:

@@ -150,3 +150,17 @@ def test_extreme_floats_end_in_a_result_or_one_line(flag, value, tmp_path):
     assert "Traceback" not in res.stderr, res.stderr
     if res.code != 0:
         assert res.code == 2 and res.stderr.count("\n") == 1 and flag in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("column", [9, 10], ids=["input_tokens", "output_tokens"])
+def test_trace_row_of_int64_max_tokens_is_refused_before_drawing(column, tmp_path):
+    """A row of 2^63-1 tokens once wrapped the token-id array's size to a negative number."""
+    res = invoke([*RUN, *BB, "--trace-output", str(tmp_path / "src")])
+    assert res.code == 0, res.stderr
+    rows = (tmp_path / "src.csv").read_text().splitlines()
+    fields = rows[1].split(",")
+    fields[column] = str((1 << 63) - 1)
+    rows[1] = ",".join(fields)
+    (tmp_path / "src.csv").write_text("\n".join(rows) + "\n")
+    refused(["replay", "--model", MODEL, "--log", "error", *BB, "--trace-header", "src.yaml",
+             "--trace-data", "src.csv"], tmp_path, "--trace-data")
