@@ -346,8 +346,12 @@ def _generate(opts: Any, horizon: int, total_blocks: int
     try:
         wl = generate_workload(spec, horizon=horizon, max_requests=max_requests,
                                block_size=opts.block_size_in_tokens)
-    except MemoryError:
-        # the sampled lengths are only known inside the generator (huge distribution means)
+    except (MemoryError, ValueError) as exc:
+        # the sampled lengths are only known inside the generator (huge distribution means or
+        # tails): numba reports an allocation past int64 as ValueError ("array is too big",
+        # "negative dimensions")
+        if isinstance(exc, ValueError) and not _allocation_error(exc):
+            raise
         source = f"--workload-spec {opts.workload_spec}" if opts.workload_spec else (
             "--num-requests/--prompt-tokens/--output-tokens")
         _fail(f"{source}: the generated requests need more memory than this machine has "
@@ -499,6 +503,12 @@ def _check_memory(opts: Any, total_blocks: int, num_requests: int,
     gpu = (f"{sum(instance_blocks)} GPU KV blocks over {n} instance(s)"
            if instance_blocks is not None else f"{n} instance(s) x {total_blocks} GPU")
     refuse_over_memory(parts, f"{gpu} + {opts.kv_cpu_blocks} CPU KV blocks, {reqs} requests")
+
+
+def _allocation_error(exc: ValueError) -> bool:
+    """True for numba's and numpy's refusals of an array size beyond int64."""
+    text = str(exc)
+    return "array is too big" in text or "negative dimensions" in text
 
 
 def _check_replay_tokens(rec: Any, block_size: int) -> None:

@@ -401,7 +401,7 @@ def test_workload_spec_values_without_meaning_are_refused(old, new, key, work: P
 def test_huge_distribution_mean_is_refused_not_a_memory_error(work: Path) -> None:
     spec = _spec_with(work, "mean: 50", "mean: 1.0e15")
     refused_cleanly(["run", "--model", MODEL, "--log", "error", "--workload-spec", str(spec)],
-                    work, ("--workload-spec", "memory"), subprocess_=True)
+                    work, ("--workload-spec", "memory", "params.mean"), subprocess_=True)
 
 
 def test_integers_outside_int64_are_refused(work: Path) -> None:

@@ -164,3 +164,27 @@ def test_trace_row_of_int64_max_tokens_is_refused_before_drawing(column, tmp_pat
     (tmp_path / "src.csv").write_text("\n".join(rows) + "\n")
     refused(["replay", "--model", MODEL, "--log", "error", *BB, "--trace-header", "src.yaml",
              "--trace-data", "src.csv"], tmp_path, "--trace-data")
+
+
+SPEC = """\
+version: "2"
+seed: 42
+aggregate_rate: 10.0
+num_requests: 5
+clients:
+  - id: "c1"
+    rate_fraction: 1.0
+    arrival: {process: poisson}
+    input_distribution: {type: constant, params: {value: 100}}
+    output_distribution: {type: exponential, params: {mean: MEAN}}
+"""
+
+
+@pytest.mark.parametrize("mean", ["9.2e18", "1e300", "16777217"])
+def test_workload_spec_length_beyond_2_pow_24_tokens_is_refused(mean, tmp_path):
+    """An exponential mean just under 2^63 once ended in numba's 'array is too big'
+    traceback, and 1e300 drew 1-token outputs (float-to-int overflow)."""
+    (tmp_path / "w.yaml").write_text(SPEC.replace("MEAN", mean))
+    line = refused([*RUN, *BB, "--workload-spec", "w.yaml"], tmp_path,
+                   ("output_distribution.params.mean", "w.yaml"))
+    assert "2^24" in line

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from blis_fast.errors import BlisInputError
-from blis_fast.gofmt import go_pct_f
+from blis_fast.gofmt import go_g, go_pct_f
 from blis_fast.options import TIME_LIMIT_US
 from blis_fast.workload.spec import (
     ARRIVAL_CODES,
@@ -72,6 +72,29 @@ def _check_dist(spec, path: str, prefix: str, d: DistSpec) -> None:
             )
 
 
+MAX_LENGTH_PARAM = float(1 << 24)
+"""Largest token-length parameter of a workload spec: samples (an exponential's tail is
+under 40 means) and their sums over any request count stay far inside int64; the
+reference turns a draw beyond int64 into 1 token and one just inside into an allocation of
+exabytes."""
+_LENGTH_PARAMS = ("mean", "std_dev", "min", "max", "value", "xm")
+
+
+def _length_dists(c) -> list[tuple[str, DistSpec]]:
+    """A client's token-length distributions, by YAML key (multimodal ones included)."""
+    dists = [("input_distribution", c.input_dist), ("output_distribution", c.output_dist)]
+    mm = getattr(c, "multimodal", None)
+    if mm is not None:
+        dists += [(f"multimodal.{k}", getattr(mm, f)) for f, k in (
+            ("text_dist", "text_distribution"), ("image_dist", "image_distribution"),
+            ("image_count_dist", "image_count_distribution"),
+            ("audio_dist", "audio_distribution"),
+            ("audio_count_dist", "audio_count_distribution"),
+            ("video_dist", "video_distribution"),
+            ("video_count_dist", "video_count_distribution"))]
+    return dists
+
+
 _NON_NEGATIVE_PARAMS = ("mean", "std_dev", "sigma")  # bounds and constants: the sampler's own check
 _POSITIVE_PARAMS = ("alpha", "xm")
 
@@ -80,9 +103,12 @@ def _check_meaningful(spec, c, path: str, p: str) -> None:
     """Values the reference accepts but that have no meaning (blis_fast is stricter here, see
     the README): negative spreads, means and bounds, a Pareto alpha or scale <= 0, a mixing
     weight outside [0, 1], negative think times and network figures."""
-    for key, d in (("input_distribution", c.input_dist), ("output_distribution", c.output_dist)):
+    for key, d in _length_dists(c):
         for name, val in d.params.items():
             where = f"{path}.{key}.params.{name}"
+            if name in _LENGTH_PARAMS and d.type != "empirical" and abs(val) > MAX_LENGTH_PARAM:
+                raise _fail(spec, where, f"{p}.{key}.params.{name} {go_g(val)} is more "
+                                         f"tokens than blis_fast draws (at most 2^24)")
             if name in _NON_NEGATIVE_PARAMS and val < 0:
                 raise _fail(spec, where, f"{p}.{key}.params.{name} must be non-negative, "
                                          f"got {go_pct_f(val)}")
