@@ -188,3 +188,10 @@ def test_workload_spec_length_beyond_2_pow_24_tokens_is_refused(mean, tmp_path):
     line = refused([*RUN, *BB, "--workload-spec", "w.yaml"], tmp_path,
                    ("output_distribution.params.mean", "w.yaml"))
     assert "2^24" in line
+
+
+def test_distribution_flags_beyond_2_pow_24_tokens_name_the_flag(tmp_path):
+    refused([*RUN, *BB, "--prompt-tokens", "20000000", "--prompt-tokens-max", "30000000"],
+            tmp_path, "--prompt-tokens")
+    res = invoke([*RUN, *BB, "--prompt-tokens-max", str((1 << 63) - 1)])  # a bound only caps
+    assert res.code == 0, res.stderr

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from blis_fast.errors import BlisConfigError
 from blis_fast.options import OPTIONS_BY_FIELD, OPTIONS_BY_FLAG
 from blis_fast.workload.spec import ArrivalSpec, ClientSpec, DistSpec, WorkloadSpec
+from blis_fast.workload.validate import MAX_LENGTH_PARAM
 
 PRESET_NAMES = ("chatbot", "summarization", "contentgen", "multidoc")
 """Preset names the reference's error message lists (WL-1.1)."""
@@ -218,6 +219,12 @@ def validate_distribution_params(p: DistributionParams) -> None:
     for failed, msg in checks:
         if failed:
             raise BlisConfigError(msg)
+    for flag in ("prompt-tokens", "prompt-tokens-stdev", "prompt-tokens-min", "output-tokens",
+                 "output-tokens-stdev", "output-tokens-min"):  # a large max only caps
+        value = getattr(p, flag.replace("-", "_") + ("_mean" if flag.endswith("tokens") else ""))
+        if value > MAX_LENGTH_PARAM:
+            raise BlisConfigError(f"--{flag} {value} is more tokens than blis_fast draws "
+                                  "(at most 2^24)")
 
 
 def synthesize_concurrency(

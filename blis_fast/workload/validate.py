@@ -77,7 +77,7 @@ MAX_LENGTH_PARAM = float(1 << 24)
 under 40 means) and their sums over any request count stay far inside int64; the
 reference turns a draw beyond int64 into 1 token and one just inside into an allocation of
 exabytes."""
-_LENGTH_PARAMS = ("mean", "std_dev", "min", "max", "value", "xm")
+_LENGTH_PARAMS = ("mean", "std_dev", "min", "value", "xm")  # a large max only caps
 
 
 def _length_dists(c) -> list[tuple[str, DistSpec]]:
