@@ -25,7 +25,7 @@ import click
 from blis_fast.cli_options import GroupedHelpCommand, row_option
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.gonum import INT64_MAX
-from blis_fast.options import OPTIONS_BY_FLAG, OptionSpec
+from blis_fast.options import LOG_LEVELS, OPTIONS_BY_FIELD, OPTIONS_BY_FLAG, OptionSpec
 
 if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba out of it
     from blis_fast.observe.client import RealClient
@@ -514,6 +514,9 @@ def run_observe(o: ObserveOptions) -> ObserveResult:
     import asyncio
 
     validate_flags(o)
+    # observe has no --log: its diagnostics at the default level, whatever an earlier call in
+    # this process (blis_fast.run(log="error"), a test) left on the package's logger
+    logging.getLogger("blis_fast").setLevel(LOG_LEVELS[OPTIONS_BY_FIELD["log"].default])
     w = build_workload(o)
     r = asyncio.run(_observe(o, w))
     with _signals_ignored():  # a second Ctrl-C must not cut the files short
