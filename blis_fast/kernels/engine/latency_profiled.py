@@ -63,7 +63,7 @@ def _gemm(p, m, n, k, timed):
     return p[PF_G_LAUNCH_US] * 1e-6 + hi * (1.0 + (lo / hi) ** q) ** (1.0 / q), flops, nbytes
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _weight_gemms(p, tokens, sampled, timed):
     """(seconds, FLOPs, bytes, FFN activation width) of every weight GEMM of a step: each
     layer's QKV and O, its dense MLP (gate+up, down) or its MoE (router, the experts the tokens
@@ -122,7 +122,7 @@ def profiled_work(params, n, progress, new_tokens, input_len, output_len):
     return _work(params, n, progress, new_tokens, input_len, output_len, True)
 
 
-@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+@njit(cache=True, _nrt=False, error_model="numpy")
 def _work(params, n, progress, new_tokens, input_len, output_len, timed):
     """:func:`profiled_work`; untimed (the floor guard, every step of every backend) it skips
     the time terms and returns 0 seconds with the same FLOPs and bytes."""
