@@ -195,3 +195,14 @@ def test_distribution_flags_beyond_2_pow_24_tokens_name_the_flag(tmp_path):
             tmp_path, "--prompt-tokens")
     res = invoke([*RUN, *BB, "--prompt-tokens-max", str((1 << 63) - 1)])  # a bound only caps
     assert res.code == 0, res.stderr
+
+
+def test_block_size_is_bounded_where_it_is_parsed(tmp_path):
+    # int64-max tokens per block used to hang the run (the block arithmetic overflowed)
+    res = invoke(["run", "--model", "meta-llama/llama-3.1-8b-instruct", "--num-requests", "5",
+                  "--block-size-in-tokens", "9223372036854775807",
+                  "--metrics-path", str(tmp_path / "m.json")])
+    assert res.code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--block-size-in-tokens" in lines[0] and "2^24" in lines[0]
+    assert "Traceback" not in res.stderr and not (tmp_path / "m.json").exists()
