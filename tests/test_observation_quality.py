@@ -7,15 +7,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import test_calibrate
+import test_observe
 from _cli import invoke
 from parity import CASES_DIR
 
@@ -32,7 +30,6 @@ from blis_fast.observe.quality import (
 from blis_fast.testing.record_server import running_record_server
 from blis_fast.testing.synthetic_trace import make_observed_trace
 
-ROOT = Path(__file__).resolve().parents[1]
 BURST_LINE = ("requests arrived in one burst: TTFT and ITL of these measure the delivery path, "
               "not the server")
 
@@ -128,17 +125,9 @@ def test_lag_warning_gives_percentiles_only_over_the_threshold():
 
 # ---- blis observe against a loopback server ---------------------------------------------------
 def _observe(url: str, tmp: Path, *extra: str, n: int = 6) -> tuple[int, str, list[dict]]:
-    args = [sys.executable, "-m", "blis_fast.cli", "observe", "--server-url", url,
-            "--model", "m", "--rate", "50", "--num-requests", str(n), "--prompt-tokens", "20",
-            "--prompt-tokens-stdev", "5", "--output-tokens", "12", "--output-tokens-stdev", "2",
-            "--trace-header", str(tmp / "t.yaml"), "--trace-data", str(tmp / "t.csv"),
-            "--output-dir", str(tmp / "out"), *extra]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
-    rows = []
-    if (tmp / "t.csv").exists():
-        rows = list(csv.DictReader(io.StringIO((tmp / "t.csv").read_text())))
-    return res.returncode, res.stderr, rows
+    """test_observe's child-process observe, at 50 req/s, 12 output tokens, with --output-dir."""
+    return test_observe._observe(url, tmp, "--output-dir", str(tmp / "out"), *extra, n=n,
+                                 rate=50, output_tokens=12)
 
 
 def test_observe_flags_a_server_that_flushes_each_stream_whole(tmp_path):

@@ -182,11 +182,13 @@ class Misbehaving:
             await asyncio.sleep(0.002)
 
 
-def _observe(url: str, tmp: Path, *extra: str, n: int = 3) -> tuple[int, str, list[dict]]:
+def _observe(url: str, tmp: Path, *extra: str, n: int = 3, rate: int = 20,
+             output_tokens: int = 5) -> tuple[int, str, list[dict]]:
     """Run ``blis observe`` in a child process; return exit code, stderr and the trace rows."""
     args = [sys.executable, "-m", "blis_fast.cli", "observe", "--server-url", url,
-            "--model", "m", "--rate", "20", "--num-requests", str(n), "--prompt-tokens", "20",
-            "--prompt-tokens-stdev", "5", "--output-tokens", "5", "--output-tokens-stdev", "2",
+            "--model", "m", "--rate", str(rate), "--num-requests", str(n), "--prompt-tokens",
+            "20", "--prompt-tokens-stdev", "5", "--output-tokens", str(output_tokens),
+            "--output-tokens-stdev", "2",
             "--trace-header", str(tmp / "t.yaml"), "--trace-data", str(tmp / "t.csv"), *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     res = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
