@@ -28,7 +28,10 @@ REL_TOL = 1e-9
 
 # Cases that wait for a later issue. The parity test marks them as strict expected failures,
 # so a family whose cases start passing must leave this table.
-PENDING_FAMILIES: dict[str, str] = {}
+PENDING_FAMILIES: dict[str, str] = {
+    "lora-": "LoRA multi-adapter serving is being built (issue 31)",
+    "kvo-": "the August KV offload tier chain is not built yet (issue 32)",
+}
 """Case-id prefixes of families waiting for a feature (every case of the family except those
 of ``ADOPTED_EARLY`` and ``PASSING_IN_PENDING``)."""
 ADOPTED_EARLY: dict[str, tuple[str, ...]] = {}
