@@ -24,6 +24,7 @@ from blis_fast.policies.scorers import DEFAULT_PROFILE
 if TYPE_CHECKING:
     from blis_fast.config.autoscale import AutoscaleSetup
     from blis_fast.config.latency import LatencyConfig
+    from blis_fast.config.lora import LoRAConfig
     from blis_fast.config.policy_bundle import Policies
 
 SLOT_ARRAYS = {"ConfigSlot": ConfigSlot, "RouterCfg": RouterCfg, "RouterParam": RouterParam}
@@ -56,6 +57,7 @@ class EngineConfig:
     latency_class_codes: tuple[int, ...] | None = None
     instance_latency_class: tuple[int, ...] | None = None
     autoscale: AutoscaleSetup | None = None  # autoscaler / node pools; None: a fixed fleet
+    lora: LoRAConfig | None = None  # LoRA adapters (None or inert: no LoRA, LORA-0.2)
 
     @property
     def pd_on(self) -> bool:

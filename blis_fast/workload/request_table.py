@@ -66,6 +66,10 @@ class RequestTable:
     # ids of the last ``len(extra_ids)`` rows, which are not "request_<k>": the closed-loop
     # follow-ups the engine appends ("session_<id>_round_<r>_<n>", WL-6.5)
     extra_ids: list[str] = field(default_factory=list)
+    # LoRA (LORA-1.7, LORA-1.9): int32 per row, index into ``adapter_names``, -1 = no adapter;
+    # None = no request carries one. ``adapter_names``: the distinct ids in first-seen row order
+    adapter_idx: np.ndarray | None = None
+    adapter_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Fill absent optional columns, then check dtypes and lengths once."""
@@ -109,6 +113,11 @@ class RequestTable:
             raise ValueError("RequestTable.block_size must be positive")
         if len(self.extra_ids) > n:
             raise ValueError("RequestTable.extra_ids has more ids than rows")
+        if self.adapter_idx is not None:
+            if self.adapter_idx.dtype != np.int32 or self.adapter_idx.shape != (n,):
+                raise ValueError(f"RequestTable.adapter_idx must be int32[{n}]")
+            if n and self.adapter_idx.max(initial=-1) >= len(self.adapter_names):
+                raise ValueError("RequestTable.adapter_idx points past adapter_names")
 
     @property
     def n(self) -> int:
@@ -127,6 +136,13 @@ class RequestTable:
         """Session id of row ``i`` (empty outside sessions)."""
         k = int(self.session_idx[i])
         return self.sessions[k] if k >= 0 else ""
+
+    def adapter(self, i: int) -> str:
+        """LoRA adapter id of row ``i`` (empty for a base-model request)."""
+        if self.adapter_idx is None:
+            return ""
+        k = int(self.adapter_idx[i])
+        return self.adapter_names[k] if k >= 0 else ""
 
     def request_id(self, i: int) -> str:
         """Reference-style id of row ``i`` (``request_<k>``, or a follow-up's own id)."""
