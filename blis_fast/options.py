@@ -293,6 +293,25 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                           lambda flag, v: f"--{flag} must be a number between 0 and "
                                           f"{MAX_GPU_HOUR_COST:g}, got {_go_g(v)}"),)),
     ),
+    *_in_group("LoRA adapters",
+        OptionSpec("lora-config", "str", "",
+                   "YAML file with a top-level lora: block (adapter registry, capacity, costs)",
+                   file="input"),
+        OptionSpec("lora-adapter-capacity", "int", 0,
+                   "resident adapter slots per instance (applied only when given)"),
+        OptionSpec("lora-load-base-latency-us", "float", 0.0,
+                   "fixed cold-load latency (µs; applied only when given, default from "
+                   "--lora-config or defaults.yaml)"),
+        OptionSpec("lora-load-bandwidth-bytes-us", "float", 0.0,
+                   "cold-load bandwidth (bytes/µs; applied only when given, default from "
+                   "--lora-config or defaults.yaml)"),
+        OptionSpec("lora-footprint-bytes-per-rank", "float", 0.0,
+                   "adapter HBM bytes per rank unit (applied only when given, default from "
+                   "--lora-config or defaults.yaml)"),
+        OptionSpec("lora-scorer-weight", "float", 0.0,
+                   "weight of the lora-affinity scorer appended to the weighted profile "
+                   "(applied only when given)"),
+    ),
     *_in_group("Workload",
         OptionSpec("workload", "str", "distribution", "distribution or a preset name"),
         OptionSpec("workload-spec", "str", "", "workload spec YAML", file="input"),

@@ -188,6 +188,25 @@ class RunOptions(RunOptionsMethods):
     """--gpu-hour-cost: price of one GPU-hour: prints the run's cost (node_pools[].gpu_hour_cost
     wins)"""
 
+    # LoRA adapters
+
+    lora_config: str = ""
+    """--lora-config: YAML file with a top-level lora: block (adapter registry, capacity, costs)"""
+    lora_adapter_capacity: int = 0
+    """--lora-adapter-capacity: resident adapter slots per instance (applied only when given)"""
+    lora_load_base_latency_us: float = 0.0
+    """--lora-load-base-latency-us: fixed cold-load latency (µs; applied only when given, default
+    from --lora-config or defaults.yaml)"""
+    lora_load_bandwidth_bytes_us: float = 0.0
+    """--lora-load-bandwidth-bytes-us: cold-load bandwidth (bytes/µs; applied only when given,
+    default from --lora-config or defaults.yaml)"""
+    lora_footprint_bytes_per_rank: float = 0.0
+    """--lora-footprint-bytes-per-rank: adapter HBM bytes per rank unit (applied only when given,
+    default from --lora-config or defaults.yaml)"""
+    lora_scorer_weight: float = 0.0
+    """--lora-scorer-weight: weight of the lora-affinity scorer appended to the weighted profile
+    (applied only when given)"""
+
     # Workload
 
     workload: str = "distribution"

@@ -300,7 +300,10 @@ def test_huge_max_num_running_reqs_runs_like_a_large_one() -> None:
 GO_FLOAT64_FLAGS = ("gpu-memory-utilization", "kv-offload-threshold", "kv-transfer-bandwidth",
                     "token-bucket-capacity", "token-bucket-refill-rate", "rate",
                     "pd-transfer-bandwidth", "pd-transfer-base-latency",  # P/D: f90a1e3a
-                    "model-autoscaler-interval-us", "gpu-hour-cost")
+                    "model-autoscaler-interval-us", "gpu-hour-cost",
+                    # LoRA flags (cmd/root.go at f90a1e3a)
+                    "lora-load-base-latency-us", "lora-load-bandwidth-bytes-us",
+                    "lora-footprint-bytes-per-rank", "lora-scorer-weight")
 GO_FLOAT64_SLICE_FLAGS = ("alpha-coeffs", "beta-coeffs")
 GO_INT_FLAGS = (
     "tp", "max-model-len", "total-kv-blocks", "block-size-in-tokens", "max-num-running-reqs",
@@ -313,7 +316,7 @@ GO_INT_FLAGS = (
     # P/D flags (cmd/root.go at f90a1e3a)
     "prefill-instances", "decode-instances", "prefill-decode-instances", "encode-instances",
     "pd-prefix-threshold", "prefill-tp", "decode-tp", "prefill-max-model-len",
-    "decode-max-model-len")
+    "decode-max-model-len", "lora-adapter-capacity")
 NUMERIC_FLAGS = GO_FLOAT64_FLAGS + GO_FLOAT64_SLICE_FLAGS + GO_INT_FLAGS
 
 
