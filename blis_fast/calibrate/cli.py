@@ -55,10 +55,33 @@ def _info_logging():
 @click.option("--exclude-flagged", is_flag=True, default=False,
               help="Grade TTFT and ITL without the requests delivered in one burst, sent "
               "unstreamed or read by a late client (the report then says so)")
-def calibrate_command(trace_header: str, trace_data: str, sim_results: str, report: str,
-                      warmup_requests: int, network_rtt_us: int, network_bandwidth_mbps: float,
-                      itl_data: str, plot_path: str, exclude_flagged: bool) -> None:
-    """Compare the latencies of an observed trace with a replay's SimResults."""
+@click.option("--adapter-reference", default="", metavar="FILE",
+              help="Digital-Twin reference JSON (adapter_aware/adapter_blind aggregates): "
+              "compare BLIS's aggregate TTFT and output throughput with it instead (the trace "
+              "flags are then not used)")
+@click.option("--sim-metrics", default="", metavar="FILE",
+              help="BLIS metrics JSON (blis run/replay --metrics-path) of the adapter-aware run; "
+              "required with --adapter-reference")
+@click.option("--sim-metrics-blind", default="", metavar="FILE",
+              help="BLIS metrics JSON of the same workload without adapters: adds the "
+              "aware/blind (delta-normalized) error to the --adapter-reference report")
+@click.option("--adapter-mape-threshold", type=GO_FLOAT, default="0.20", metavar="FLOAT",
+              show_default=True, help="Error bound (fraction) of the --adapter-reference "
+              "comparison")
+@click.pass_context
+def calibrate_command(ctx: click.Context, trace_header: str, trace_data: str, sim_results: str,
+                      report: str, warmup_requests: int, network_rtt_us: int,
+                      network_bandwidth_mbps: float, itl_data: str, plot_path: str,
+                      exclude_flagged: bool, adapter_reference: str, sim_metrics: str,
+                      sim_metrics_blind: str, adapter_mape_threshold: float) -> None:
+    """Compare the latencies of an observed trace with a replay's SimResults (or, with
+    --adapter-reference, a LoRA run's aggregates with a Digital-Twin reference)."""
+    if adapter_reference:
+        _warn_unused(ctx, _TRACE_FLAGS, "with --adapter-reference")
+        _adapter_reference(adapter_reference, sim_metrics, sim_metrics_blind, report,
+                           adapter_mape_threshold)
+        return
+    _warn_unused(ctx, _ADAPTER_FLAGS, "without --adapter-reference")
     from blis_fast.calibrate.calibration import calibrate  # lazy: not for blis --help
     from blis_fast.calibrate.report import report_text, summary_lines  # lazy: not for blis --help
 
@@ -111,6 +134,52 @@ def calibrate_command(trace_header: str, trace_data: str, sim_results: str, repo
             log.info(line)
         if plot_format is not None:
             log.info(f"Plot written to {plot_path}")
+
+
+_TRACE_FLAGS = ("trace_header", "trace_data", "sim_results", "warmup_requests", "network_rtt_us",
+                "network_bandwidth_mbps", "itl_data", "plot_path", "exclude_flagged")
+_ADAPTER_FLAGS = ("sim_metrics", "sim_metrics_blind", "adapter_mape_threshold")
+
+
+def _warn_unused(ctx: click.Context, names: tuple[str, ...], mode: str) -> None:
+    """One warning naming the given flags that the chosen mode does not read (the reference
+    ignores them silently)."""
+    from click.core import ParameterSource
+
+    given = [f"--{p.opts[0].lstrip('-')}" for p in ctx.command.params
+             if p.name in names and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
+    if given:
+        log.warning(f"{', '.join(given)} not used {mode}: ignored")
+
+
+def _adapter_reference(reference: str, sim_metrics: str, sim_metrics_blind: str, report: str,
+                       threshold: float) -> None:
+    """``--adapter-reference`` mode (LORA-9): the checks in the reference's order, then the
+    report written atomically, then the verdict lines on stderr."""
+    if not sim_metrics:
+        raise BlisConfigError("--sim-metrics is required with --adapter-reference (BLIS "
+                              "aggregate MetricsOutput from run/replay --metrics-path)")
+    if not report:
+        raise BlisConfigError("--report is required")
+    from blis_fast.calibrate import adapter_reference as ar  # lazy: not for blis --help
+    from blis_fast.files import OutputPlan  # lazy: not for blis --help
+
+    ar.check_threshold(threshold)
+    ref = ar.load_dt_reference(reference)
+    aware = ar.load_blis_aggregate(sim_metrics)
+    blind = ar.load_blis_aggregate(sim_metrics_blind) if sim_metrics_blind else None
+    plan = OutputPlan()
+    plan.add_inputs([("--adapter-reference", reference), ("--sim-metrics", sim_metrics),
+                     ("--sim-metrics-blind", sim_metrics_blind)])
+    plan.check_file(report, "--report")
+    result = ar.compare(ref, aware, blind, threshold)
+    text = ar.report_text(result)
+    with plan:
+        plan.stage_text(report, "--report", text)
+        plan.commit()
+    with _info_logging():
+        for level, line in ar.report_lines(result, report, bool(sim_metrics_blind)):
+            log.log(level, line)
 
 
 def register(main_group: click.Group) -> None:
