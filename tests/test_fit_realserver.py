@@ -1,11 +1,21 @@
-"""Fit against a real vLLM server (CPU build, tiny model): observe two loads, fit on one,
-predict the other. Marker ``realserver_fit``, which CI's real-server command (``-m
-realserver``) does not select: run it with ``python -m pytest -m realserver_fit``. Issue 30
-found it failing by chance on a quiet machine (the fitted model's per-request E2E MAPE 22.3 %
-against the default roofline's 22.0 %, both dominated by the CPU server's per-request noise),
-so it cannot gate a landing until it measures what the fit is for with a margin noise cannot
-cross. Skipped with the reason when vLLM cannot be installed or started. One server serves
-every observation.
+"""Fit against a real vLLM server (CPU build, tiny model): observe two loads in alternating
+segments, fit on the even rounds of both, predict the odd rounds. Marker ``realserver_fit``,
+which CI's real-server command (``-m realserver``) does not select: run it with ``python -m
+pytest -m realserver_fit``. Skipped with the reason when vLLM cannot be installed or started.
+One server serves every observation.
+
+What the check asserts is what a fit is for (issue 30): its answer reproduces its own traces
+(``converged``: the verdict ``blis fit`` prints, each mean within 15 %) and predicts fresh
+observations of the same workload - the held-out E2E's mean and median within 10 %, its 90th
+percentile within 20 %, the mean ITL within 10 %, each load's mean E2E alone within 25 %. The
+earlier design fitted one load (8/s) and predicted the other (2/s), and required the fit's
+per-request E2E MAPE to beat the default H100 roofline's; it failed by chance (22.3 % against
+22.0 %): the default roofline happens to land near this tiny CPU model's E2E while missing its
+ITL by ~30 % and its TTFT by ~90 %, and on this server the loads differ in what no latency
+model holds - a CPU-bound API process answering a busier stream later (TTFT at 8/s ~20-50 %
+above 2/s). Measured on one set of observations: fitted on 8/s alone, the held-out 2/s mean
+E2E was 17 % off; fitted on both loads, the held-out rounds were 1.5 % off pooled (3.2 % at
+8/s, 11.2 % at 2/s). The default roofline's figures are printed for information only.
 
 What makes the check steady on this 2-core machine, each measured on real observations:
 
@@ -46,6 +56,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 from blis_fast.testing.foreign_cpu import ForeignCpu
@@ -55,6 +66,9 @@ BURST_GAP_US = 200
 BURST_SHARE = 0.30
 FOREIGN_CORES = 0.25
 ATTEMPTS = 3
+HELD_OUT_E2E = 0.10  # error of the held-out mean and median E2E (and mean ITL), both loads
+HELD_OUT_P90_E2E = 0.20  # error of the held-out 90th-percentile E2E, both loads
+HELD_OUT_ONE_LOAD_E2E = 0.25  # error of one load's held-out mean E2E (docstring: contention)
 
 pytestmark = pytest.mark.realserver_fit
 
@@ -66,8 +80,11 @@ ROUNDS = 10  # alternations of the two loads (module docstring)
 SEGMENTS = (("warmup", 8.0, 12),
             *((name, rate, count) for k in range(ROUNDS)
               for name, rate, count in ((f"rate8-{k}", 8.0, 16), (f"rate2-{k}", 2.0, 6))))
-FIT_SEGMENTS = tuple(f"rate8-{k}" for k in range(ROUNDS))
-HELD_SEGMENTS = tuple(f"rate2-{k}" for k in range(ROUNDS))
+LOADS = {"8 req/s": "rate8", "2 req/s": "rate2"}
+FIT_SEGMENTS = {load: tuple(f"{prefix}-{k}" for k in range(0, ROUNDS, 2))
+                for load, prefix in LOADS.items()}  # even rounds: one training trace per load
+HELD_SEGMENTS = {load: tuple(f"{prefix}-{k}" for k in range(1, ROUNDS, 2))
+                 for load, prefix in LOADS.items()}  # odd rounds, held out
 
 
 @pytest.fixture(scope="module")
@@ -191,29 +208,37 @@ def _merged(segments: list[tuple[str, str, str]], prefix) -> tuple[str, str, str
     return out_header, out_data, out_itl
 
 
-def _pooled(pairs_list) -> dict[str, tuple[float, float]]:
-    """Per metric over all the pairs: (request-level MAPE, mean percent error), fractions."""
+def _pooled(pairs_list) -> dict[str, tuple[float, float, float, float]]:
+    """Per metric over all the pairs: request-level MAPE and the relative errors of the mean,
+    the median and the 90th percentile (fractions)."""
     from blis_fast.calibrate.stats import mape_and_bias
+
+    def rel(sim: float, real: float) -> float:
+        return abs(sim - real) / real
 
     out = {}
     for metric in ("ttft", "itl", "e2e"):
         real = [v for p in pairs_list for v in getattr(p, metric).real]
         sim = [v for p in pairs_list for v in getattr(p, metric).sim]
         if real:
-            mean_real = sum(real) / len(real)
             out[metric] = (mape_and_bias(real, sim)[0],
-                           abs(sum(sim) / len(sim) - mean_real) / mean_real)
+                           rel(float(np.mean(sim)), float(np.mean(real))),
+                           rel(float(np.percentile(sim, 50)), float(np.percentile(real, 50))),
+                           rel(float(np.percentile(sim, 90)), float(np.percentile(real, 90))))
     return out
 
 
-def _figures(pooled: dict[str, tuple[float, float]]) -> str:
-    return ", ".join(f"{m} MAPE {mape * 100:.1f}% (mean err {err * 100:.1f}%)"
-                     for m, (mape, err) in sorted(pooled.items()))
+def _figures(pooled: dict[str, tuple[float, float, float, float]]) -> str:
+    return ", ".join(f"{m} MAPE {mape * 100:.1f}% (error of the mean {mean * 100:.1f}%, p50 "
+                     f"{p50 * 100:.1f}%, p90 {p90 * 100:.1f}%)"
+                     for m, (mape, mean, p50, p90) in sorted(pooled.items()))
 
 
-def test_fit_on_one_load_predicts_the_other(observed, tmp_path):
+def test_fit_predicts_fresh_observations_at_both_loads(observed, tmp_path):
     from blis_fast.fit.optimize import fit
     from blis_fast.fit.problem import load_fit_trace, pair_trace, sim_results, simulate
+    from blis_fast.fit.report import start_loss
+    from blis_fast.fit.verdict import judge
     from blis_fast.options import build_options
     from blis_fast.runner import execute_replay
 
@@ -221,8 +246,9 @@ def test_fit_on_one_load_predicts_the_other(observed, tmp_path):
         return load_fit_trace(*_merged([observed[n] for n in names], tmp_path / prefix),
                               warmup_requests=0)
 
-    train = [load(FIT_SEGMENTS, "rate8")]
-    held = [load(HELD_SEGMENTS, "rate2")]
+    train = [load(segments, f"fit-{LOADS[name]}") for name, segments in FIT_SEGMENTS.items()]
+    held = {name: [load(segments, f"held-{LOADS[name]}")]
+            for name, segments in HELD_SEGMENTS.items()}
     base = {"model": REPLAY_MODEL}
     weights = {"ttft": 1.0, "itl": 1.0, "e2e": 1.0}
     result = fit(train, base, weights, max_evaluations=2000, time_limit_s=120, seed=0,
@@ -237,13 +263,28 @@ def test_fit_on_one_load_predicts_the_other(observed, tmp_path):
             dict(base, trace_header=t.header_path, trace_data=t.data_path, log="error"),
             keywords=True)).requests)) for t in traces]
 
-    fitted_train = _pooled(fitted_pairs(train))
-    fitted = _pooled(fitted_pairs(held))
-    default = _pooled(default_pairs(held))
+    train_pairs = fitted_pairs(train)
+    verdict = judge(train_pairs, weights, start_loss(result, train, base, weights),
+                    result.loss)
+    held_pairs = {name: fitted_pairs(traces) for name, traces in held.items()}
+    pooled = _pooled([p for pairs in held_pairs.values() for p in pairs])
+    per_load = {name: _pooled(pairs) for name, pairs in held_pairs.items()}
+    default = _pooled(default_pairs([t for traces in held.values() for t in traces]))
     print(f"\nfit (rms-log): {len(result.losses)} evaluations, {result.seconds:.1f} s, loss "
           f"{result.loss:.4f}, alpha {result.alpha}, beta {result.beta}")
-    print(f"fit trace (8 req/s): {_figures(fitted_train)}")
-    print(f"held out (2 req/s), fitted: {_figures(fitted)}")
-    print(f"held out (2 req/s), default roofline: {_figures(default)}")
-    assert fitted["e2e"][1] <= 0.10
-    assert fitted["e2e"][0] < default["e2e"][0]
+    print(verdict.line())
+    print(f"fit traces (even rounds): {_figures(_pooled(train_pairs))}")
+    print(f"held out (odd rounds), fitted: {_figures(pooled)}")
+    for name, figures in per_load.items():
+        print(f"held out (odd rounds) at {name}, fitted: {_figures(figures)}")
+    print(f"held out (odd rounds), default roofline (for information): {_figures(default)}")
+    # What the fit is for: its answer reproduces its own traces (the verdict blis fit prints)
+    # and predicts fresh observations of the same workload: E2E's mean, median and tail
+    assert verdict.fitted, verdict.line()
+    _mape, mean_err, p50_err, p90_err = pooled["e2e"]
+    assert mean_err <= HELD_OUT_E2E, _figures(pooled)
+    assert p50_err <= HELD_OUT_E2E, _figures(pooled)
+    assert p90_err <= HELD_OUT_P90_E2E, _figures(pooled)
+    assert pooled["itl"][1] <= HELD_OUT_E2E, _figures(pooled)
+    for name, figures in per_load.items():  # each load alone: the contention floor (docstring)
+        assert figures["e2e"][1] <= HELD_OUT_ONE_LOAD_E2E, f"{name}: {_figures(figures)}"
