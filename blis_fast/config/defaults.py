@@ -10,6 +10,8 @@ Known layout::
     <a section of COEFFICIENT_SECTIONS> (a latency backend's global α/β; its registry entry in
     ``config/latency_backends.py`` names the section): {alpha_coeffs, beta_coeffs}
     version:    string
+    lora:       {load_base_latency_us, load_bandwidth_bytes_us, footprint_bytes_per_rank,
+                 step_overhead_tiers: {rank: {k6, k7}}} (LoRA cost defaults, LORA-1.4)
 
 ``total_kv_blocks`` is not a key of ``models:`` entries any more (DELTA-23) and is rejected.
 """
@@ -34,6 +36,7 @@ from blis_fast.config.strict_yaml import (
     mapping_items,
     parse_root,
 )
+from blis_fast.config.lora import LoRADefaults, decode_lora_defaults
 from blis_fast.errors import BlisInputError
 from blis_fast.files import read_input_text
 from blis_fast.stored import kept_beside
@@ -130,6 +133,7 @@ class DefaultsConfig:
     models: tuple[ModelCoefficients, ...] = ()
     coefficients: dict[str, CoefficientSet] = field(default_factory=dict)  # by section name
     version: str = ""
+    lora: LoRADefaults | None = None  # the ``lora:`` block (LORA-1.4); None when absent
 
 
 _DEFAULT_FIELDS = {
@@ -209,6 +213,7 @@ _FIXED_FIELDS: dict[str, Callable[[YamlContext, yaml.Node, str], Any]] = {
     "defaults": _decode_defaults_map,
     "version": as_str,
     "workloads": _decode_workloads,
+    "lora": decode_lora_defaults,
 }
 
 
@@ -252,6 +257,7 @@ def _parse(text: str, p: str) -> DefaultsConfig:
         models=top.get("models", ()),
         coefficients={s: top[s] for s in COEFFICIENT_SECTIONS if top.get(s) is not None},
         version=top.get("version", ""),
+        lora=top.get("lora"),
     )
 
 
