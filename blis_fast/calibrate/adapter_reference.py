@@ -11,7 +11,8 @@ costs alone.
 
 Both input files are decoded as Go's non-strict ``encoding/json`` fills the reference's structs:
 keys match field names case-insensitively (an exact match first), unknown keys are ignored,
-``null`` or a missing key leaves the figure at 0, a later duplicate key wins, and a value of the
+``null`` or a missing key leaves the figure at 0, a later duplicate key wins (a repeated object
+only overwrites the fields it names), and a value of the
 wrong type (a string for a number, a fraction for an integer, a number out of float64 range)
 makes the file unparsable. Beyond the reference, negative figures that make the comparison
 meaningless are refused: a BLIS ``ttft_mean_ms`` or ``total_output_tokens`` below 0, and a DT
@@ -108,12 +109,13 @@ def _shown(raw: Any) -> str:
     return "array"
 
 
-def _decode_value(raw: Any, kind: Any, key: str) -> Any:
-    """``raw`` as the Go type ``kind`` (a dict of fields for a struct); ValueError if unfit."""
+def _decode_value(raw: Any, kind: Any, key: str, earlier: Any) -> Any:
+    """``raw`` as the Go type ``kind`` (a dict of fields for a struct, decoded over the
+    ``earlier`` values of a repeated key, as Go fills the same struct); ValueError if unfit."""
     if isinstance(kind, dict):
         if not isinstance(raw, _Object):
             raise ValueError(f"cannot unmarshal {_shown(raw)} into {key} (an object)")
-        return _decode_struct(raw, kind, key + ".")
+        return _decode_struct(raw, kind, key + ".", earlier)
     if kind == _ANY:
         return raw
     fits = {_STR: isinstance(raw, str) and not isinstance(raw, _Number),
@@ -135,16 +137,18 @@ def _decode_value(raw: Any, kind: Any, key: str) -> Any:
     return raw
 
 
-def _decode_struct(obj: _Object, fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _decode_struct(obj: _Object, fields: dict[str, Any], prefix: str = "",
+                   earlier: dict[str, Any] | None = None) -> dict[str, Any]:
     """The values of a JSON object's known fields, matched as Go does: exact name first, else
-    case-insensitively; unknown keys and nulls are skipped; a later duplicate overwrites."""
+    case-insensitively; unknown keys and nulls are skipped; a later duplicate overwrites (a
+    repeated object only the fields it names)."""
     folded = {name.lower(): name for name in fields}
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = dict(earlier or {})
     for key, raw in obj:
         name = key if key in fields else folded.get(key.lower())
         if name is None or raw is None:
             continue
-        values[name] = _decode_value(raw, fields[name], prefix + name)
+        values[name] = _decode_value(raw, fields[name], prefix + name, values.get(name))
     return values
 
 
