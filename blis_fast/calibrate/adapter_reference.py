@@ -162,8 +162,19 @@ def _decode_file(data: bytes, fields: dict[str, Any]) -> dict[str, Any]:
     return _decode_struct(doc, fields)
 
 
-def _json_error(exc: ValueError) -> str:
-    return str(exc) if not isinstance(exc, json.JSONDecodeError) else f"invalid JSON: {exc}"
+def _read_struct(path: str, limit: int, fields: dict[str, Any], read_fail: str,
+                 parse_fail: str) -> dict[str, Any]:
+    """The file ``path`` decoded into the struct ``fields``; an unreadable file raises
+    ``read_fail: reason``, an unparsable one ``parse_fail: reason`` (the reference's wording)."""
+    try:
+        data = read_input_bytes(path, limit)
+    except OSError as exc:
+        raise BlisInputError(f"{read_fail}: {exc.strerror or exc}") from None
+    try:
+        return _decode_file(data, fields)
+    except ValueError as exc:
+        detail = f"invalid JSON: {exc}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise BlisInputError(f"{parse_fail}: {detail}") from None
 
 
 # ---------------------------------------------------------------------------------- inputs
@@ -189,15 +200,8 @@ def _dt_side(values: dict[str, float] | None) -> DTAggregate:
 def load_dt_reference(path: str) -> DTReference:
     """The DT reference of ``--adapter-reference``; its aware TTFT and output throughput must
     be positive (they are the denominators of the errors)."""
-    try:
-        data = read_input_bytes(path, MAX_CONFIG_BYTES)
-    except OSError as exc:
-        raise BlisInputError(f"reading adapter reference {path}: "
-                             f"{exc.strerror or exc}") from None
-    try:
-        values = _decode_file(data, _DT_FIELDS)
-    except ValueError as exc:
-        raise BlisInputError(f"parsing adapter reference {path}: {_json_error(exc)}") from None
+    values = _read_struct(path, MAX_CONFIG_BYTES, _DT_FIELDS,
+                          f"reading adapter reference {path}", f"parsing adapter reference {path}")
     ref = DTReference(values.get("model", ""), _dt_side(values.get("adapter_aware")),
                       _dt_side(values.get("adapter_blind")))
     aware, blind = ref.adapter_aware, ref.adapter_blind
@@ -230,16 +234,9 @@ _METRICS_FIELDS: dict[str, Any] = {
 
 def load_blis_aggregate(path: str) -> BLISAggregate:
     """BLIS's aggregate TTFT and output throughput from a ``--metrics-path`` JSON file."""
-    try:
-        data = read_input_bytes(path, MAX_TRACE_BYTES)  # requests[] grows with the run
-    except OSError as exc:
-        raise BlisInputError(f"Failed to read sim metrics from {path}: "
-                             f"{exc.strerror or exc}") from None
-    try:
-        values = _decode_file(data, _METRICS_FIELDS)
-    except ValueError as exc:
-        raise BlisInputError(f"Failed to parse sim metrics JSON from {path}: "
-                             f"{_json_error(exc)}") from None
+    values = _read_struct(path, MAX_TRACE_BYTES, _METRICS_FIELDS,  # requests[] grows with runs
+                          f"Failed to read sim metrics from {path}",
+                          f"Failed to parse sim metrics JSON from {path}")
     duration = values.get("vllm_estimated_duration_s", 0.0)
     if duration <= 0:
         raise BlisInputError(f"sim metrics {path}: vllm_estimated_duration_s must be > 0 to "
