@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,6 +19,13 @@ from typing import Any
 from blis_fast.config.autoscale import resolve_autoscale
 from blis_fast.config.defaults import load_defaults
 from blis_fast.config.latency import LatencyConfig, resolve_latency
+from blis_fast.config.lora import (
+    LoRAConfig,
+    check_workload_adapters,
+    compose_scorer_weight,
+    no_capacity_warning,
+    resolve_lora,
+)
 from blis_fast.config.pd import (
     check_construction,
     check_encode,
@@ -45,6 +53,7 @@ from blis_fast.output.fitness import FITNESS_KEYS, parse_fitness_weights
 from blis_fast.output.pd import pd_warnings
 from blis_fast.output.run_outputs import build_outputs, plan_outputs, write_outputs
 from blis_fast.output.summary import RequestColumns
+from blis_fast.policies.scorers import DEFAULT_PROFILE
 from blis_fast.workload.generated import apply_timeout_to_workload
 from blis_fast.workload.generator import generate_workload
 from blis_fast.workload.precedence import (
@@ -183,20 +192,37 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
                      pools=outputs.pools, command="replay" if replay else "run")
 
 
-def resolve_run_latency(opts: Any) -> tuple[Any, LatencyConfig]:
-    """A run's first stage: the log level, the start checks, the model lower-cased and the
-    latency backend resolved. Returns the options (model lower-cased) and the backend;
-    :func:`prepare` goes on from here, ``blis step-time`` (:func:`step_latency`) stops here."""
+def resolve_run_latency(opts: Any, lora: bool = False
+                        ) -> tuple[Any, LatencyConfig, LoRAConfig | None]:
+    """A run's first stage: the log level, the start checks, the model lower-cased, with
+    ``lora`` the LoRA configuration (LORA-1.11: before the latency backend, whose KV
+    auto-calculation reserves its adapters' HBM) and the latency backend resolved. Returns the
+    options (model lower-cased), the backend and the LoRA configuration (None without
+    ``lora``); :func:`prepare` goes on from here, ``blis step-time`` (:func:`step_latency`)
+    stops here."""
     _setup_logging(opts)
     check_options(opts, "start")
     opts = replace(opts, model=opts.model.lower())
-    return opts, resolve_latency(opts)
+    lora_cfg = _resolve_lora(opts) if lora else None
+    return opts, resolve_latency(opts, lora_cfg), lora_cfg
+
+
+def _resolve_lora(opts: Any) -> LoRAConfig:
+    """The run's LoRA configuration (file, defaults.yaml's block, flags; LORA-1.3)."""
+    path = _defaults_file(opts)
+    defaults = None
+    if os.path.exists(path):
+        try:
+            defaults = load_defaults(path).lora
+        except BlisInputError as exc:
+            raise BlisInputError(f"--defaults-filepath: {exc}") from None
+    return resolve_lora(opts, defaults)
 
 
 def step_latency(opts: Any) -> LatencyConfig:
     """The latency backend exactly as a run with ``opts`` resolves it, its warnings and
     informational messages logged as the run logs them (``blis step-time``)."""
-    _, latency = resolve_run_latency(opts)
+    _, latency, _ = resolve_run_latency(opts)
     for msg in latency.warnings:
         log.warning(msg)
     for msg in latency.infos:
@@ -207,21 +233,23 @@ def step_latency(opts: Any) -> LatencyConfig:
 def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prepared:
     """Validate every option and build the run (no output is written here)."""
     given = opts
-    opts, latency = resolve_run_latency(opts)
+    opts, latency, lora = resolve_run_latency(opts, lora=True)
     if opts.num_instances > MAX_INSTANCES:  # blis_fast's own limit: before any sizing
         _fail(f"--num-instances must be <= {MAX_INSTANCES} (the most instances an event key "
               f"can address), got {opts.num_instances}")
     sessions = None
     outputs_reenter = False  # replayed inputs never repeat outputs (follow-ups: ``sessions``)
+    adapter_refs: list[tuple[str, str, str, str]] = []  # LORA-1.8: spec clients, cohorts
     if replay:
         table, horizon, sessions = _replay_workload(opts)
     else:
         table, horizon, sessions, outputs_reenter = _generate(opts, opts.horizon,
-                                                              latency.total_kv_blocks)
+                                                              latency.total_kv_blocks,
+                                                              adapter_refs)
     check_options(opts, "engine")
     hooks = hooks or Hooks()
     encode_warnings = check_encode(opts) if replay else None
-    pol = _resolve_policies(opts, hooks)
+    pol = _resolve_policies(opts, hooks, lora)
     pd = validate_pd(opts, replay, allow_custom=hooks.scorer is not None,
                      encode_warnings=encode_warnings)
     _check_hooks_used(hooks, pol, pd)
@@ -249,12 +277,14 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         _check_memory(opts, total_blocks, table.n, instance_blocks=pools.kv_blocks)
         check_transfer_range(pd, pools.kv_blocks, table.n)
     pd = replace(pd, warnings=pd.warnings + tuple(config_warnings(opts, pd, latency.backend)))
+    check_workload_adapters(lora, adapter_refs)  # LORA-1.8: after every other check
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(
         options=resolved, latency=latency, policies=pol, hooks=hooks, pd=pd if pd.on else None,
         **(pools.engine_fields() if pd.on else {}),
         autoscale=autoscale if autoscale.active else None,
+        lora=lora,
         # the reference hashes every block output tokens fill; a later request can match one
         # only if its input repeats that output: rounds of an accumulating multi-turn client,
         # open loop (pre-generated) or closed loop (follow-ups built at completion)
@@ -268,6 +298,9 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         log.info(msg)
     for msg in autoscale.warnings:
         log.warning(msg)
+    no_capacity = no_capacity_warning(lora)
+    if no_capacity is not None:
+        log.warning(no_capacity)
     log.info("Policy config: admission=%s, routing=%s, priority=%s, scheduler=%s",
              pol.admission, pol.routing, pol.priority, pol.scheduler)
     if pol.routing == "weighted":
@@ -291,13 +324,16 @@ def _defaults_file(opts: Any) -> str:
     return opts.defaults_filepath or str(data_path("defaults.yaml"))
 
 
-def _generate(opts: Any, horizon: int, total_blocks: int
+def _generate(opts: Any, horizon: int, total_blocks: int,
+              adapter_refs: list[tuple[str, str, str, str]] | None = None
               ) -> tuple[RequestTable, int, SessionPlan | None, bool]:
     """Workload source selection and generation (WL-1, WL-2, DELTA-28/29).
 
     Returns the requests, the simulation horizon (a spec's horizon applies unless
     ``--horizon`` was given), the closed-loop sessions the engine continues (or None) and
     whether some input repeats an earlier request's output (accumulating multi-turn clients).
+    ``adapter_refs`` receives a spec's ``(kind, id, model, adapter)`` of every client, then
+    every cohort, for the LoRA reference check (LORA-1.8).
     """
     check_options(opts, "workload")
     if opts.given("think_time_ms") and opts.concurrency <= 0 and opts.think_time_ms != 0:
@@ -318,6 +354,9 @@ def _generate(opts: Any, horizon: int, total_blocks: int
         except BlisInputError as exc:
             raise BlisInputError(f"--workload-spec: {exc}") from None
         spec.seed = resolve_workload_seed(spec.seed, opts.seed, opts.given("seed"))
+        if adapter_refs is not None:
+            adapter_refs += [("client", c.id, c.model, c.adapter) for c in spec.clients]
+            adapter_refs += [("cohort", c.id, c.model, c.adapter) for c in spec.cohorts]
         horizon = resolve_horizon(spec.horizon, horizon, opts.given("horizon"))
         timeout_applies = opts.given("timeout")
     elif source == "concurrency":
@@ -428,9 +467,10 @@ def _replay_workload(opts: Any) -> tuple[RequestTable, int, SessionPlan | None]:
     return table, horizon, sessions
 
 
-def _resolve_policies(opts: Any, hooks: Hooks) -> Policies:
+def _resolve_policies(opts: Any, hooks: Hooks, lora: LoRAConfig | None = None) -> Policies:
     """The policies (bundle merged under the flags, CLU-5) and the cluster flag checks that
-    follow them in the reference's order (CLU-9.6, DELTA-26)."""
+    follow them in the reference's order (CLU-9.6, DELTA-26); ``--lora-scorer-weight``
+    appends ``lora-affinity`` to the weighted profile (LORA-7.3)."""
     pol = select_policies(opts, hooks)
     check_options(opts, "tracing")
     if opts.trace_level != "decisions" and (opts.counterfactual_k > 0 or opts.summarize_trace):
@@ -453,6 +493,10 @@ def _resolve_policies(opts: Any, hooks: Hooks) -> Policies:
         pol.scorers = ()
         if opts.routing_scorers:
             log.warning("--routing-scorers has no effect unless --routing-policy is weighted")
+    pol.scorers, lora_warning = compose_scorer_weight(lora, pol.routing, pol.scorers,
+                                                      DEFAULT_PROFILE)
+    if lora_warning is not None:
+        log.warning(lora_warning)
     if opts.fitness_weights:
         weights = parse_fitness_weights(opts.fitness_weights)
         for key in sorted(weights):

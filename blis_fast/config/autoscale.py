@@ -189,7 +189,8 @@ def _pool_kv(pool: NodePoolBundle, opts: Any, latency: Any, warnings: list[str]
         hw = replace(latency.hardware, memory_gib=pool.gpu_memory_gib)
         blocks = calculate_kv_blocks(latency.model_config, hw, latency.tp,
                                      opts.block_size_in_tokens, opts.gpu_memory_utilization,
-                                     latency.kv_params, explicit_head_dim=True)
+                                     latency.kv_params, explicit_head_dim=True,
+                                     reserved_bytes=latency.lora_reserved_bytes)  # LORA-6.3
     except BlisConfigError as exc:
         warnings.append(f"[cluster] per-instance KV auto-calc for GPU {go_quote(pool.gpu_type)} "
                         f"failed: {exc}; using inherited total-kv-blocks="

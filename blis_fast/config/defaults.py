@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from blis_fast.config.lora import LoRADefaults, decode_lora_defaults
 from blis_fast.config.strict_yaml import (
     YamlContext,
     as_float,
@@ -36,7 +37,6 @@ from blis_fast.config.strict_yaml import (
     mapping_items,
     parse_root,
 )
-from blis_fast.config.lora import LoRADefaults, decode_lora_defaults
 from blis_fast.errors import BlisInputError
 from blis_fast.files import read_input_text
 from blis_fast.stored import kept_beside

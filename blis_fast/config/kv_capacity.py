@@ -170,11 +170,15 @@ def calculate_kv_blocks(
     gpu_memory_utilization: float,
     params: KVCapacityParams,
     explicit_head_dim: bool = False,
+    reserved_bytes: int = 0,
 ) -> int:
     """CalculateKVBlocks: how many KV blocks fit beside weights, activations and runtime overhead.
 
     ``explicit_head_dim``: size KV bytes and the K/V projection weights from config.json's
-    ``head_dim`` (the August reference: P/D and autoscaled runs); False keeps the April rule."""
+    ``head_dim`` (the August reference: P/D and autoscaled runs); False keeps the April rule.
+    ``reserved_bytes``: the static LoRA adapter HBM reservation (LORA-6.2), a fourth overhead
+    term per instance, independent of TP; with one, a budget it exhausts is reported in the
+    August reference's words (LORA-6.4)."""
     u = gpu_memory_utilization
     if u <= 0 or u > 1.0 or math.isnan(u) or math.isinf(u):
         raise BlisConfigError(f"KV capacity: GPU memory utilization must be in (0, 1.0], got {u}")
@@ -209,6 +213,10 @@ def calculate_kv_blocks(
     weights_gib = float(model_weight_bytes(mc, params, explicit_head_dim)) / float(_GIB)
     activation_gib = _ACTIVATION_MOE_GIB if params.is_moe else _ACTIVATION_DENSE_GIB
     non_torch_gib = (_NON_TORCH_TP1_GIB if tp == 1 else _NON_TORCH_TP_MULTI_GIB) * float(tp)
+    if reserved_bytes > 0:
+        return _blocks_with_reservation(hc, tp, u, per_block, available_gib, weights_gib,
+                                        activation_gib, non_torch_gib,
+                                        float(reserved_bytes) / float(_GIB))
     overhead_gib = weights_gib + activation_gib + non_torch_gib
     if overhead_gib >= available_gib:
         raise BlisConfigError(
@@ -223,4 +231,33 @@ def calculate_kv_blocks(
         raise BlisConfigError(
             f"KV capacity: no block fits ({allocatable_gib:.2f} GiB allocatable, {per_block} bytes per block)"
         )
+    return blocks
+
+
+def _blocks_with_reservation(hc: HardwareCalib, tp: int, u: float, per_block: int,
+                             available_gib: float, weights_gib: float, activation_gib: float,
+                             non_torch_gib: float, reserved_gib: float) -> int:
+    """The block count with a LoRA reservation (LORA-6.2), its failures as the August
+    reference words them (LORA-6.4: the minimum GPU count includes the reservation)."""
+    overhead_gib = weights_gib + activation_gib + non_torch_gib + reserved_gib
+    if overhead_gib >= available_gib:
+        per_gpu_available = hc.memory_gib * u
+        per_gpu_capacity = per_gpu_available - _NON_TORCH_TP_MULTI_GIB
+        if per_gpu_capacity <= 0:
+            raise BlisConfigError(
+                f"CalculateKVBlocks: insufficient per-GPU capacity ({per_gpu_available:.2f} GiB "
+                f"available - {_NON_TORCH_TP_MULTI_GIB:.2f} GiB non-torch overhead = "
+                f"{per_gpu_capacity:.2f} GiB). Cannot fit model even with increased TP")
+        min_tp = math.ceil((weights_gib + activation_gib + reserved_gib) / per_gpu_capacity)
+        raise BlisConfigError(
+            f"CalculateKVBlocks: model overhead ({overhead_gib:.2f} GiB = {weights_gib:.2f} weights "
+            f"+ {activation_gib:.2f} activation + {non_torch_gib:.2f} non-torch + "
+            f"{reserved_gib:.2f} lora-adapter-reservation) exceeds available GPU memory "
+            f"({available_gib:.2f} GiB = {hc.memory_gib:.1f} GiB × {u * 100:.0f}% util × {tp} "
+            f"GPUs). Minimum GPUs required per instance: {min_tp}")
+    allocatable_gib = available_gib - overhead_gib
+    blocks = _trunc_i64(allocatable_gib * float(_GIB)) // per_block
+    if blocks <= 0:
+        raise BlisConfigError(f"CalculateKVBlocks: computed 0 blocks (allocatable="
+                              f"{allocatable_gib:.2f} GiB, per_block={per_block} bytes)")
     return blocks

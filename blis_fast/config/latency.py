@@ -82,6 +82,7 @@ class LatencyConfig:
     kv_params: KVCapacityParams | None = None  # set when extracted (per-pool KV, AS-2.4)
     warnings: list[str] = field(default_factory=list)
     infos: list[str] = field(default_factory=list)
+    lora_reserved_bytes: int = 0  # LoRA adapter HBM reserved per instance (pool KV, LORA-6.3)
 
     @property
     def output_token_time(self) -> int:
@@ -192,12 +193,14 @@ def _default_specs(inp: LatencyInputs, cfg: DefaultsConfig) -> None:
         inp.vllm_version = d_version
 
 
-def resolve_latency(opts: Any) -> LatencyConfig:
+def resolve_latency(opts: Any, lora: Any = None) -> LatencyConfig:
     """Resolve backend, coefficients, model/hardware, KV blocks and MaxModelLen from the
-    flags of ``opts`` (a ``RunOptions``); the backend's registry entry resolves its inputs."""
+    flags of ``opts`` (a ``RunOptions``); the backend's registry entry resolves its inputs.
+    ``lora`` (a resolved ``LoRAConfig``) reserves its adapters' HBM in the KV auto-calculation."""
     infos: list[str] = []
     backend, alpha_given, beta_given = _select_backend(opts, infos)
     inp = _inputs_from_flags(opts, backend, alpha_given, beta_given, infos)
+    inp.lora = lora
     entry = LATENCY_BACKENDS[backend]
     resolver = entry.inputs_resolver()
     if resolver is not None:
@@ -226,4 +229,5 @@ def resolve_latency(opts: Any) -> LatencyConfig:
         kv_params=inp.kv_params,
         warnings=inp.warnings,
         infos=inp.infos,
+        lora_reserved_bytes=lora.reserved_bytes() if lora is not None else 0,
     )

@@ -26,6 +26,11 @@ from blis_fast.config.kv_capacity import (
     calculate_kv_blocks,
     extract_kv_capacity_params,
 )
+from blis_fast.config.lora import (
+    explicit_blocks_warning,
+    reservation_info,
+    reservation_skipped_warning,
+)
 from blis_fast.config.model_config import (
     HFConfig,
     ModelConfig,
@@ -71,6 +76,7 @@ class LatencyInputs:
     kv_params: KVCapacityParams | None = None
     warnings: list[str] = field(default_factory=list)
     infos: list[str] = field(default_factory=list)
+    lora: Any = None  # the run's LoRAConfig (its HBM reservation shrinks the KV budget)
 
 
 def all_zeros(values: Sequence[float] | None) -> bool:
@@ -168,8 +174,12 @@ def august_kv_rule(opts: Any) -> bool:
 
 def auto_kv_blocks(inp: LatencyInputs, hf: HFConfig) -> None:
     """KV blocks from the GPU memory unless ``--total-kv-blocks`` is given; a failure warns and
-    keeps the flag's default."""
+    keeps the flag's default. A LoRA adapter reservation (LORA-6.2, 6.3) is subtracted from
+    the budget; with one, a failed calculation is fatal (LORA-6.4), as in the August
+    reference, and an explicit or skipped calculation warns that it is not applied."""
+    reserved = inp.lora.reserved_bytes() if inp.lora is not None else 0
     if inp.opts.given("total_kv_blocks"):
+        _append(inp.warnings, explicit_blocks_warning(inp.lora, inp.total_kv_blocks))
         return
     try:
         inp.kv_params = kv_params = extract_kv_capacity_params(hf)
@@ -178,6 +188,7 @@ def auto_kv_blocks(inp: LatencyInputs, hf: HFConfig) -> None:
             f"--latency-model: no KV capacity parameters ({exc}); using total-kv-blocks={inp.total_kv_blocks} "
             "(set --total-kv-blocks to override)"
         )
+        _append(inp.warnings, reservation_skipped_warning(inp.lora, inp.total_kv_blocks))
         return
     mc, hc = inp.model_config, inp.hardware
     if mc is None or hc is None:  # load_model_and_hardware ran first
@@ -187,14 +198,18 @@ def auto_kv_blocks(inp: LatencyInputs, hf: HFConfig) -> None:
             f"--latency-model: the hardware config gives no GPU memory; using "
             f"total-kv-blocks={inp.total_kv_blocks} (add MemoryGiB or set --total-kv-blocks)"
         )
+        _append(inp.warnings, reservation_skipped_warning(inp.lora, inp.total_kv_blocks))
         return
     if kv_params.hidden_act == "":
         inp.infos.append("--latency-model: no hidden_act in config.json; assuming a SwiGLU MLP")
     u, block_size = inp.gpu_memory_utilization, inp.block_size
     try:
         blocks = calculate_kv_blocks(mc, hc, inp.tp, block_size, u, kv_params,
-                                     august_kv_rule(inp.opts))
+                                     august_kv_rule(inp.opts), reserved)
     except BlisConfigError as exc:
+        if reserved > 0:
+            raise BlisConfigError(
+                f"--latency-model: KV capacity auto-calculation failed: {exc}") from None
         inp.warnings.append(
             f"--latency-model: KV capacity auto-calculation failed ({exc}); using "
             f"total-kv-blocks={inp.total_kv_blocks} (set --total-kv-blocks to override)"
@@ -207,6 +222,12 @@ def auto_kv_blocks(inp: LatencyInputs, hf: HFConfig) -> None:
         f"GiB, TP={inp.tp}, block_size={block_size}, MoE={kv_params.is_moe}, "
         f"gpu-memory-utilization={u:.2f})"
     )
+    _append(inp.infos, reservation_info("--latency-model", inp.lora))
+
+
+def _append(messages: list[str], message: str | None) -> None:
+    if message is not None:
+        messages.append(message)
 
 
 def model_max_len(inp: LatencyInputs, hf: HFConfig) -> None:

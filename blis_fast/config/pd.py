@@ -383,7 +383,8 @@ def resolve_pools(pd: PDConfig, opts: Any, latency: Any) -> PoolClasses:
                         n_blocks = calculate_kv_blocks(
                             latency.model_config, hw, tp, opts.block_size_in_tokens,
                             opts.gpu_memory_utilization, kv_params,
-                            explicit_head_dim=True)
+                            explicit_head_dim=True,
+                            reserved_bytes=latency.lora_reserved_bytes)  # LORA-6.3
                     except BlisConfigError as exc:
                         _fail(f"--{pool}-tp/--{pool}-hardware: KV capacity auto-calculation "
                               f"failed for {pool} pool: {exc}")

@@ -102,6 +102,7 @@ def expand_cohorts(cohorts: list[CohortSpec], seed: int = 0) -> list[ClientSpec]
                     tenant_id=c.tenant_id,
                     slo_class=c.slo_class,
                     model=c.model,
+                    adapter=c.adapter,
                     rate_fraction=frac,
                     arrival=c.arrival,
                     input_dist=c.input_dist,

@@ -49,7 +49,7 @@ from blis_fast.workload.generated import (
     GeneratedWorkload,
     SessionBlueprint,
 )
-from blis_fast.workload.request_table import RequestTable
+from blis_fast.workload.request_table import RequestTable, adapter_columns
 from blis_fast.workload.samplers import build_sampler
 from blis_fast.workload.spec import (
     DEFAULT_TIMEOUT_US,
@@ -195,6 +195,7 @@ def _assemble(raw: _Raw, rows, ratio, offsets, digests, sess_names, block_size) 
         sidx[has] = remap[inv.reshape(-1)].astype(np.int32)
     arrival = np.ascontiguousarray(rows[:, R.ARRIVAL])
     std, ses = _deadline_offsets(raw.clients)
+    adapter_idx, adapter_names = adapter_columns(cidx, [c.adapter for c in raw.clients])
     return RequestTable(
         arrival_us=arrival,
         input_len=np.ascontiguousarray(rows[:, R.INPUT]),
@@ -216,6 +217,8 @@ def _assemble(raw: _Raw, rows, ratio, offsets, digests, sess_names, block_size) 
         video_tokens=np.ascontiguousarray(rows[:, R.VIDEO]),
         reason_ratio=np.ascontiguousarray(ratio, dtype=np.float64),
         sessions=sessions,
+        adapter_idx=adapter_idx,
+        adapter_names=adapter_names,
     )
 
 

@@ -1,6 +1,7 @@
 """Trace v2 loading and the requests of ``blis replay`` (WL-9.1, WL-9.4, WL-9.6, DELTA-60/63).
 
-The header is strict YAML; the data CSV has 27 columns matched by position. Requests are
+The header is strict YAML; the data CSV has 27 columns matched by position (and an optional
+``adapter`` column found by name, LORA-8.5). Requests are
 rebuilt in file order with token ids drawn from ``NewSource(--seed)``: the prefix of every
 prefix group with a recorded length first, then per record its input and output ids.
 """
@@ -25,7 +26,7 @@ from blis_fast.config.strict_yaml import (
 )
 from blis_fast.errors import BlisInputError
 from blis_fast.files import MAX_TRACE_BYTES, read_input_text
-from blis_fast.gofmt import go_quote
+from blis_fast.gofmt import go_quote, go_trim_space
 from blis_fast.gonum import INT64_MAX, NumError, atoi, parse_float
 from blis_fast.kernels.generation.replay_tokens import replay_digests
 from blis_fast.kernels.generation.samplers import DIST_SEQUENCE
@@ -76,6 +77,8 @@ class TraceRecords:
     last_chunk_us: np.ndarray
     num_chunks: np.ndarray
     status: list[str]
+    # LoRA adapter per row (LORA-8.5: a column found by its header name, trimmed; "" = none)
+    adapter: list[str] = field(default_factory=list)
 
 
 def load_trace_header(path: str) -> dict:
@@ -128,7 +131,11 @@ def load_trace_records(path: str) -> TraceRecords:
         raise BlisInputError(f"--trace-data {path}: row 1: expected the header row "
                              f"({TRACE_V2_COLUMNS[0]},{TRACE_V2_COLUMNS[1]},...), got {first!r}")
     cols: dict[str, list] = {k: [] for k in TraceRecords.__dataclass_fields__}
+    adapter_col = next((k for k, name in enumerate(rows[0]) if go_trim_space(name) == "adapter"),
+                       -1)
     for row_no, f in enumerate(rows[1:], start=2):
+        if adapter_col >= 0:
+            cols["adapter"].append(go_trim_space(f[adapter_col]) if adapter_col < len(f) else "")
         if len(f) < N_COLUMNS:
             raise BlisInputError(f"--trace-data {path}: row {row_no}: CSV row has {len(f)} "
                                  f"columns, expected {N_COLUMNS}")
@@ -271,6 +278,7 @@ def replay_workload(rec: TraceRecords, seed: int, block_size: int, closed_loop: 
         text_tokens=rec.text_tokens[order], image_tokens=rec.image_tokens[order],
         audio_tokens=rec.audio_tokens[order], video_tokens=rec.video_tokens[order],
         reason_ratio=rec.reason_ratio[order], sessions=names,
+        **_adapter_fields(rec, order),
     )
     blueprints = []
     for k, (sid, rows) in enumerate(sessions.items()):
@@ -292,6 +300,17 @@ def replay_workload(rec: TraceRecords, seed: int, block_size: int, closed_loop: 
             prefix=prefix, tenant_id=rec.tenant_id[r0], slo_class=rec.slo_class[r0],
             model=rec.model[r0], round0_row=k, think_sampler=think, rng_state=streams[k]))
     return ReplayedWorkload(table, blueprints)
+
+
+def _adapter_fields(rec: TraceRecords, order: np.ndarray) -> dict:
+    """The table's adapter columns from the trace's ``adapter`` column (LORA-1.9: ids are
+    kept as given, registered or not); none when no row names an adapter."""
+    if not any(rec.adapter):
+        return {}
+    names = [rec.adapter[i] for i in order.tolist()]
+    code = {name: k for k, name in enumerate(dict.fromkeys(n for n in names if n))}
+    idx = np.array([code.get(n, -1) for n in names], dtype=np.int32)
+    return {"adapter_idx": idx, "adapter_names": tuple(code)}
 
 
 def max_injected_arrival(rec: TraceRecords, closed_loop: bool) -> np.ndarray:

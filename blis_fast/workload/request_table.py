@@ -36,6 +36,23 @@ _INT64_COLUMNS = (
 )
 
 
+def adapter_columns(client_idx: np.ndarray, client_adapters: list[str]
+                    ) -> tuple[np.ndarray | None, tuple[str, ...]]:
+    """``(adapter_idx, adapter_names)`` of rows that carry their client's LoRA adapter
+    (LORA-1.7): names in first-seen row order; ``(None, ())`` when no row has one."""
+    if not any(client_adapters) or client_idx.shape[0] == 0:
+        return None, ()
+    clients, first = np.unique(client_idx, return_index=True)
+    code: dict[str, int] = {}
+    for k in clients[np.argsort(first, kind="stable")].tolist():  # clients, not rows
+        if client_adapters[k]:
+            code.setdefault(client_adapters[k], len(code))
+    if not code:
+        return None, ()
+    per_client = np.array([code.get(a, -1) for a in client_adapters], dtype=np.int32)
+    return per_client[client_idx], tuple(code)
+
+
 @dataclass(frozen=True, eq=False)
 class RequestTable:
     """Immutable per-request arrays of one generated workload, sorted by arrival (stable)."""

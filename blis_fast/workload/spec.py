@@ -181,6 +181,7 @@ class ClientSpec:
     tenant_id: str = ""
     slo_class: str = ""
     model: str = tag("", omitempty=True)
+    adapter: str = tag("", omitempty=True)  # LoRA adapter id (LORA-1.7); "" = base model
     rate_fraction: float = 0.0
     concurrency: int = tag(0, go_int="int", omitempty=True)
     think_time_us: int = tag(0, omitempty=True)
@@ -232,6 +233,7 @@ class CohortSpec:
     tenant_id: str = tag("", omitempty=True)
     slo_class: str = tag("", omitempty=True)
     model: str = tag("", omitempty=True)
+    adapter: str = tag("", omitempty=True)  # LoRA adapter id (LORA-1.7); "" = base model
     arrival: ArrivalSpec = field(default_factory=ArrivalSpec)
     input_dist: DistSpec = tag(factory=DistSpec, key="input_distribution")
     output_dist: DistSpec = tag(factory=DistSpec, key="output_distribution")

@@ -1,6 +1,7 @@
 """Trace v2 export of a run (``blis run --trace-output P``): ``P.yaml`` + ``P.csv``.
 
-Follows the April reference (WL-9.1-9.5 as amended by DELTA-60/61/62): a 27-column CSV,
+Follows the April reference (WL-9.1-9.5 as amended by DELTA-60/61/62): a 27-column CSV (a
+28th, ``adapter``, when some request carries a LoRA adapter: LORA-8.5),
 Go ``encoding/csv`` quoting, and a YAML header carrying ``workload_seed``. Columns are
 built with NumPy and written with a single join, so 100k rows take well under a second.
 """
@@ -115,7 +116,9 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome,
     prefix).
     """
     n = table.n
-    header = ",".join(TRACE_V2_COLUMNS) + "\n"
+    adapters = table.adapter_idx is not None and bool(np.any(table.adapter_idx >= 0))
+    # LORA-8.5: a trailing ``adapter`` column only when some request carries an adapter
+    header = ",".join(TRACE_V2_COLUMNS + (("adapter",) if adapters else ())) + "\n"
     if n == 0:
         return header
     status = np.asarray(outcome.status, dtype=np.int64)
@@ -209,6 +212,9 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome,
         "0",  # num_chunks
         status_txt[status],  # status, error_message (empty), finish_reason (empty)
     ]
+    if adapters:
+        names = np.array([go_csv_field(a) for a in table.adapter_names] + [""], dtype=object)
+        columns.append(names[table.adapter_idx[order]])
     cells = [repeat(c, n) if isinstance(c, str) else c if isinstance(c, list) else c.tolist()
              for c in columns]
     rows = map(",".join, zip(*cells, strict=True))
