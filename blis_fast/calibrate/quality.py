@@ -71,6 +71,8 @@ def _mean(values: list[float]) -> float:
 
 
 def _figure(name: str, pairs: LatencyPairs) -> str:
+    if not pairs.real:
+        return f"{name}: no pairs left"
     real, sim = _mean(pairs.real), _mean(pairs.sim)
     err = (sim - real) / real * 100 if real else 0.0
     return (f"{name} real mean={real:.0f}µs, sim mean={sim:.0f}µs ({err:+.1f}%, "
