@@ -308,6 +308,11 @@ def build_workload(o: ObserveOptions) -> Workload:
                                           num_requests=o.num_requests, seed=o.seed)
         else:
             spec = synthesize_from_distribution(params, seed=o.seed)
+    if any(c.adapter for c in (*spec.clients, *spec.cohorts)):  # LORA-1.12: ids not sent
+        log.warning("workload spec declares LoRA adapter fields, but `blis observe` does not model "
+                    "the LoRA control plane (the target server manages adapter loading); adapter "
+                    "ids are ignored here. Use `blis run`/`blis replay` with --lora-config for "
+                    "adapter-aware simulation.")
     horizon = INT64_MAX
     if o.is_given("horizon") and o.horizon > 0:
         horizon = o.horizon
