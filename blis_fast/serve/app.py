@@ -1,0 +1,707 @@
+"""``blis serve``: a live blis_fast simulation behind an OpenAI-compatible HTTP API (aiohttp).
+
+A client sees a vLLM server: ``POST /v1/completions`` and ``/v1/chat/completions`` (streamed as
+server-sent events or answered whole), ``GET /v1/models``, ``/health``, ``/ready``,
+``/version`` and ``/metrics``, with vLLM's error bodies. Behind it, every request enters the
+running simulation (``serve.live.LiveSimulation``) at the instant it arrives, and its tokens are
+sent when the simulation produces them: the timing is the product, the text is filler.
+
+Time: the simulated clock is ``(monotonic() - start) * speed`` (µs). One asyncio task advances
+the simulation to "now", hands each request's new tokens to its handler at once (they are due:
+the simulation never runs past the time it is told), then sleeps until the wall time of the
+next simulated event, or until a new request wakes it.
+
+Errors follow vLLM's OpenAI server (``vllm/entrypoints/openai``): the body is
+``{"error": {"message", "type", "param", "code"}}`` (``engine/protocol.py: ErrorResponse``);
+a body that is not JSON or misses a required field is 400 with type ``Bad Request`` (the
+``RequestValidationError`` handler of ``api_server.py``); an unknown model is 404
+``NotFoundError`` with ``param: "model"`` (``serving.py: _check_model``); a prompt at or over
+max-model-len, or a prompt plus ``max_tokens`` over it, is 400 ``BadRequestError`` with vLLM's
+message. vLLM itself never refuses a request for load; the simulation's admission policy
+(``--admission-policy``, e.g. a token bucket) can: such a request is answered 429 Too Many
+Requests (the client was rate limited and may retry later, as a gateway in front of vLLM
+says it), and 503 Service Unavailable is kept for a server that is shutting down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+
+from blis_fast.serve.metrics import CONTENT_TYPE, ServeMetrics, snapshot_from_gauges
+from blis_fast.version import __version__
+
+CHARS_PER_TOKEN = 4
+"""The prompt-length estimate without a tokenizer: one token per 4 characters (rounded up),
+OpenAI's rule of thumb for English text; a chat prompt is estimated on its messages' contents
+plus 4 tokens per message for the chat template's role markers."""
+CHAT_TOKENS_PER_MESSAGE = 4
+
+FILLER_WORDS = (
+    "the", "simulated", "fleet", "answers", "with", "filler", "text", "while", "its", "timing",
+    "follows", "batching", "queueing", "and", "cache", "pressure", "of", "a", "real", "server",
+    "under", "load", "so", "routers", "and", "autoscalers", "see", "what", "they", "would",
+    "see", "in", "production")
+"""Word mode's text: token k of a request is word k of this list, cyclically."""
+
+FINISHED_OK = ("completed",)
+REJECTED = "rejected"
+DROPPED = "dropped"
+ABORTED = "aborted"
+TIMED_OUT = "timed_out"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What the HTTP layer needs besides the simulation."""
+
+    model: str
+    speed: float = 1.0
+    default_output_tokens: int = 128
+    content: str = "words"  # "words" | "echo"
+    block_size: int = 16
+    external_routing: bool = False
+    count_tokens: Callable[[str], int] | None = None  # a tokenizer's count, or the estimate
+
+
+def estimate_tokens(text: str) -> int:
+    """The documented estimate of a text's token count (:data:`CHARS_PER_TOKEN`)."""
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN)) if text else 0
+
+
+def load_token_counter(model: str) -> tuple[Callable[[str], int], str]:
+    """The model's tokenizer if ``transformers`` and the tokenizer files are on this machine
+    (``AutoTokenizer`` with ``local_files_only``: nothing is downloaded), else the estimate.
+    Returns the counter and a few words saying which one it is."""
+    try:
+        from transformers import AutoTokenizer  # type: ignore[import-not-found]
+
+        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except Exception:  # not installed, no local files, a broken cache: the estimate serves
+        return estimate_tokens, f"estimated ({CHARS_PER_TOKEN} characters per token)"
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=True)["input_ids"])
+
+    return count, f"tokenizer of {model}"
+
+
+class RequestError(Exception):
+    """A request the API refuses: HTTP status, vLLM's error type and the parameter named."""
+
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+        self.param = param
+
+
+def error_body(status: int, message: str, err_type: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    """vLLM's ``ErrorResponse`` as JSON: ``{"error": {message, type, param, code}}``."""
+    return {"error": {"message": message, "type": err_type or HTTPStatus(status).phrase,
+                      "param": param, "code": status}}
+
+
+def error_response(err: RequestError) -> web.Response:
+    """The HTTP answer of a refused request."""
+    return web.json_response(error_body(err.status, str(err), err.err_type, err.param),
+                             status=err.status)
+
+
+@dataclass
+class _Stream:
+    """One request in flight: what its handler needs and what its metrics need."""
+
+    handle: int
+    rid: str
+    instance: int
+    arrival_us: int
+    prompt_tokens: int
+    output_tokens: int
+    length_limited: bool  # max_tokens was given and is the output length: finish "length"
+    words: tuple[str, ...]
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    first_us: int | None = None
+    last_us: int | None = None
+    seen: int = 0  # tokens the simulation produced
+    sent: int = 0  # tokens written to the client
+    done: bool = False
+    status: str = "running"
+
+
+@dataclass
+class _Parsed:
+    """A validated completion request."""
+
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+
+
+class LiveServer:
+    """The live simulation and the HTTP applications that feed it (one per listening port).
+
+    ``sim`` is a ``LiveSimulation`` (or anything with its interface); every method runs on
+    the event loop's thread, so the simulation is never touched concurrently.
+    """
+
+    def __init__(self, sim: Any, config: ServeConfig) -> None:
+        self.sim = sim
+        self.config = config
+        self.count_tokens = config.count_tokens or estimate_tokens
+        self.metrics = ServeMetrics(config.model, sim.num_instances, self._gauges)
+        self._streams: dict[int, _Stream] = {}
+        self._ids = itertools.count(1)
+        self._start = time.monotonic()
+        self._advanced = 0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self.closing = False
+        self.served = 0  # requests that ended with their last token
+
+    # ----- the clock and the time loop -----
+
+    def sim_now_us(self) -> int:
+        """The simulated time now (µs), never before the last time advanced to."""
+        now = int((time.monotonic() - self._start) * self.config.speed * 1e6)
+        return max(now, self._advanced)
+
+    def wall_of(self, sim_us: int) -> float:
+        """The monotonic wall time at which the simulated clock reads ``sim_us``."""
+        return self._start + sim_us / self.config.speed / 1e6
+
+    def _gauges(self):
+        return snapshot_from_gauges(self.sim.gauges(), self.config.block_size)
+
+    async def start(self) -> None:
+        """Start the time loop on the running event loop (the simulated clock reads 0 now)."""
+        self._start = time.monotonic()
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._wake is not None
+        while True:
+            now = self.sim_now_us()
+            if now > self._advanced or not self._advanced:
+                emitted = self.sim.advance(now)
+                self._advanced = now
+                self._dispatch(emitted)
+            nxt = self.sim.next_event_us()
+            self._wake.clear()
+            if nxt is None:
+                await self._wake.wait()
+                continue
+            delay = max(0.0, self.wall_of(nxt) - time.monotonic())
+            timer = loop.call_later(delay, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+
+    def _dispatch(self, emitted: list) -> None:
+        for e in emitted:
+            st = self._streams.get(e.handle)
+            if st is None:
+                continue
+            inst = getattr(e, "instance", -1)
+            if inst is None or inst < 0:
+                inst = st.instance
+            else:
+                st.instance = inst
+            gaps = []
+            for t in e.tokens:
+                if st.first_us is None:
+                    st.first_us = t
+                    self.metrics.first_token(inst, t - st.arrival_us, st.prompt_tokens)
+                else:
+                    gaps.append(t - st.last_us)
+                st.last_us = t
+            st.seen += len(e.tokens)
+            self.metrics.tokens(inst, len(e.tokens), gaps)
+            if e.finished:
+                st.done = True
+                st.status = e.status
+                self._streams.pop(e.handle, None)
+                self._record_end(st, e)
+            st.queue.put_nowait(e)
+
+    def _record_end(self, st: _Stream, e: Any) -> None:
+        if e.status in FINISHED_OK:
+            reason = "length" if st.length_limited else "stop"
+            self.served += 1
+        elif e.status == ABORTED and st.first_us is not None:
+            reason = "abort"
+        else:
+            return  # refused before the engine took it: vLLM would never have seen it
+        end = st.last_us if st.last_us is not None else self._advanced
+        scheduled = getattr(e, "scheduled_us", None)
+        self.metrics.finished(st.instance, reason, end - st.arrival_us,
+                              end - (st.first_us if st.first_us is not None else end),
+                              st.seen,
+                              None if scheduled is None else scheduled - st.arrival_us)
+
+    # ----- requests -----
+
+    def submit(self, parsed: _Parsed, instance: int | None) -> _Stream:
+        """Put a validated request into the simulation now; returns its stream."""
+        now = self.sim_now_us()
+        out = parsed.max_tokens if parsed.max_tokens is not None else min(
+            self.config.default_output_tokens,
+            max(1, self.sim.max_model_len - parsed.prompt_tokens))
+        rid = f"{next(self._ids)}"
+        handle = self.sim.submit(now, parsed.prompt_tokens, out, instance=instance,
+                                 request_id=rid)
+        words = (tuple(parsed.prompt_text.split()) or FILLER_WORDS
+                 if self.config.content == "echo" else FILLER_WORDS)
+        st = _Stream(handle=handle, rid=rid, instance=instance or 0, arrival_us=now,
+                     prompt_tokens=parsed.prompt_tokens, output_tokens=out,
+                     length_limited=parsed.max_tokens is not None, words=words)
+        self._streams[handle] = st
+        if self._wake is not None:
+            self._wake.set()
+        return st
+
+    def cancel(self, st: _Stream) -> None:
+        """The client is gone: abort its request in the simulation (its KV is freed)."""
+        if st.done:
+            return
+        st.done = True
+        st.status = ABORTED
+        self._streams.pop(st.handle, None)
+        with contextlib.suppress(Exception):
+            self.sim.cancel(st.handle, self.sim_now_us())
+        if st.first_us is not None:
+            end = st.last_us if st.last_us is not None else st.first_us
+            self.metrics.finished(st.instance, "abort", end - st.arrival_us,
+                                  end - st.first_us, st.seen, None)
+        if self._wake is not None:
+            self._wake.set()
+
+    def token_text(self, st: _Stream, k: int) -> str:
+        """The text of token ``k`` (0-based) of a request: a word, space-separated."""
+        word = st.words[k % len(st.words)]
+        return word if k == 0 else " " + word
+
+    # ----- parsing -----
+
+    def parse(self, body: Any, chat: bool) -> _Parsed:
+        """Validate a completion request body as vLLM does; raises :class:`RequestError`."""
+        if not isinstance(body, dict):
+            raise RequestError(400, "Input should be a valid dictionary or object to extract "
+                               "fields from", "Bad Request")
+        model = body.get("model", self.config.model)
+        if model is not None and model != self.config.model:
+            raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError",
+                               "model")
+        n = body.get("n", 1)
+        if n is not None and n != 1:
+            raise RequestError(400, "n must be 1: blis serve simulates one sequence per "
+                               "request", param="n")
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise RequestError(400, "Field required: messages" if messages is None else
+                                   "messages must be a non-empty list", "Bad Request",
+                                   "messages")
+            text, tokens = self._chat_prompt(messages)
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+            max_name = ("max_completion_tokens" if "max_completion_tokens" in body
+                        else "max_tokens")
+        else:
+            if "prompt" not in body:
+                raise RequestError(400, "Field required: prompt", "Bad Request", "prompt")
+            text, tokens = self._completion_prompt(body["prompt"])
+            max_tokens = body.get("max_tokens")
+            max_name = "max_tokens"
+        if max_tokens is not None:
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+                raise RequestError(400, f"{max_name} must be an integer", "Bad Request",
+                                   max_name)
+            if max_tokens < 1:
+                raise RequestError(400, f"{max_name} must be at least 1, got {max_tokens}.",
+                                   param=max_name)
+        min_tokens = body.get("min_tokens", 0)
+        if (isinstance(min_tokens, bool) or not isinstance(min_tokens, int)
+                or min_tokens < 0):
+            raise RequestError(400, f"min_tokens must be greater than or equal to 0, got "
+                               f"{min_tokens}.", param="min_tokens")
+        if max_tokens is not None and min_tokens > max_tokens:
+            raise RequestError(400, f"min_tokens must be less than or equal to max_tokens="
+                               f"{max_tokens}, got {min_tokens}.", param="min_tokens")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise RequestError(400, "stream must be a boolean", "Bad Request", "stream")
+        opts = body.get("stream_options")
+        if opts is not None and not stream:
+            raise RequestError(400, "Stream options can only be defined when `stream=True`.",
+                               param="stream_options")
+        if opts is not None and not isinstance(opts, dict):
+            raise RequestError(400, "stream_options must be an object", "Bad Request",
+                               "stream_options")
+        include_usage = bool(opts.get("include_usage", False)) if opts else False
+        self._check_length(tokens, max_tokens)
+        return _Parsed(text, tokens, max_tokens, stream, include_usage)
+
+    def _completion_prompt(self, prompt: Any) -> tuple[str, int]:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            return prompt, self.count_tokens(prompt)
+        if isinstance(prompt, list) and prompt and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return " ".join(map(str, prompt)), len(prompt)
+        raise RequestError(400, "prompt must be a string, a list of token ids, or a batch of "
+                           "one of them (blis serve takes one prompt per request)",
+                           "Bad Request", "prompt")
+
+    def _chat_prompt(self, messages: list) -> tuple[str, int]:
+        parts = []
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m:
+                raise RequestError(400, "each message must be an object with a role",
+                                   "Bad Request", "messages")
+            content = m.get("content") or ""
+            if isinstance(content, list):  # content parts: their texts
+                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if not isinstance(content, str):
+                raise RequestError(400, "message content must be a string or a list of parts",
+                                   "Bad Request", "messages")
+            parts.append(content)
+        text = "\n".join(parts)
+        if self.count_tokens is estimate_tokens:
+            return text, sum(estimate_tokens(p) for p in parts) + CHAT_TOKENS_PER_MESSAGE * len(
+                parts)
+        return text, self.count_tokens(text)
+
+    def _check_length(self, tokens: int, max_tokens: int | None) -> None:
+        limit = self.sim.max_model_len
+        if tokens >= limit:
+            raise RequestError(400, f"This model's maximum context length is {limit} tokens. "
+                               f"However, your request has {tokens} input tokens. Please "
+                               "reduce the length of the input messages.",
+                               param="input_tokens")
+        if max_tokens is not None and tokens + max_tokens > limit:
+            raise RequestError(400, f"'max_tokens' or 'max_completion_tokens' is too large: "
+                               f"{max_tokens}. This model's maximum context length is {limit} "
+                               f"tokens and your request has {tokens} input tokens "
+                               f"({max_tokens} > {limit} - {tokens}).", param="max_tokens")
+
+    # ----- HTTP -----
+
+    def build_app(self, instance: int | None = None) -> web.Application:
+        """The application of one port: the fleet's (``instance`` None) or one instance's."""
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+
+        async def completions(request: web.Request) -> web.StreamResponse:
+            return await self._handle(request, chat=False, instance=instance)
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            return await self._handle(request, chat=True, instance=instance)
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{
+                "id": self.config.model, "object": "model", "created": int(time.time()),
+                "owned_by": "vllm", "root": self.config.model, "parent": None,
+                "max_model_len": self.sim.max_model_len, "permission": []}]})
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(status=503 if self.closing else 200)
+
+        async def ready(request: web.Request) -> web.Response:
+            return web.json_response({"ready": not self.closing},
+                                     status=503 if self.closing else 200)
+
+        async def version(request: web.Request) -> web.Response:
+            return web.json_response({"version": __version__})
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(body=self.metrics.exposition(instance),
+                                headers={"Content-Type": CONTENT_TYPE})
+
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/health", health)
+        app.router.add_get("/ready", ready)
+        app.router.add_get("/version", version)
+        app.router.add_get("/metrics", metrics)
+        return app
+
+    async def _handle(self, request: web.Request, chat: bool,
+                      instance: int | None) -> web.StreamResponse:
+        if self.closing:
+            return error_response(RequestError(503, "the server is shutting down",
+                                               "Service Unavailable"))
+        if self.config.external_routing and instance is None:
+            return error_response(RequestError(
+                400, "this fleet is routed externally (--instance-ports): send the request "
+                "to an instance's port", "BadRequestError"))
+        try:
+            raw = await request.read()
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise RequestError(400, f"JSON decode error: {exc}", "Bad Request") from None
+            parsed = self.parse(body, chat)
+        except RequestError as err:
+            return error_response(err)
+        st = self.submit(parsed, instance)
+        try:
+            if parsed.stream:
+                return await self._stream(request, st, parsed, chat)
+            return await self._whole(st, parsed, chat)
+        finally:
+            if not st.done:
+                self.cancel(st)
+
+    async def _next(self, st: _Stream) -> Any:
+        return await st.queue.get()
+
+    def _refusal(self, e: Any) -> RequestError | None:
+        """The HTTP error of a request the simulation ended before its first token."""
+        if e.status == REJECTED:
+            return RequestError(429, "the simulated fleet's admission policy rejected the "
+                                "request", "Too Many Requests")
+        if e.status == DROPPED:
+            return RequestError(400, "the request cannot be served: it needs more KV cache "
+                                "than an instance has", param="input_tokens")
+        if e.status == TIMED_OUT:
+            return RequestError(504, "the request timed out before its first token",
+                                "Gateway Timeout")
+        if e.status == "shutdown":
+            return RequestError(503, "the server is shutting down", "Service Unavailable")
+        if e.status == ABORTED:
+            return RequestError(500, "the request was aborted", "Internal Server Error")
+        return None
+
+    def _ids_of(self, st: _Stream, chat: bool) -> tuple[str, str, int]:
+        prefix = "chatcmpl" if chat else "cmpl"
+        return f"{prefix}-blis-{st.rid}", "chat.completion" if chat else "text_completion", int(
+            time.time())
+
+    def _usage(self, st: _Stream) -> dict[str, int]:
+        return {"prompt_tokens": st.prompt_tokens, "total_tokens": st.prompt_tokens + st.sent,
+                "completion_tokens": st.sent}
+
+    def _finish_reason(self, st: _Stream) -> str:
+        if st.status in FINISHED_OK:
+            return "length" if st.length_limited else "stop"
+        return "abort"
+
+    async def _whole(self, st: _Stream, parsed: _Parsed, chat: bool) -> web.Response:
+        pieces: list[str] = []
+        while True:
+            e = await self._next(st)
+            if not e.tokens and e.finished and st.first_us is None:
+                err = self._refusal(e)
+                if err is not None:
+                    return error_response(err)
+            for _ in e.tokens:
+                pieces.append(self.token_text(st, st.sent))
+                st.sent += 1
+            if e.finished:
+                break
+        rid, obj, created = self._ids_of(st, chat)
+        text = "".join(pieces)
+        reason = self._finish_reason(st)
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text,
+                                              "tool_calls": []},
+                      "logprobs": None, "finish_reason": reason, "stop_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+                      "stop_reason": None, "prompt_logprobs": None}
+        return web.json_response({"id": rid, "object": obj, "created": created,
+                                  "model": self.config.model, "choices": [choice],
+                                  "usage": self._usage(st)})
+
+    async def _stream(self, request: web.Request, st: _Stream, parsed: _Parsed,
+                      chat: bool) -> web.StreamResponse:
+        e = await self._next(st)
+        if not e.tokens and e.finished:
+            err = self._refusal(e)
+            if err is not None:
+                return error_response(err)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        try:
+            await resp.prepare(request)
+            await self._write_events(resp, st, parsed, chat, e)
+        except (ConnectionResetError, ConnectionError):
+            self.cancel(st)  # the client went away mid-stream
+        return resp
+
+    async def _write_events(self, resp: web.StreamResponse, st: _Stream, parsed: _Parsed,
+                            chat: bool, e: Any) -> None:
+        rid, _, created = self._ids_of(st, chat)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        model = self.config.model
+
+        def chunk(choices: list, usage: dict | None = None) -> bytes:
+            payload: dict[str, Any] = {"id": rid, "object": obj, "created": created,
+                                       "model": model, "choices": choices}
+            if usage is not None:
+                payload["usage"] = usage
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+        def token_choice(text: str, reason: str | None) -> dict[str, Any]:
+            if chat:
+                return {"index": 0, "delta": {"content": text}, "logprobs": None,
+                        "finish_reason": reason}
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+                    "stop_reason": None}
+
+        if chat:
+            await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                     "logprobs": None, "finish_reason": None}]))
+        while True:
+            for i, _ in enumerate(e.tokens):
+                last = e.finished and i == len(e.tokens) - 1
+                text = self.token_text(st, st.sent)
+                st.sent += 1
+                await resp.write(chunk([token_choice(
+                    text, self._finish_reason(st) if last else None)]))
+            if e.finished:
+                if not e.tokens:  # ended without a last token (aborted, shut down)
+                    await resp.write(chunk([token_choice("", self._finish_reason(st))]))
+                break
+            e = await self._next(st)
+        if parsed.include_usage:
+            await resp.write(chunk([], self._usage(st)))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+
+    async def shutdown(self) -> None:
+        """Stop taking requests and end every stream in flight cleanly (a last chunk with
+        finish_reason ``abort``, then ``[DONE]``; a non-streamed request gets a 503)."""
+        self.closing = True
+        now = self.sim_now_us()
+        for st in list(self._streams.values()):
+            self._streams.pop(st.handle, None)
+            with contextlib.suppress(Exception):
+                self.sim.cancel(st.handle, now)
+            st.done = True
+            st.status = "shutdown" if st.first_us is None else ABORTED
+            st.queue.put_nowait(_Ended(st.handle, st.status))
+        await asyncio.sleep(0)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """The end of a stream the server closed (shutdown): no tokens, finished."""
+
+    handle: int
+    status: str
+    tokens: tuple[int, ...] = ()
+    finished: bool = True
+
+
+@dataclass
+class RunningServer:
+    """A server started by :func:`start_in_thread`: its ports, and how to stop it."""
+
+    server: LiveServer
+    ports: list[int]
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    _stop: asyncio.Event
+
+    @property
+    def port(self) -> int:
+        """The fleet's port (the first one opened)."""
+        return self.ports[0]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the streams in flight cleanly, close the ports, join the thread."""
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(timeout)
+
+
+async def serve_forever(server: LiveServer, host: str, port: int,
+                        instance_ports: list[int], stop: asyncio.Event,
+                        on_listening: Callable[[list[int]], None] | None = None,
+                        grace_s: float = 2.0) -> None:
+    """Listen on ``port`` (the fleet) and on each of ``instance_ports`` (instance i on the
+    i-th), run the time loop until ``stop`` is set, then end the streams in flight and close.
+    ``on_listening`` receives the bound ports (a port 0 is given one by the system)."""
+    runners: list[web.AppRunner] = []
+    bound: list[int] = []
+    await server.start()
+    try:
+        for app_instance, p in [(None, port), *enumerate(instance_ports)]:
+            runner = web.AppRunner(server.build_app(app_instance), handler_cancellation=True,
+                                   access_log=None, shutdown_timeout=grace_s)
+            await runner.setup()
+            runners.append(runner)
+            site = web.TCPSite(runner, host, p, reuse_address=True)
+            await site.start()
+            sockets = getattr(site._server, "sockets", None) or []
+            bound.append(sockets[0].getsockname()[1] if sockets else p)
+        if on_listening is not None:
+            on_listening(bound)
+        await stop.wait()
+    finally:
+        await server.shutdown()
+        for runner in runners:
+            await runner.cleanup()
+
+
+def start_in_thread(sim: Any, config: ServeConfig, host: str = "127.0.0.1", port: int = 0,
+                    instance_ports: list[int] | None = None) -> RunningServer:
+    """Serve ``sim`` from a background thread with its own event loop (tests, notebooks);
+    returns once the ports listen."""
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def main() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        stop = asyncio.Event()
+        server = LiveServer(sim, config)
+        box.update(loop=loop, stop=stop, server=server)
+
+        def listening(ports: list[int]) -> None:
+            box["ports"] = ports
+            ready.set()
+
+        try:
+            loop.run_until_complete(serve_forever(server, host, port, instance_ports or [],
+                                                  stop, listening))
+        except BaseException as exc:  # surfaced to the caller below
+            box["error"] = exc
+            ready.set()
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=main, name="blis-serve", daemon=True)
+    thread.start()
+    ready.wait(60)
+    if "error" in box:
+        raise box["error"]
+    return RunningServer(box["server"], box["ports"], box["loop"], thread, box["stop"])
+
+
+__all__ = ["CHARS_PER_TOKEN", "LiveServer", "RequestError", "RunningServer", "ServeConfig",
+           "error_body", "estimate_tokens", "load_token_counter", "serve_forever",
+           "start_in_thread"]
