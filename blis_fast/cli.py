@@ -27,6 +27,7 @@ from blis_fast.options import (
     build_options,
 )
 from blis_fast.profiling import cli as profiling_cli
+from blis_fast.serve import cli as serve_cli
 from blis_fast.sweep import cli as sweep_cli
 from blis_fast.workload import cli as workload_cli
 
@@ -54,6 +55,7 @@ observe_command.register(main_group)
 evolve_cli.register(main_group)
 fit_cli.register(main_group)
 profiling_cli.register(main_group)
+serve_cli.register(main_group)
 
 
 def _numba_without_scipy() -> None:

@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runner",),
     ("api",),
     (ROOT,),
-    ("sweep", "observe"),
+    ("sweep", "observe", "serve"),
     ("calibrate", "profiling"),
     ("fit", "evolve", "testing"),
     ("cli",),

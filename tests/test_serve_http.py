@@ -1,0 +1,395 @@
+"""``blis serve``'s HTTP side (issue 33): what a client sees.
+
+The server runs in this process (a background thread) over ``_serve_standin``'s toy engine,
+whose timings are stated exactly (first token ``prefill_us`` after a request starts, then one
+every ``itl_us``), so the numbers asserted here follow from the engine, not from a run:
+TTFT sums, token counts, request counts. Wall-clock assertions are lower bounds only (a token
+is never sent before its simulated instant): an upper bound would fail by chance on a loaded
+machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+from _cli import invoke
+from _serve_standin import StandInSimulation
+from prometheus_client.parser import text_string_to_metric_families
+
+from blis_fast.serve.app import ServeConfig, estimate_tokens, start_in_thread
+from blis_fast.serve.metrics import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
+
+MODEL = "sim-model"
+SPEED = 50.0
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def served():
+    """A one-instance stand-in fleet at --speed 50; yields (server, sim, base url)."""
+    sim = StandInSimulation(1, batch=4, prefill_us=50_000, itl_us=10_000, max_model_len=256,
+                            kv_tokens=400)
+    srv = start_in_thread(sim, ServeConfig(model=MODEL, speed=SPEED, default_output_tokens=7))
+    try:
+        yield srv, sim, f"http://127.0.0.1:{srv.port}"
+    finally:
+        srv.stop()
+
+
+def _post(base: str, path: str, body, raw: bool = False) -> tuple[int, bytes]:
+    data = body if raw else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _get(base: str, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(base + path, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _events(raw: bytes) -> list:
+    """The SSE events of a response: each ``data:`` line's JSON, ``[DONE]`` as the string."""
+    text = raw.decode()
+    assert text.endswith("\n\n")
+    out = []
+    for block in text.split("\n\n")[:-1]:
+        assert block.startswith("data: "), block
+        payload = block[len("data: "):]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def _metrics(base: str) -> dict:
+    status, body = _get(base, "/metrics")
+    assert status == 200
+    samples: dict = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items()
+                                        if k not in ("model_name", "engine"))))
+            samples[key] = samples.get(key, 0.0) + s.value
+    return samples
+
+
+def test_stream_completion_sse_format_and_usage(served):
+    srv, sim, base = served
+    start = time.monotonic()
+    status, raw = _post(base, "/v1/completions", {
+        "model": MODEL, "prompt": "one two three four five six seven eight", "max_tokens": 5,
+        "stream": True, "stream_options": {"include_usage": True}})
+    elapsed = time.monotonic() - start
+    assert status == 200
+    events = _events(raw)
+    assert events[-1] == "[DONE]"
+    tokens, usage = events[:5], events[5]
+    assert [e["object"] for e in tokens] == ["text_completion"] * 5
+    assert [e["choices"][0]["finish_reason"] for e in tokens] == [None] * 4 + ["length"]
+    assert "".join(e["choices"][0]["text"] for e in tokens) == "the simulated fleet answers with"
+    assert len({e["id"] for e in events[:-1]}) == 1
+    assert usage["choices"] == []
+    prompt = estimate_tokens("one two three four five six seven eight")  # 40 chars -> 10
+    assert usage["usage"] == {"prompt_tokens": prompt, "completion_tokens": 5,
+                              "total_tokens": prompt + 5}
+    # the last token is simulated at 50 ms + 4 x 10 ms: never sent before 90 ms / speed
+    assert elapsed >= 0.090 / SPEED
+    assert sim.submitted[0].input_len == prompt and sim.submitted[0].output_len == 5
+
+
+def test_stream_chat_role_first_and_no_usage_unless_asked(served):
+    _, _, base = served
+    status, raw = _post(base, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "hello"}],
+        "max_completion_tokens": 3, "stream": True})
+    assert status == 200
+    events = _events(raw)
+    assert events[-1] == "[DONE]" and len(events) == 5  # role, 3 tokens, [DONE]
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+    assert [e["choices"][0]["delta"]["content"] for e in events[1:4]] == [
+        "the", " simulated", " fleet"]
+    assert events[3]["choices"][0]["finish_reason"] == "length"
+    assert all("usage" not in e for e in events[:-1])
+
+
+def test_whole_answers_and_default_length(served):
+    _, sim, base = served
+    status, raw = _post(base, "/v1/completions", {"model": MODEL, "prompt": [1, 2, 3]})
+    assert status == 200
+    body = json.loads(raw)
+    assert body["choices"][0]["finish_reason"] == "stop"  # no max_tokens: the default, 7
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}
+    status, raw = _post(base, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "system", "content": "be brief"},
+                                     {"role": "user", "content": "hi"}], "max_tokens": 2})
+    body = json.loads(raw)
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "the simulated",
+                                             "tool_calls": []}
+    # estimate: ceil(8/4) + ceil(2/4) + 4 per message
+    assert body["usage"]["prompt_tokens"] == 2 + 1 + 8
+    assert [r.output_len for r in sim.submitted] == [7, 2]
+
+
+def test_models_health_ready_version(served):
+    _, _, base = served
+    status, raw = _get(base, "/v1/models")
+    card = json.loads(raw)["data"][0]
+    assert status == 200 and card["id"] == MODEL and card["max_model_len"] == 256
+    assert _get(base, "/health")[0] == 200
+    assert _get(base, "/ready")[0] == 200
+    assert json.loads(_get(base, "/version")[1])["version"]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "err_type", "param", "words"), [
+    ("/v1/completions", b"{not json", 400, "Bad Request", None, "JSON decode error"),
+    ("/v1/completions", {"model": MODEL}, 400, "Bad Request", "prompt", "Field required"),
+    ("/v1/chat/completions", {"model": MODEL}, 400, "Bad Request", "messages",
+     "Field required"),
+    ("/v1/completions", {"model": "other", "prompt": "x"}, 404, "NotFoundError", "model",
+     "The model `other` does not exist."),
+    ("/v1/completions", {"model": MODEL, "prompt": "x" * 1024}, 400, "BadRequestError",
+     "input_tokens", "maximum context length is 256 tokens. However, your request has 256 "
+                     "input tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "abcd", "max_tokens": 256}, 400,
+     "BadRequestError", "max_tokens", "'max_tokens' or 'max_completion_tokens' is too large: "
+                                      "256. This model's maximum context length is 256 tokens "
+                                      "and your request has 1 input tokens (256 > 256 - 1)."),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "n": 2}, 400, "BadRequestError", "n",
+     "n must be 1"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "stream_options": {}}, 400,
+     "BadRequestError", "stream_options", "only be defined when `stream=True`"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 0}, 400,
+     "BadRequestError", "max_tokens", "at least 1"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "min_tokens": 5, "max_tokens": 2}, 400,
+     "BadRequestError", "min_tokens", "less than or equal to max_tokens"),
+])
+def test_errors_as_vllm_gives_them(served, path, body, status, err_type, param, words):
+    _, sim, base = served
+    got, raw = _post(base, path, body, raw=isinstance(body, bytes))
+    assert got == status
+    err = json.loads(raw)["error"]
+    assert err["code"] == status and err["type"] == err_type and err["param"] == param
+    assert words in err["message"]
+    assert sim.submitted == []  # a refused request never enters the simulation
+
+
+def test_admission_rejection_is_429_and_unservable_is_400():
+    sim = StandInSimulation(1, prefill_us=1_000_000, reject_over=1, kv_tokens=100)
+    srv = start_in_thread(sim, ServeConfig(model=MODEL, speed=SPEED))
+    base = f"http://127.0.0.1:{srv.port}"
+    try:
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                first = asyncio.ensure_future(session.post(
+                    base + "/v1/completions",
+                    json={"model": MODEL, "prompt": "a", "max_tokens": 2}))
+                while not sim.submitted:
+                    await asyncio.sleep(0.002)
+                async with session.post(base + "/v1/completions", json={
+                        "model": MODEL, "prompt": "b", "max_tokens": 2,
+                        "stream": True}) as resp:
+                    second = (resp.status, await resp.json())
+                resp1 = await first
+                return second, resp1.status
+
+        (status, body), first_status = asyncio.run(scenario())
+        assert status == 429 and body["error"]["type"] == "Too Many Requests"
+        assert first_status == 200
+        got, raw = _post(base, "/v1/completions", {"model": MODEL, "prompt": "x" * 400,
+                                                   "max_tokens": 10})
+        assert got == 400 and "more KV cache" in json.loads(raw)["error"]["message"]
+    finally:
+        srv.stop()
+
+
+def test_disconnect_mid_stream_cancels_and_frees_kv(served):
+    _, sim, base = served
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            resp = await session.post(base + "/v1/completions", json={
+                "model": MODEL, "prompt": "abcdefgh", "max_tokens": 200, "stream": True})
+            got = 0
+            async for line in resp.content:
+                if line.startswith(b"data: "):
+                    got += 1
+                if got == 3:
+                    break
+            resp.close()  # the client goes away mid-stream
+            return got
+
+    assert asyncio.run(scenario()) == 3
+    deadline = time.monotonic() + 10
+    while not sim.cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sim.cancelled == [0]
+    m = _metrics(base)
+    assert m[("vllm:num_requests_running", ())] == 0
+    assert m[("vllm:kv_cache_usage_perc", ())] == 0
+    assert m[("vllm:request_success_total", (("finished_reason", "abort"),))] == 1
+    assert sim.submitted[0].emitted < 200
+
+
+def test_openai_sdk_streams_a_completion_and_a_chat(served):
+    openai = pytest.importorskip("openai", reason="the openai SDK is a dev dependency")
+    _, _, base = served
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused")
+    chunks = list(client.completions.create(model=MODEL, prompt="hello world", max_tokens=4,
+                                            stream=True,
+                                            stream_options={"include_usage": True}))
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert texts == ["the", " simulated", " fleet", " answers"]
+    assert chunks[-1].usage.completion_tokens == 4
+    chat = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chat) == "the simulated"
+    assert chat[-1].choices[0].finish_reason == "length"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=1)
+
+
+def test_metrics_parse_and_count_the_requests_served(served):
+    _, _, base = served
+    lengths = [1, 2, 3, 5]
+    for n in lengths:  # one at a time: every request starts at once, TTFT is exactly 50 ms
+        assert _post(base, "/v1/completions", {"model": MODEL, "prompt": "abcdefgh",
+                                               "max_tokens": n})[0] == 200
+    m = _metrics(base)
+    assert m[("vllm:request_success_total", (("finished_reason", "length"),))] == 4
+    assert m[("vllm:request_success_total", (("finished_reason", "stop"),))] == 0
+    assert m[("vllm:prompt_tokens_total", ())] == 4 * 2
+    assert m[("vllm:generation_tokens_total", ())] == sum(lengths)
+    assert m[("vllm:time_to_first_token_seconds_count", ())] == 4
+    assert m[("vllm:time_to_first_token_seconds_sum", ())] == pytest.approx(4 * 0.05)
+    assert m[("vllm:inter_token_latency_seconds_count", ())] == sum(lengths) - 4
+    assert m[("vllm:inter_token_latency_seconds_sum", ())] == pytest.approx(
+        (sum(lengths) - 4) * 0.01)
+    assert m[("vllm:time_per_output_token_seconds_count", ())] == sum(lengths) - 4
+    assert m[("vllm:e2e_request_latency_seconds_count", ())] == 4
+    assert m[("vllm:e2e_request_latency_seconds_sum", ())] == pytest.approx(
+        4 * 0.05 + (sum(lengths) - 4) * 0.01)
+    assert m[("vllm:request_queue_time_seconds_sum", ())] == 0  # each started on arrival
+    assert m[("vllm:num_requests_running", ())] == 0
+    # the boundaries are vLLM's
+    assert m[("vllm:time_to_first_token_seconds_bucket", (("le", "0.04"),))] == 0
+    assert m[("vllm:time_to_first_token_seconds_bucket", (("le", "0.06"),))] == 4
+    assert len(TTFT_BUCKETS) == 22 and len(TOKEN_LATENCY_BUCKETS) == 19
+
+
+def test_per_instance_ports_route_and_scrape_their_own_instance():
+    sim = StandInSimulation(2)
+    srv = start_in_thread(sim, ServeConfig(model=MODEL, speed=SPEED, external_routing=True),
+                          instance_ports=[0, 0])
+    try:
+        fleet, one = (f"http://127.0.0.1:{p}" for p in (srv.ports[0], srv.ports[2]))
+        status, raw = _post(fleet, "/v1/completions", {"model": MODEL, "prompt": "a"})
+        assert status == 400 and "instance's port" in json.loads(raw)["error"]["message"]
+        assert _post(one, "/v1/completions", {"model": MODEL, "prompt": "a",
+                                              "max_tokens": 2})[0] == 200
+        assert [r.instance for r in sim.submitted] == [1]
+        text = _get(one, "/metrics")[1].decode()
+        engines = {s.labels["engine"] for f in text_string_to_metric_families(text)
+                   for s in f.samples}
+        assert engines == {"1"}
+        whole = _metrics(fleet)
+        assert whole[("vllm:request_success_total", (("finished_reason", "length"),))] == 1
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--speed", "0"], "--speed"),
+    (["--speed", "nan"], "--speed"),
+    (["--port", "70000"], "--port"),
+    (["--default-output-tokens", "0"], "--default-output-tokens"),
+    (["--content", "poetry"], "--content"),
+    (["--rate", "5"], "--rate"),
+])
+def test_bad_flags_one_line_exit_2(argv, words):
+    res = invoke(["serve", "--model", "qwen/qwen3-14b", *argv])
+    assert res.code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in res.stderr
+
+
+def test_instance_ports_parsing():
+    from blis_fast.errors import BlisConfigError
+    from blis_fast.serve.cli import parse_instance_ports
+
+    assert parse_instance_ports("9000", 3) == [9000, 9001, 9002]
+    assert parse_instance_ports("0", 2) == [0, 0]
+    assert parse_instance_ports("7,9", 2) == [7, 9]
+    for text in ("65535", "a,b", "7,7", "70000,1", "1,2,3"):
+        with pytest.raises(BlisConfigError, match="--instance-ports"):
+            parse_instance_ports(text, 2)
+
+
+SERVER_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from _serve_standin import StandInSimulation
+    from blis_fast.serve.app import ServeConfig
+    from blis_fast.serve.cli import run_serve
+    sim = StandInSimulation(1, prefill_us=10_000, itl_us=100_000)
+    sys.exit(run_serve(sim, ServeConfig(model="m", speed=1.0), "127.0.0.1", 0, [],
+                       {prefix!r}))
+""")
+
+
+def test_ctrl_c_ends_streams_cleanly_and_writes_the_trace(tmp_path):
+    prefix = str(tmp_path / "served")
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT.format(
+        tests=str(TESTS), prefix=prefix)], stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = proc.stderr.readline()
+        assert "listening on http://127.0.0.1:" in line, line
+        base = line.split("listening on ")[1].split(" ")[0]
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                resp = await session.post(base + "/v1/completions", json={
+                    "model": "m", "prompt": "a", "max_tokens": 1000, "stream": True})
+                lines = []
+                async for raw in resp.content:
+                    if not raw.strip():
+                        continue
+                    lines.append(raw.decode().strip())
+                    if len(lines) == 2:
+                        proc.send_signal(signal.SIGINT)  # Ctrl-C with the stream in flight
+                return lines
+
+        lines = asyncio.run(scenario())
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2][len("data: "):])
+    assert last["choices"][0]["finish_reason"] == "abort"
+    rest = proc.stderr.read()
+    assert "trace written to" in rest and "Traceback" not in rest
+    assert Path(prefix + ".yaml").read_text() == "trace_version: 2\n"
+    rows = Path(prefix + ".csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith("1,")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staged leftovers
