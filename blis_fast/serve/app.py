@@ -250,7 +250,9 @@ class LiveServer:
             reason = "abort"
         else:
             return  # refused before the engine took it: vLLM would never have seen it
-        end = st.last_us if st.last_us is not None else self._advanced
+        end = getattr(e, "end_us", None)
+        if end is None:
+            end = st.last_us if st.last_us is not None else self._advanced
         scheduled = getattr(e, "scheduled_us", None)
         self.metrics.finished(st.instance, reason, end - st.arrival_us,
                               end - (st.first_us if st.first_us is not None else end),
@@ -262,9 +264,11 @@ class LiveServer:
     def submit(self, parsed: _Parsed, instance: int | None) -> _Stream:
         """Put a validated request into the simulation now; returns its stream."""
         now = self.sim_now_us()
-        out = parsed.max_tokens if parsed.max_tokens is not None else min(
-            self.config.default_output_tokens,
-            max(1, self.sim.max_model_len - parsed.prompt_tokens))
+        out = parsed.max_tokens
+        if out is None:  # the default, within max-model-len (0: unlimited)
+            room = self.sim.max_model_len - parsed.prompt_tokens
+            out = self.config.default_output_tokens
+            out = min(out, max(1, room)) if self.sim.max_model_len > 0 else out
         rid = f"{next(self._ids)}"
         handle = self.sim.submit(now, parsed.prompt_tokens, out, instance=instance,
                                  request_id=rid)
@@ -356,6 +360,8 @@ class LiveServer:
             raise RequestError(400, "stream_options must be an object", "Bad Request",
                                "stream_options")
         include_usage = bool(opts.get("include_usage", False)) if opts else False
+        if tokens < 1:
+            raise RequestError(400, "The prompt cannot be empty.", param="prompt")
         self._check_length(tokens, max_tokens)
         return _Parsed(text, tokens, max_tokens, stream, include_usage)
 
@@ -392,6 +398,8 @@ class LiveServer:
 
     def _check_length(self, tokens: int, max_tokens: int | None) -> None:
         limit = self.sim.max_model_len
+        if limit <= 0:  # unlimited
+            return
         if tokens >= limit:
             raise RequestError(400, f"This model's maximum context length is {limit} tokens. "
                                f"However, your request has {tokens} input tokens. Please "
@@ -419,7 +427,7 @@ class LiveServer:
             return web.json_response({"object": "list", "data": [{
                 "id": self.config.model, "object": "model", "created": int(time.time()),
                 "owned_by": "vllm", "root": self.config.model, "parent": None,
-                "max_model_len": self.sim.max_model_len, "permission": []}]})
+                "max_model_len": self.sim.max_model_len or None, "permission": []}]})
 
         async def health(request: web.Request) -> web.Response:
             return web.Response(status=503 if self.closing else 200)
@@ -462,7 +470,11 @@ class LiveServer:
             parsed = self.parse(body, chat)
         except RequestError as err:
             return error_response(err)
-        st = self.submit(parsed, instance)
+        try:
+            st = self.submit(parsed, instance)
+        except Exception as exc:  # the simulation refused it: a server error, one line
+            return error_response(RequestError(500, f"the simulation could not take the "
+                                               f"request: {exc}", "InternalServerError"))
         try:
             if parsed.stream:
                 return await self._stream(request, st, parsed, chat)
