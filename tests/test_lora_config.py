@@ -341,3 +341,38 @@ def test_cli_refuses_with_one_line_and_exit_2(tmp_path):
     assert res.code == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1 and "adapter_capacity must be > 0" in res.stderr
     assert not out.exists()
+
+
+def test_pd_pools_apply_the_reservation_even_with_explicit_blocks(tmp_path):
+    """LORA-6.3 / LORA-D10: an explicit --total-kv-blocks keeps the global count (with a
+    warning) while each P/D pool's auto-calculation subtracts the reservation: TP 2 pools of
+    llama-3.1-8b on H100 get the reference's 1,499 blocks with 6 x 3.38e8 x 64."""
+    from blis_fast.runner import prepare
+
+    lora = tmp_path / "lora.yaml"
+    lora.write_text("lora:\n  adapter_capacity: 6\n  footprint_bytes_per_rank: 3.38e8\n"
+                    "  adapters:\n    - {id: a, rank: 64}\n")
+    opts = build_options({"model": MODEL, "latency_model": "roofline", "num_instances": 2,
+                          "total_kv_blocks": 5000, "prefill_instances": 1,
+                          "decode_instances": 1, "prefill_tp": 2, "decode_tp": 2,
+                          "num_requests": 2, "lora_config": str(lora), "log": "error"})
+    prepared = prepare(opts)
+    assert prepared.engine.options.total_kv_blocks == 5000
+    assert prepared.engine.instance_kv_blocks == (1499, 1499)
+    assert prepared.engine.lora is not None and prepared.engine.lora.active
+
+
+def test_node_pools_apply_the_reservation(tmp_path):
+    """LORA-6.3: the node-pool per-instance auto-calculation subtracts it too (80 GiB H100:
+    26,282 blocks with 1 x 2e6 x 32, as the global calculation)."""
+    from blis_fast.config.autoscale import resolve_autoscale
+    from blis_fast.config.policy_bundle import load_policy_bundle
+
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text("node_pools:\n  - {name: s, gpu_type: H100, gpus_per_node: 1, "
+                      "gpu_memory_gib: 80, initial_nodes: 2, max_nodes: 2}\n")
+    opts = build_options({"model": MODEL, "policy_config": str(bundle)})
+    cfg = LoRAConfig(capacity=1, load_base_latency_us=1500.0, load_bandwidth_bytes_us=2e6,
+                     footprint_bytes_per_rank=2e6, adapters=(LoRAAdapter("a", 32),))
+    setup = resolve_autoscale(opts, load_policy_bundle(str(bundle)), resolve_latency(opts, cfg))
+    assert setup.label_blocks == [26282]
