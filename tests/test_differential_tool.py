@@ -20,7 +20,7 @@ if str(DIFF_DIR) not in sys.path:
     sys.path.insert(0, str(DIFF_DIR))
 
 import run_differential as rd  # noqa: E402
-from config_generator import generate_configs, option_fields  # noqa: E402
+from config_generator import LORA_INVALID_KINDS, generate_configs, option_fields  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_CONFIG = {"id": "small", "files": {},
@@ -68,7 +68,8 @@ def test_generator_is_reproducible_and_seed_dependent() -> None:
     assert all(cfg["args"][:2] == ["--model", cfg["args"][1]] for cfg in generate_configs(5, 10))
 
 
-@pytest.mark.parametrize(("family", "seed", "count"), [("april", 2026, 40), ("august", 7, 30)])
+@pytest.mark.parametrize(("family", "seed", "count"), [("april", 2026, 40), ("august", 7, 30),
+                                                      ("lora", 31, 40)])
 def test_generated_configurations_pass_blis_fast_validation(tmp_path, monkeypatch, family, seed,
                                                             count) -> None:
     """Every configuration but the deliberately invalid ones passes ``build_options`` +
@@ -80,11 +81,12 @@ def test_generated_configurations_pass_blis_fast_validation(tmp_path, monkeypatc
     configs = generate_configs(seed, count, family=family)
     assert any(cfg["files"] for cfg in configs)  # some draw a workload spec
     drawn = " ".join(" ".join(cfg["args"]) + " ".join(cfg["files"].values()) for cfg in configs)
-    wanted = (("--admission-policy", "--fitness-weights", "--gpu-memory-utilization",
-               "pareto_lognormal", "empirical", "--vllm-version", "--routing-latency")
-              if family == "april" else
-              ("--prefill-instances", "--prefill-tp", "node_pools", "autoscaler:", "analyzer:",
-               "--snapshot-refresh-interval", "mistral-nemo"))
+    wanted = {"april": ("--admission-policy", "--fitness-weights", "--gpu-memory-utilization",
+                        "pareto_lognormal", "empirical", "--vllm-version", "--routing-latency"),
+              "august": ("--prefill-instances", "--prefill-tp", "node_pools", "autoscaler:",
+                         "analyzer:", "--snapshot-refresh-interval", "mistral-nemo"),
+              "lora": ("--lora-config", "adapter_capacity:", "lora-affinity",
+                       "--lora-scorer-weight", "step_overhead_tiers:", "cohorts:")}[family]
     assert [w for w in wanted if w not in drawn] == []
     for cfg in configs:
         if cfg.get("invalid"):
@@ -94,6 +96,74 @@ def test_generated_configurations_pass_blis_fast_validation(tmp_path, monkeypatc
         with redirect_stderr(io.StringIO()):
             prepared = prepare(build_options(option_fields(cfg["args"])))
         assert prepared.table is not None, cfg["id"]
+
+
+def test_lora_family_draws_what_parity_can_check() -> None:
+    """The LoRA family (spec lora.md section 10): reproducible by seed; draws the file's
+    capacity, ranks 8..64, base models, custom tiers with and without k6, the --lora-* flags,
+    adapters on clients and cohorts beside base-model clients, lora-affinity in scorers, bundle
+    or --lora-scorer-weight, periodic snapshots, SJF, deadlines, explicit KV blocks and both
+    latency models; never priority schedulers, P/D, the autoscaler or open-loop sessions; its
+    invalid share covers every invalid kind."""
+    import yaml
+
+    configs = generate_configs(31, 250, family="lora")
+    assert configs == generate_configs(31, 250, family="lora")
+    assert configs[:20] != generate_configs(32, 20, family="lora")
+    assert all(c["id"].startswith("l31-") and c["family"] == "lora" for c in configs)
+    drawn = " ".join(" ".join(c["args"]) for c in configs)
+    for wanted in ("--lora-adapter-capacity", "--lora-load-base-latency-us",
+                   "--lora-load-bandwidth-bytes-us", "--lora-footprint-bytes-per-rank",
+                   "--lora-scorer-weight", "--routing-scorers", "--policy-config",
+                   "--snapshot-refresh-interval 100000", "--scheduler sjf", "--timeout",
+                   "--total-kv-blocks", "--latency-model trained-physics",
+                   "--routing-policy round-robin", "--routing-policy least-loaded"):
+        assert wanted in drawn, wanted
+    for banned in ("priority", "--prefill-instances", "--pd-", "node_pools", "autoscaler"):
+        assert banned not in drawn + " ".join(c["files"].get("policy.yaml", "")
+                                              for c in configs), banned
+    ranks, base_models, k6, no_k6, base_clients, cohort_adapters = set(), 0, 0, 0, 0, 0
+    for cfg in configs:
+        assert "--snapshot-refresh-interval" in cfg["args"]
+        block = yaml.safe_load(cfg["files"]["lora.yaml"])["lora"]
+        ranks |= {a["rank"] for a in block["adapters"]}
+        base_models += sum("base_model" in a for a in block["adapters"])
+        for tier in block.get("step_overhead_tiers", {}).values():
+            k6, no_k6 = k6 + ("k6" in tier), no_k6 + ("k6" not in tier)
+        spec = yaml.safe_load(cfg["files"]["workload.yaml"])
+        base_clients += sum("adapter" not in c for c in spec["clients"])
+        cohort_adapters += sum("adapter" in c for c in spec.get("cohorts", []))
+        for client in spec["clients"]:
+            assert client.get("closed_loop", True) is True  # no open-loop sessions
+    valid_ranks = {r for r in ranks if r > 0}
+    assert min(valid_ranks) == 8 and max(valid_ranks) == 64 and len(valid_ranks) > 10
+    assert min(base_models, k6, no_k6, base_clients, cohort_adapters) > 0
+    assert 0 < sum(bool(c.get("invalid")) for c in configs) < 0.15 * len(configs)
+
+
+@pytest.mark.parametrize("kind", LORA_INVALID_KINDS)
+def test_invalid_lora_configurations_are_refused_by_blis_fast(tmp_path, monkeypatch,
+                                                              kind) -> None:
+    """Each kind of invalid LoRA configuration (both references refuse them all: capacity 0
+    with adapters, an adapter the registry lacks, lora-affinity named twice, ...) makes
+    blis_fast exit 2 with an error line, before simulating."""
+    import random
+
+    from config_generator import lora_config
+
+    from blis_fast.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(LORA_INVALID_KINDS.index(kind))
+    cfg = lora_config(rng, f"bad-{kind}", max_requests=20, invalid=kind)
+    assert cfg["invalid"] and cfg["invalid_kind"] == kind
+    for name, text in cfg["files"].items():
+        (tmp_path / name).write_text(text)
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+        main(["run", *cfg["args"]])
+    assert exit_info.value.code == 2, (cfg, err.getvalue()[-300:])
+    assert "error" in err.getvalue().lower(), err.getvalue()[-300:]
 
 
 def test_invalid_configurations_are_refused_by_blis_fast(tmp_path, monkeypatch) -> None:

@@ -5,8 +5,8 @@ A configuration is a dict ``{"id": str, "args": [flag, value, ...], "files": {na
 runner writes ``files`` into the run folder). Only flags and values the reference accepts are
 drawn, except in the deliberately invalid configurations (``"invalid": true``), which both sides
 must refuse; ``tests/test_differential_tool.py`` checks that blis_fast accepts every valid one and
-refuses every invalid one with exit code 2. Two families: 'april' (flags of the April reference)
-and 'august' (P/D pools and the autoscaler, for the August reference).
+refuses every invalid one with exit code 2. Three families: 'april' (flags of the April reference),
+'august' (P/D pools and the autoscaler) and 'lora' (LoRA adapters), both for the August reference.
 """
 
 from __future__ import annotations
@@ -177,9 +177,10 @@ def workload_spec(rng: random.Random, max_requests: int = 200,
     return spec
 
 
-FAMILIES = ("april", "august")
-"""Configuration families: 'april' (flags of the April reference ``b563c440``) and 'august' (P/D
-pools and the autoscaler, flags and bundle keys of the August reference ``f90a1e3a``)."""
+FAMILIES = ("april", "august", "lora")
+"""Configuration families: 'april' (flags of the April reference ``b563c440``), 'august' (P/D
+pools and the autoscaler, flags and bundle keys of the August reference ``f90a1e3a``) and 'lora'
+(LoRA multi-adapter serving, also for the August reference)."""
 INVALID_SHARE = 0.06
 """Share of April-family configurations that are deliberately invalid (both sides must refuse)."""
 FITNESS_KEYS = ("throughput", "tokens_per_sec", "p99_ttft", "p50_ttft", "mean_ttft", "p99_e2e",
@@ -433,14 +434,260 @@ def august_config(rng: random.Random, config_id: str, max_requests: int = 200
     return {"id": config_id, "args": args, "files": files, "family": "august"}
 
 
+LORA_MODELS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("meta-llama/llama-3.1-8b-instruct", (1, 1, 2)),
+    ("meta-llama/llama-3.1-8b-instruct", (1, 2)),
+    ("qwen/qwen3-14b", (1, 2)),
+    ("mistralai/mistral-nemo-instruct-2407", (1, 2)),
+    ("qwen/qwen2.5-7b-instruct", (1, 2)))
+"""(model, TP choices) of the LoRA family: dense models (spec lora.md LORA-10.6: the two
+references' KV auto-calculations agree on dense models; the reservation is a term on top)."""
+LORA_RANKS = (8, 16, 32, 64)
+LORA_TIER_KEYS = (4, 8, 16, 24, 32, 48, 64)
+LORA_INVALID_SHARE = 0.06
+"""Share of LoRA-family configurations that are deliberately invalid (both sides must refuse)."""
+LORA_INVALID_KINDS = ("capacity-zero-file", "capacity-zero-flag", "unknown-adapter",
+                      "affinity-twice", "affinity-duplicate", "rank-zero", "duplicate-id",
+                      "bandwidth-zero", "base-model-mismatch", "scorer-weight-zero")
+"""The invalid LoRA configurations (LORA-1.5, 1.8, 7.3 and the scorer list's duplicate check)."""
+
+
+def _lora_registry(rng: random.Random, model: str) -> list[dict[str, Any]]:
+    """1-6 adapters with ranks 8..64 (the usual powers of two or any integer), some with a
+    ``base_model`` (the run's model: LORA-1.8 compares it with the client's ``model:``)."""
+    adapters = []
+    for i in range(rng.randint(1, 6)):
+        rank = rng.choice(LORA_RANKS) if rng.random() < 0.7 else rng.randint(8, 64)
+        adapter: dict[str, Any] = {"id": f"ad{i}", "rank": rank}
+        if rng.random() < 0.2:
+            adapter["base_model"] = model
+        adapters.append(adapter)
+    return adapters
+
+
+def _lora_file(rng: random.Random, adapters: list[dict[str, Any]],
+               capacity: int | None) -> dict[str, Any]:
+    """A ``--lora-config`` file: capacity (absent when None), the registry, sometimes its own
+    cost scalars and step-overhead tiers (with or without ``k6``)."""
+    block: dict[str, Any] = {}
+    if capacity is not None:
+        block["adapter_capacity"] = capacity
+    if rng.random() < 0.3:
+        block["load_base_latency_us"] = rng.choice((0.0, 200.0, 1500.0, 5000.0))
+    if rng.random() < 0.3:
+        block["load_bandwidth_bytes_us"] = rng.choice((5.0e4, 5.0e5, 2.0e6, 1.0e7))
+    if rng.random() < 0.3:
+        block["footprint_bytes_per_rank"] = rng.choice((1.0e5, 1.0e6, 2.0e6, 8.0e6))
+    if rng.random() < 0.3:
+        tiers: dict[int, dict[str, float]] = {}
+        for key in sorted(rng.sample(LORA_TIER_KEYS, rng.randint(1, 3))):
+            tier: dict[str, float] = {"k7": rng.choice((0.5, 1.0, 2.0))}
+            if rng.random() < 0.7:
+                tier["k6"] = rng.choice((0.0, 0.02, 0.05, 0.1, 0.3))
+            tiers[key] = tier
+        block["step_overhead_tiers"] = tiers
+    block["adapters"] = adapters
+    return {"lora": block}
+
+
+def _lora_flags(rng: random.Random, args: list[str]) -> None:
+    """Sometimes the scalar ``--lora-*`` flags on top of the file (they win, LORA-1.3)."""
+    if rng.random() < 0.25:
+        _flag(args, "lora-adapter-capacity", rng.randint(1, 4))
+    if rng.random() < 0.2:
+        _flag(args, "lora-load-base-latency-us", rng.choice(("0", "800", "1500", "8000")))
+    if rng.random() < 0.2:
+        _flag(args, "lora-load-bandwidth-bytes-us", rng.choice(("5e4", "1e6", "2e6", "1.5e7")))
+    if rng.random() < 0.2:
+        _flag(args, "lora-footprint-bytes-per-rank", rng.choice(("1e5", "1e6", "2e6", "4e6")))
+
+
+def _lora_workload(rng: random.Random, adapters: list[dict[str, Any]], model: str,
+                   max_requests: int) -> dict[str, Any]:
+    """A v2 workload spec whose clients and cohorts carry adapters of the registry (some carry
+    none: base-model traffic); multi-turn sessions closed-loop only; ``slo_class`` on every
+    entry or on none (the August reference refuses a mix)."""
+    ids = [a["id"] for a in adapters]
+    with_base = {a["id"] for a in adapters if "base_model" in a}
+    spec: dict[str, Any] = {"version": "2", "seed": rng.randint(1, 10_000),
+                            "num_requests": rng.randint(20, max(20, max_requests))}
+    if rng.random() < 0.12:  # closed-loop virtual users with adapters
+        spec["clients"] = [{"id": f"users-{i}", "concurrency": rng.randint(1, 6),
+                            "think_time_us": rng.choice((0, 50_000, 300_000)),
+                            "input_distribution": _dist(rng, 16, 1024),
+                            "output_distribution": _dist(rng, 4, 256)}
+                           for i in range(rng.randint(1, 3))]
+    else:
+        spec["aggregate_rate"] = round(rng.uniform(2.0, 60.0), 1)
+        groups = [f"group-{g}" for g in range(rng.randint(0, 2))]
+        multi_turn = rng.random() < 0.25
+        spec["clients"] = [_client(rng, i, multi_turn and rng.random() < 0.7, groups)
+                           for i in range(rng.randint(1, 4))]
+        for client in spec["clients"]:
+            client.pop("closed_loop", None)
+            if "reasoning" not in client:
+                continue
+            if rng.random() < 0.5:  # closed loop is the default; open-loop rounds are timed
+                client["closed_loop"] = True  # differently by the August build (README)
+            if client["reasoning"]["multi_turn"]["context_growth"] == "accumulate":
+                # the April reference, which blis_fast follows, puts the prefix in front of
+                # every accumulated round again; the August build keeps it once (#1445)
+                client.pop("prefix_group", None)
+                client.pop("prefix_length", None)
+        if rng.random() < 0.3:
+            spec["cohorts"] = [_cohort(rng, i) for i in range(rng.randint(1, 2))]
+        if rng.random() < 0.15:
+            spec["horizon"] = rng.randint(5_000_000, 30_000_000)
+    entries = spec["clients"] + spec.get("cohorts", [])
+    for n, entry in enumerate(entries):
+        if n == 0 or rng.random() < 0.7:
+            entry["adapter"] = rng.choice(ids)
+            if entry["adapter"] in with_base or rng.random() < 0.1:
+                entry["model"] = model
+    every = rng.random() < 0.5
+    for entry in entries:
+        if every:
+            entry["slo_class"] = entry.get("slo_class") or rng.choice(SLO_CLASSES[1:])
+        else:
+            entry.pop("slo_class", None)
+    return spec
+
+
+def _lora_invalid(rng: random.Random, kind: str, args: list[str], lora: dict[str, Any],
+                  spec: dict[str, Any]) -> None:
+    """Make a valid LoRA configuration invalid by ``kind`` (one of LORA_INVALID_KINDS)."""
+    block = lora["lora"]
+    adapters = block["adapters"]
+    if kind == "capacity-zero-file":
+        block["adapter_capacity"] = rng.choice((0, -1))
+        while "--lora-adapter-capacity" in args:
+            n = args.index("--lora-adapter-capacity")
+            del args[n:n + 2]
+    elif kind == "capacity-zero-flag":
+        _flag(args, "lora-adapter-capacity", 0)
+    elif kind == "unknown-adapter":
+        spec["clients"][-1]["adapter"] = "ghost"
+    elif kind in ("affinity-twice", "affinity-duplicate", "scorer-weight-zero"):
+        for flag in ("--routing-policy", "--routing-scorers", "--lora-scorer-weight"):
+            while flag in args:
+                n = args.index(flag)
+                del args[n:n + 2]
+        if "--num-instances" not in args:
+            _flag(args, "num-instances", 2)
+        _flag(args, "routing-policy", "weighted")
+        if kind == "affinity-twice":
+            _flag(args, "routing-scorers", "queue-depth:1,lora-affinity:2")
+            _flag(args, "lora-scorer-weight", 1)
+        elif kind == "affinity-duplicate":
+            _flag(args, "routing-scorers", "lora-affinity:1,queue-depth:1,lora-affinity:2")
+        else:
+            _flag(args, "lora-scorer-weight", rng.choice(("0", "-1")))
+    elif kind == "rank-zero":
+        rng.choice(adapters)["rank"] = 0
+    elif kind == "duplicate-id":
+        adapters.append({"id": adapters[0]["id"], "rank": rng.choice(LORA_RANKS)})
+    elif kind == "bandwidth-zero":
+        _flag(args, "lora-load-bandwidth-bytes-us", "0")
+    elif kind == "base-model-mismatch":
+        client = spec["clients"][0]
+        for adapter in adapters:
+            if adapter["id"] == client["adapter"]:
+                adapter["base_model"] = "some/other-model"
+        client["model"] = client.get("model", "")
+
+
+def lora_config(rng: random.Random, config_id: str, max_requests: int = 200,
+                invalid: str | None = None) -> dict[str, Any]:
+    """A LoRA configuration for the August reference, where parity with the April engine is
+    meaningful (spec lora.md section 10): a ``--lora-config`` (capacity, adapters of ranks
+    8..64, optional ``base_model``, sometimes custom tiers), sometimes the ``--lora-*`` flags
+    on top, a workload spec whose clients and cohorts carry adapters, 1-4 instances with
+    round-robin / least-loaded / weighted routing (``lora-affinity`` among the scorers or
+    ``--lora-scorer-weight``), an explicit snapshot refresh, FCFS or SJF (never the priority
+    schedulers, LORA-10.4), sometimes ``--timeout`` and ``--total-kv-blocks``, roofline or
+    trained-physics named explicitly. Never P/D, autoscaler or open-loop sessions. About 6 %
+    are deliberately invalid (LORA_INVALID_KINDS): both sides must refuse them; ``invalid``
+    names the kind to make (``""``: a valid one), None draws."""
+    args: list[str] = []
+    files: dict[str, str] = {}
+    if invalid is None:
+        invalid = rng.choice(LORA_INVALID_KINDS) if rng.random() < LORA_INVALID_SHARE else ""
+    model, tps = rng.choice(LORA_MODELS)
+    _flag(args, "model", model)
+    _flag(args, "latency-model", rng.choice(("roofline", "roofline", "trained-physics")))
+    _flag(args, "hardware", "H100")
+    _flag(args, "tp", rng.choice(tps))
+    _flag(args, "seed", rng.randint(1, 100_000))
+    instances = rng.choice((1, 1, 2, 2, 3, 4))
+    if instances > 1 or rng.random() < 0.2:
+        _flag(args, "num-instances", instances)
+    if instances > 1:
+        routing = rng.choice(("round-robin", "least-loaded", "weighted", "weighted"))
+        _flag(args, "routing-policy", routing)
+        if routing == "weighted":
+            how = rng.choice(("scorers", "weight", "weight-default", "bundle"))
+            others = rng.sample(("queue-depth", "kv-utilization", "load-balance",
+                                 "precise-prefix-cache", "prefix-affinity"), rng.randint(0, 2))
+            scorers = [f"{s}:{rng.randint(1, 3)}" for s in others]
+            if how == "scorers":
+                scorers.insert(rng.randint(0, len(scorers)), f"lora-affinity:{rng.randint(1, 4)}")
+                _flag(args, "routing-scorers", ",".join(scorers))
+            elif how == "weight":
+                if scorers:
+                    _flag(args, "routing-scorers", ",".join(scorers))
+                _flag(args, "lora-scorer-weight", rng.choice(("0.5", "1", "2", "3")))
+            elif how == "weight-default":  # appended to the default profile (LORA-7.3)
+                _flag(args, "lora-scorer-weight", rng.choice(("1", "2")))
+            else:
+                bundle = {"routing": {"policy": "weighted", "scorers": [
+                    {"name": name, "weight": rng.randint(1, 3)}
+                    for name in ["lora-affinity", *others]]}}
+                files["policy.yaml"] = yaml.safe_dump(bundle, sort_keys=False)
+                _flag(args, "policy-config", "policy.yaml")
+        elif rng.random() < 0.15:  # warns only: no effect outside weighted routing
+            _flag(args, "lora-scorer-weight", rng.choice(("1", "0")))
+    _flag(args, "snapshot-refresh-interval", rng.choice((0, 0, 10_000, 50_000, 100_000)))
+    scheduler = rng.choice(AUGUST_SCHEDULERS) if rng.random() < 0.4 else "fcfs"
+    if scheduler != "fcfs" or rng.random() < 0.2:
+        _flag(args, "scheduler", scheduler)
+    blocks = rng.choice((300, 1000, 5000, 20_000)) if rng.random() < 0.2 else 0
+    if blocks:
+        _flag(args, "total-kv-blocks", blocks)
+    if scheduler == "sjf" and blocks:
+        # SJF with preemption can stall for good (LORA-D1: a cold head, every slot pinned by a
+        # preempted request); the reference then never ends and blis_fast stops with an error,
+        # so these always carry deadlines, which end the stall
+        _flag(args, "timeout", rng.choice((1, 2)))
+    elif rng.random() < 0.2:
+        _flag(args, "timeout", rng.choice((1, 2, 5, 30)))
+    if rng.random() < 0.1:
+        _flag(args, "max-num-running-reqs", rng.choice((4, 16)))
+
+    adapters = _lora_registry(rng, model)
+    capacity = None if rng.random() < 0.1 else rng.randint(1, 4)
+    lora = _lora_file(rng, adapters, capacity)
+    _lora_flags(rng, args)
+    spec = _lora_workload(rng, adapters, model, max_requests)
+    if invalid:
+        _lora_invalid(rng, invalid, args, lora, spec)
+    files["lora.yaml"] = yaml.safe_dump(lora, sort_keys=False)
+    files["workload.yaml"] = yaml.safe_dump(spec, sort_keys=False)
+    _flag(args, "lora-config", "lora.yaml")
+    _flag(args, "workload-spec", "workload.yaml")
+    return {"id": config_id, "args": args, "files": files, "family": "lora",
+            **({"invalid": True, "invalid_kind": invalid} if invalid else {})}
+
+
 def generate_config(rng: random.Random, config_id: str, max_requests: int = 200,
                     family: str = "april") -> dict[str, Any]:
     """One random configuration (see the module docstring for its shape) of at most
     ``max_requests`` requests (``--num-requests`` or the spec's ``num_requests``; the large
     draws of the extended families up to ``large_requests(max_requests)``); ``family`` is
-    'april' (the April reference's flags) or 'august' (P/D and autoscaler)."""
+    'april' (the April reference's flags), 'august' (P/D and autoscaler) or 'lora'."""
     if family == "august":
         return august_config(rng, config_id, max_requests)
+    if family == "lora":
+        return lora_config(rng, config_id, max_requests)
     if family != "april":
         raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
     if rng.random() < INVALID_SHARE:
@@ -564,7 +811,7 @@ def generate_configs(seed: int, count: int, max_requests: int = 200,
     if max_requests < 5:
         raise ValueError(f"max_requests must be >= 5, got {max_requests}")
     rng = random.Random(seed)
-    prefix = "s" if family == "april" else "a"
+    prefix = {"april": "s", "august": "a", "lora": "l"}.get(family, family[:1])
     return [generate_config(rng, f"{prefix}{seed}-{i}", max_requests, family)
             for i in range(count)]
 

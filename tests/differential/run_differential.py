@@ -75,6 +75,13 @@ AUGUST_KNOWN_NOISE: dict[str, str] = {
     for name in ("Priority Inversions", "priority_inversions")}
 """KNOWN_NOISE of the August family (``--family august``)."""
 
+LORA_KNOWN_NOISE: dict[str, str] = {**AUGUST_KNOWN_NOISE}
+"""KNOWN_NOISE of the LoRA family (``--family lora``, also against the August reference)."""
+FAMILY_NOISE: dict[str, dict[str, str]] = {
+    "april": KNOWN_NOISE, "august": AUGUST_KNOWN_NOISE, "lora": LORA_KNOWN_NOISE}
+HEAD_FAMILIES = frozenset({"august", "lora"})
+"""Families run against the August reference (its additions to every run are dropped)."""
+
 STATUSES = ("agree", "known-noise", "both-refused", "differ", "blis_fast-refused",
             "reference-refused", "invalid-accepted", "reference-timeout", "both-timeout",
             "blis_fast-timeout", "blis_fast-oom", "blis_fast-error")
@@ -82,9 +89,10 @@ BAD_STATUSES = frozenset({"differ", "blis_fast-refused", "reference-refused",
                           "invalid-accepted", "blis_fast-timeout", "blis_fast-oom",
                           "blis_fast-error"})
 """Statuses that make the tool's exit code 1 (a finding)."""
-HEAD_EXTRAS = {"on": False}
-"""``--family august`` (set by :func:`main`): the reference is the August build, so what it adds
-to every run (tests/parity.py's HEAD_EXTRA_*) is dropped from both sides before comparing."""
+HEAD_EXTRAS = {"on": False, "family": "april"}
+"""``--family august`` or ``lora`` (set by :func:`main`): the reference is the August build, so
+what it adds to every run (tests/parity.py's HEAD_EXTRA_*) is dropped from both sides before
+comparing; ``family`` names the known-noise list (FAMILY_NOISE)."""
 
 _PRINT_LOCK = threading.Lock()
 """Progress lines of parallel checks are printed one at a time."""
@@ -448,8 +456,7 @@ def check_config(config: dict[str, Any], reference: str, timeout: float,
         if blis["exit_code"] == 0 and ref["exit_code"] == 0:
             errors = compare_outputs(dirs["blis_fast"], blis["stdout"], dirs["reference"],
                                      ref["stdout"])
-        status = classify(blis, ref, errors, bool(config.get("invalid")),
-                          AUGUST_KNOWN_NOISE if HEAD_EXTRAS["on"] else KNOWN_NOISE)
+        status = classify(blis, ref, errors, bool(config.get("invalid")), _noise())
         fields = list(dict.fromkeys(field_name(e) for e in errors))
         record = {"id": config["id"], "status": status, "fields": fields[:10],
                   "differences": errors[:10], "num_differences": len(errors),
@@ -460,12 +467,19 @@ def check_config(config: dict[str, Any], reference: str, timeout: float,
                   "blis_fast_seconds": round(blis["seconds"], 3),
                   "family": config.get("family", "april"),
                   **({"invalid": True} if config.get("invalid") else {}),
+                  **({"invalid_kind": config["invalid_kind"]} if "invalid_kind" in config
+                     else {}),
                   "args": config["args"], "files": config.get("files", {})}
         if keep_dir is not None:
             shutil.copytree(root, keep_dir / config["id"], dirs_exist_ok=True)
         return record
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _noise() -> dict[str, str]:
+    """The known-noise list of the family being run."""
+    return FAMILY_NOISE.get(HEAD_EXTRAS["family"], KNOWN_NOISE)
 
 
 def _tail(text: str, limit: int = 400) -> str:
@@ -635,8 +649,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
             lines.append(f"    shrunk: {' '.join(r['shrunk_args'])}")
     if counts["known-noise"]:
         reasons: dict[str, list[str]] = {}
-        noise = AUGUST_KNOWN_NOISE if HEAD_EXTRAS["on"] else KNOWN_NOISE
-        for name, reason in noise.items():
+        for name, reason in _noise().items():
             reasons.setdefault(reason, []).append(name)
         lines += [f"known noise ({', '.join(names)}): {reason}"
                   for reason, names in reasons.items()]
@@ -652,7 +665,9 @@ def load_configs(path: Path) -> list[dict[str, Any]]:
             configs.append({"id": obj.get("id", f"c{n}"), "args": obj["args"],
                             "files": obj.get("files", {}),
                             "family": obj.get("family", "april"),
-                            **({"invalid": True} if obj.get("invalid") else {})})
+                            **({"invalid": True} if obj.get("invalid") else {}),
+                            **({"invalid_kind": obj["invalid_kind"]} if "invalid_kind" in obj
+                               else {})})
     return configs
 
 
@@ -673,9 +688,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-limit-mb", type=int, default=DEFAULT_MEMORY_LIMIT_MB,
                         help="address-space limit of the blis_fast worker processes (MiB)")
     parser.add_argument("--family", choices=FAMILIES, default="april",
-                        help="configuration family: 'april' (the April reference b563c440) "
-                             "or 'august' (P/D and autoscaler, the August reference f90a1e3a: "
-                             "its stdout/file additions are ignored, its noise listed)")
+                        help="configuration family: 'april' (the April reference b563c440), "
+                             "'august' (P/D and autoscaler) or 'lora' (LoRA adapters), both for "
+                             "the August reference f90a1e3a: its stdout/file additions are "
+                             "ignored, its noise listed")
     parser.add_argument("--shrink", action="store_true",
                         help="minimise each configuration that differs or is refused by one side")
     parser.add_argument("--report", type=Path, default=Path("differential-report.jsonl"),
@@ -687,7 +703,8 @@ def main(argv: list[str] | None = None) -> int:
                              "must be identical (Parquet by data, on its columns)")
     opts = parser.parse_args(argv)
     EXACT["on"] = opts.exact
-    HEAD_EXTRAS["on"] = opts.family == "august"
+    HEAD_EXTRAS["on"] = opts.family in HEAD_FAMILIES
+    HEAD_EXTRAS["family"] = opts.family
     if opts.memory_limit_mb < 64:
         parser.error(f"--memory-limit-mb must be >= 64, got {opts.memory_limit_mb}")
     LIMITS["memory_mb"] = opts.memory_limit_mb
