@@ -76,6 +76,20 @@ def write_served_trace(sim: Any, prefix: str) -> list[str]:
     return targets
 
 
+def warm_up(make_sim: Any, external_routing: bool, max_events: int = 100_000) -> None:
+    """Run one small request through a throwaway simulation, so the kernels are compiled (or
+    loaded from Numba's cache) before the clock starts: a first call inside the time loop
+    would stall every stream for as long as it takes."""
+    sim = make_sim()
+    sim.submit(0, 16, 2, instance=0 if external_routing else None)
+    for _ in range(max_events):
+        nxt = sim.next_event_us()
+        if nxt is None:
+            break
+        sim.advance(nxt + 1)
+    sim.gauges()
+
+
 def run_serve(sim: Any, config: Any, host: str, port: int, instance_ports: list[int],
               trace_output: str = "") -> int:
     """Serve until SIGINT/SIGTERM, then end the streams in flight, write the trace; 0."""
@@ -159,7 +173,11 @@ def register(group: click.Group) -> None:
         from blis_fast.serve.app import ServeConfig, load_token_counter
         from blis_fast.serve.live import LiveSimulation  # lazy: loads numba and the engine
 
-        sim = LiveSimulation(options, external_routing=bool(instance_ports))
+        def make() -> Any:
+            return LiveSimulation(options, external_routing=bool(instance_ports))
+
+        warm_up(make, bool(instance_ports))
+        sim = make()
         ports = parse_instance_ports(instance_ports, sim.num_instances)
         count, how = load_token_counter(options.model)
         sys.stderr.write(f"blis serve: prompt tokens {how}\n")
@@ -170,5 +188,5 @@ def register(group: click.Group) -> None:
         sys.exit(run_serve(sim, config, host, port, ports, serve_trace_output))
 
 
-__all__ = ["SERVE_SKIPS", "parse_instance_ports", "register", "run_serve",
+__all__ = ["SERVE_SKIPS", "parse_instance_ports", "register", "run_serve", "warm_up",
            "write_served_trace"]
