@@ -115,7 +115,7 @@ STATEFUL_SCORER = (
         rt.st[RouterVar.ROTATION] = turn + 1
 '''),
     Edit("blis_fast/kernels/cluster/scorers.py",
-         lambda s: s.replace("<= code <= StatefulScorer.NO_HIT_LRU",
+         lambda s: s.replace("<= code <= StatefulScorer.LORA_AFFINITY",
                              "<= code <= StatefulScorer.ROTATING")),
     append("blis_fast/policies/scorers.py",
            'SCORERS.register(Scorer("rotating", reads_cache=False, '

@@ -94,6 +94,8 @@ class FollowUpRows:
             rt.req_tenant[k] = meta.client_tenant[client]
             rt.req_model_bad[k] = meta.client_model_bad[client]
             inp.session[k] = b
+            # a follow-up carries its session's LoRA adapter (LORA-1.7)
+            inp.adapter[k] = inp.adapter[driver.blueprints[b].round0_row]
             self.n = k + 1
             self.follow_ups.append(fu)
             rows.append(k)
@@ -117,8 +119,13 @@ class FollowUpRows:
         def column(values, name, dtype):
             return np.concatenate([getattr(table, name), np.array(values, dtype=dtype)])
 
+        adapters = None
+        if table.adapter_idx is not None:  # each follow-up has its session's adapter
+            adapters = column([table.adapter_idx[bps[f.blueprint].round0_row] for f in fus],
+                              "adapter_idx", np.int32)
         return replace(
             table,
+            adapter_idx=adapters,
             arrival_us=column([f.arrival_us for f in fus], "arrival_us", np.int64),
             input_len=column([f.input_len for f in fus], "input_len", np.int64),
             output_len=column([f.output_len for f in fus], "output_len", np.int64),

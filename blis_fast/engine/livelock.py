@@ -9,9 +9,14 @@ is killed. No output is written.
 
 from __future__ import annotations
 
+import logging
+
 from blis_fast.errors import BlisConfigError
+from blis_fast.kernels.engine.lora import LoraVar
 from blis_fast.kernels.engine.state import LoopSlot
 from blis_fast.kernels.enums import Livelock
+
+log = logging.getLogger("blis_fast")
 
 
 def livelock_error(loop, totals, table, pd_on: bool) -> BlisConfigError:
@@ -31,6 +36,13 @@ def livelock_error(loop, totals, table, pd_on: bool) -> BlisConfigError:
         why = (f"request {name} needs {int(loop[LoopSlot.STOP_NEED])} KV blocks to finish but "
                f"instance_{inst} has {int(totals[inst])}, so it is preempted and re-admitted "
                "forever")
+    elif int(loop[LoopSlot.STOP_KIND]) == Livelock.LORA_STALL:
+        return BlisConfigError(
+            f"--lora-adapter-capacity: the run can never finish: instance_{inst}'s wait queue "
+            f"(first {name}) waits for a LoRA adapter that cannot load, every adapter slot "
+            "being pinned by requests queued behind it (preempted requests keep their pins), "
+            "so it takes empty steps forever (the reference loops until killed); raise "
+            "--lora-adapter-capacity, use --scheduler fcfs, or give a --timeout or --horizon")
     elif int(loop[LoopSlot.STOP_KIND]) == Livelock.CYCLE:
         why = (f"instance_{inst} (wait queue first {name}) keeps preempting and re-admitting "
                "the same requests, its state repeating exactly with nothing else left to happen"
@@ -43,3 +55,16 @@ def livelock_error(loop, totals, table, pd_on: bool) -> BlisConfigError:
         f"--total-kv-blocks: the run can never finish: {why} (the reference loops until "
         f"killed); raise {blocks}, cap request lengths with --max-model-len, or give a "
         "--timeout or --horizon")
+
+
+def warn_lora_stall(lora, table) -> None:
+    """Warn once when the run hit the reference's LoRA stall (LORA-D1, ``lora``: the kernel's
+    LoRA state or None): an instance whose cold queue head could not load because every
+    adapter slot was pinned took empty steps until a timeout, an arrival or the horizon."""
+    if lora is None or int(lora.var[LoraVar.STALL_STEPS]) == 0:
+        return
+    log.warning(
+        "LoRA stall (reference defect LORA-D1): instance_%d could not load the adapter of its "
+        "queue head from tick %d on, every adapter slot being pinned (preempted requests keep "
+        "their pins), and took empty steps until a timeout, an arrival or the horizon freed it",
+        int(lora.var[LoraVar.STALL_INST]), int(lora.var[LoraVar.FIRST_STALL]))

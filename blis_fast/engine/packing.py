@@ -12,6 +12,7 @@ from blis_fast.engine.engine_config import EngineConfig
 from blis_fast.kernels.cluster.admission import RouterParam
 from blis_fast.kernels.cluster.pd import new_pd_state
 from blis_fast.kernels.cluster.router_state import new_router_state, pool_router
+from blis_fast.kernels.engine.lora import LoraState, new_lora_state
 from blis_fast.kernels.engine.state import ConfigSlot, InstanceSlot, RequestInputs
 from blis_fast.kernels.go.gorand import new_source, subsystem_seed
 from blis_fast.kernels.kv.kv_layout import new_kv_state
@@ -76,7 +77,24 @@ def request_inputs(table, n: int, ids: list[str] | None) -> RequestInputs:
         output_len=pad(table.output_len, n, np.int64),
         deadline=pad(table.deadline_us, n, np.int64),
         id_rank=pad(rank_of_ids(ids), n, np.int64) if ids is not None else np.zeros(n, np.int64),
-        session=np.full(n, -1, np.int32))
+        session=np.full(n, -1, np.int32),
+        adapter=(np.full(n, -1, np.int32) if table.adapter_idx is None
+                 else pad(table.adapter_idx, n, np.int32, -1)))
+
+
+def lora_state(cfg: EngineConfig, table, n_rows: int) -> LoraState | None:
+    """The kernel's LoRA state (``kernels/engine/lora.py``), or None when LoRA is inert
+    (LORA-0.2) or no request carries an adapter: then the engine compiles and runs without it
+    (an active configuration no request uses changes nothing). Adapters are indexed as in
+    ``table.adapter_names``; an id the registry lacks gets rank 0 and 1-tick loads (LORA-4.8)."""
+    lcfg = cfg.lora
+    if lcfg is None or not lcfg.active or table.adapter_idx is None or not table.adapter_names:
+        return None
+    names = table.adapter_names
+    return new_lora_state(
+        cfg.options.num_instances, n_rows, int(lcfg.capacity or 0),
+        np.array([lcfg.rank_of(a) for a in names], np.int64),
+        np.array([lcfg.load_ticks(a) for a in names], np.int64), tuple(lcfg.tiers))
 
 
 def instance_rank_of(n: int) -> np.ndarray:
@@ -226,6 +244,8 @@ def with_prefill_rows(table):
         table, **per_row,
         output_len=np.concatenate([table.output_len, np.zeros(n, np.int64)]),
         session_idx=np.concatenate([table.session_idx, np.full(n, -1, np.int32)]),
+        adapter_idx=(None if table.adapter_idx is None  # prefill sub-requests: none (LORA-2.4)
+                     else np.concatenate([table.adapter_idx, np.full(n, -1, np.int32)])),
         chunk_offsets=np.concatenate([off, total + np.cumsum(keep)]).astype(np.int64),
         chunk_digests=np.concatenate([table.chunk_digests, table.chunk_digests[idx]]),
         extra_ids=[f"{rid}_prefill" for rid in table.id_strings()])

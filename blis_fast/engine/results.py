@@ -18,6 +18,7 @@ from blis_fast.kernels.cluster.pd import ParentField, PDCounter
 from blis_fast.kernels.cluster.router_state import RouterCfg, RouterVar
 from blis_fast.kernels.engine.event_loop import SEQ_LIMIT
 from blis_fast.kernels.engine.heap import MAX_INSTANCES
+from blis_fast.kernels.engine.lora import LoraVar
 from blis_fast.kernels.engine.state import (
     HotField,
     InstanceCounter,
@@ -266,6 +267,13 @@ class SimulationResult:
     instance_names: list[str] | None = None
     fleet: object | None = None  # kernels.autoscale_layout.AutoscaleState at the end of the run
     # (outputs read it by name through ``fleet_view``)
+    # LoRA (LORA-8.2): per instance and adapter (``table.adapter_names``) the completed loads
+    # and the evictions; None when LoRA did not run (inert, or no request has an adapter)
+    adapter_loads: np.ndarray | None = None
+    adapter_evictions: np.ndarray | None = None
+    # the evictions and completed loads in event order, int64 [k, LoraLog.SIZE] columns tick,
+    # instance, adapter, kind (kernels/engine/lora.py: LoraLog, LoraEvent); None without LoRA
+    adapter_events: np.ndarray | None = None
 
     def instance_name(self, i: int) -> str:
         """The id of instance ``i`` as the reference prints it."""
@@ -330,9 +338,10 @@ def raise_failure(status: int, failures: list) -> None:
 
 
 def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
-                pd=None) -> SimulationResult:
+                pd=None, lora=None) -> SimulationResult:
     """Read the kernel's state back into a SimulationResult (rows ``0..n_used-1``; with the
-    P/D state ``pd``, every row: the workload's, then the prefill sub-requests)."""
+    P/D state ``pd``, every row: the workload's, then the prefill sub-requests; with the LoRA
+    state ``lora``, its load and eviction counts)."""
     hits = kv.meta[:, KVMeta.HITS]
     total = hits + kv.meta[:, KVMeta.MISSES] + kv.cpu_meta[:, CpuMeta.MISSES]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -379,6 +388,10 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
         step_kv_used=lg.kv_used[:steps].copy(),
         step_itl_count=lg.itl_count[:steps].copy(),
         pd=None if pd is None else _pd_data(pd, rs, lg, used),
+        adapter_loads=None if lora is None else lora.loads.copy(),
+        adapter_evictions=None if lora is None else lora.evictions.copy(),
+        adapter_events=(None if lora is None
+                        else lora.log[: int(lora.var[LoraVar.LOG_LEN])].copy()),
     )
 
 

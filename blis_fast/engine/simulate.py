@@ -21,7 +21,7 @@ from blis_fast.engine.follow_ups import (
     SessionPlan,
     initial_capacity,
 )
-from blis_fast.engine.livelock import livelock_error
+from blis_fast.engine.livelock import livelock_error, warn_lora_stall
 from blis_fast.engine.memory import available_memory
 from blis_fast.engine.packing import (
     Capacity,
@@ -29,6 +29,7 @@ from blis_fast.engine.packing import (
     instance_config,
     instance_rank_of,
     kv_state,
+    lora_state,
     pad,
     pd_state,
     rank_of_ids,
@@ -44,6 +45,7 @@ from blis_fast.kernels.cluster import hooks as H
 from blis_fast.kernels.cluster.autoscale_layout import AsVar
 from blis_fast.kernels.engine.event_loop import (
     ASC_ARGUMENT,
+    LORA_ARGUMENT,
     PD_ARGUMENT,
     push_cluster_arrivals,
     run_events,
@@ -112,12 +114,14 @@ def _kernel_hooks(hooks: Hooks | None) -> KernelHooks:
                        hooks.admission or H.admit_all, hooks.scheduler_key or H.zero_key)
 
 
-def engine_variant(pd: bool, autoscaled: bool | None = None):
-    """Whether a signature of the event loop is the variant with or without P/D (``pd``) and
-    the autoscaler (``autoscaled``; None: either): their arguments are None without them."""
+def engine_variant(pd: bool, autoscaled: bool | None = None, lora: bool = False):
+    """Whether a signature of the event loop is the variant with or without P/D (``pd``), the
+    autoscaler (``autoscaled``; None: either) and LoRA (``lora``): their arguments are None
+    without them."""
     return lambda signature: ((signature[PD_ARGUMENT] != types.none) == pd
                               and (autoscaled is None
-                                   or (signature[ASC_ARGUMENT] != types.none) == autoscaled))
+                                   or (signature[ASC_ARGUMENT] != types.none) == autoscaled)
+                              and (signature[LORA_ARGUMENT] != types.none) == lora)
 
 
 def run_engine(table, cfg: EngineConfig, model: str = "",
@@ -152,11 +156,11 @@ class KernelRun:
     def __init__(self) -> None:
         self.entry = run_events
 
-    def __call__(self, cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
+    def __call__(self, cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc, lora):
         """Returns (status, step log, heap) like the loop's state after the last call."""
         while True:
             lg.sizes[LogCursor.ENTRIES] += 1
-            args = (cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc)
+            args = (cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc, lora)
             status = self.entry(*args)
             if self.entry is run_events:
                 self.entry = _compiled_overload(run_events, args)
@@ -272,11 +276,13 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
         fleet.check_rows(fleet_rows)
         asc = fleet.new_autoscale_state(cfg.autoscale, cfg, fleet_rows, n0)
         fleet.start_fleet(given, asc, kv, sim_cfg.inst, sim_cfg.instance_rank, rt, heap)
+    lora = lora_state(cfg, table if table is not None else parents, n)
     if event_loop is None:  # not the arguments alone (event_loop_arguments)
         heap = push_cluster_arrivals(heap, inp.arrival, np.arange(parents.n, dtype=np.int64),
                                      np.full(parents.n, -1, np.int64))
-        # the variant the flags' guess did not compile first (the autoscaler's)
-        announce_if_compiling(run_events, engine_variant(pd is not None, asc is not None))
+        # the variant the flags' guess did not compile first (the autoscaler's, LoRA's)
+        announce_if_compiling(run_events, engine_variant(pd is not None, asc is not None,
+                                                         lora is not None))
     with warnings.catch_warnings(), hook_errors(cfg.hooks) as failures:
         # the scorer table and the hooks are first-class functions, labelled experimental
         warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
@@ -284,7 +290,7 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
         run = KernelRun() if event_loop is None else event_loop
         while True:
             status, lg, heap = run(sim_cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess,
-                                   pd, asc)
+                                   pd, asc, lora)
             if status == Status.GROW_FLEET:
                 raise fleet.FleetTooSmall
             if status != Status.SESSIONS:
@@ -302,10 +308,11 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
                 asc.var[AsVar.PENDING_ARRIVALS] += rows.shape[0]
     if status == Status.LIVELOCK and not failures:
         raise livelock_error(heap.loop, kv.meta[:, KVMeta.TOTAL], parents, cfg.pd_on)
+    warn_lora_stall(lora, parents)
     raise_failure(status, failures)
     n_used = appended.n
     final = appended.table(table, sessions) if n_used > n0 else table
     if cfg.pd_on:  # every row read back; the table stays the workload's
-        return read_result(cfg, parents, n_used, rs, ins, kv, lg, rt, pd)
-    res = read_result(given, final, n_used, rs, ins, kv, lg, rt)
+        return read_result(cfg, parents, n_used, rs, ins, kv, lg, rt, pd, lora)
+    res = read_result(given, final, n_used, rs, ins, kv, lg, rt, lora=lora)
     return res if asc is None else fleet.fleet_result(res, asc, given.latency.model)

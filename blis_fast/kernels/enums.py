@@ -72,6 +72,7 @@ class StatefulScorerT(NamedTuple):
     PREFIX_AFFINITY: int = 0
     PRECISE_PREFIX_CACHE: int = 1
     NO_HIT_LRU: int = 2
+    LORA_AFFINITY: int = 3  # warm where the request's LoRA adapter is resident (LORA-7)
     TABLE_BASE: int = 16
 
 
@@ -104,6 +105,7 @@ class LivelockT(NamedTuple):
     TOO_BIG: int = 1  # a queued request needs more KV blocks than its instance has
     STUCK: int = 2  # an instance steps forever with an empty batch and a queue that never moves
     CYCLE: int = 3  # every instance still stepping goes round the same states (engine/livelock)
+    LORA_STALL: int = 4  # a cold LoRA head while every adapter slot is pinned (LORA-D1)
 
 
 Livelock = LivelockT()
@@ -160,6 +162,7 @@ class EventT(NamedTuple):
     ARRIVAL: int = 10
     QUEUED: int = 11
     STEP: int = 12
+    ADAPTER_LOAD: int = 13  # a LoRA adapter load completes on the instance (LORA-4.4)
     REQUEST_LEFT: int = 14
     TIMEOUT: int = 15
 
@@ -173,9 +176,10 @@ class EventPriorityT(NamedTuple):
 
     ARRIVAL: int = 0
     QUEUED: int = 1
-    STEP: int = 2
-    REQUEST_LEFT: int = 4
-    TIMEOUT: int = 5
+    ADAPTER_LOAD: int = 2  # LORA-10.1: after queued, before step (the August numbering)
+    STEP: int = 3
+    REQUEST_LEFT: int = 5
+    TIMEOUT: int = 6
     INSTANCE_LIFECYCLE: int = 1  # InstanceLoaded (Go -1)
     CLUSTER_ARRIVAL: int = 2
     ADMISSION: int = 3

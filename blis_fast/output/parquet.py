@@ -43,9 +43,10 @@ def _stamped(table: pa.Table, schema: str) -> pa.Table:
 
 
 def summary_table(summary_dict: dict) -> pa.Table:
-    """One-row table of a metrics dict (``build_metrics_output``); missing counters are 0."""
+    """One-row table of a metrics dict (``build_metrics_output``); missing counters are 0. A
+    LoRA run's ``adapters`` block goes to ``adapters.parquet`` (``output/adapters.py``)."""
     schema = load_schema("summary")
-    unknown = set(summary_dict) - set(schema.names) - {"requests"}
+    unknown = set(summary_dict) - set(schema.names) - {"requests", "adapters"}
     if unknown:
         raise ValueError(f"summary has fields not in the schema: {sorted(unknown)}")
     cols = []
@@ -107,6 +108,9 @@ def requests_table(columns: RequestColumns) -> pa.Table:
         "completed": pa.array(~np.isnan(e2e), type=pa.bool_()),
         **_identity_arrays(columns, take),
         **_engine_arrays(columns, take),
+        "adapter": pa.array(
+            [None] * len(order) if columns.adapter is None
+            else [a or None for a in take(columns.adapter).tolist()], type=pa.string()),
     }
     ttft_us = take(columns.ttft_us, np.float64)
     first_token = take(columns.arrival_us, np.int64) + np.rint(np.nan_to_num(ttft_us)).astype(

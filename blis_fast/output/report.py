@@ -113,6 +113,9 @@ class ClusterReport:
     """``--num-instances`` as given: the per-instance blocks print iff it is > 1, however many
     instances ran (autoscaled instances, or start-up instances node pools could not place,
     change the count; AS-7.4). None: iff more than one instance ran."""
+    replay_timeouts: bool = False
+    """A replay's anomaly block as the August reference prints it (timeouts trigger it and have
+    their line, as in ``run``): for runs with active LoRA, which only that reference simulates."""
 
 
 @dataclass
@@ -439,7 +442,7 @@ def render_report(report: ClusterReport) -> str:
         except BlisConfigError as exc:
             exc.stdout = "".join(parts)  # type: ignore[attr-defined]
             raise
-    parts.append(_anomaly_section(raw, report.subcommand))
+    parts.append(_anomaly_section(raw, "run" if report.replay_timeouts else report.subcommand))
     parts.append(_kv_section(raw))
     parts.append(_slo_section(report.requests))
     parts.append(_model_section(report.requests, agg.sim_ended_time_us))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from blis_fast.engine.results import SimulationResult
+from blis_fast.output.adapters import adapter_ids
 from blis_fast.output.summary import RequestColumns
 from blis_fast.workload.request_table import RequestTable
 
@@ -108,6 +109,7 @@ def request_columns(res: SimulationResult, table: RequestTable) -> RequestColumn
         tenant_id=meta("tenant_id"),
         model=meta("model"),
         length_capped=capped,
+        adapter=adapter_ids(table, rows),
         **request_identity(table, rows),
         **request_engine_records(res, rows),
     )

@@ -18,6 +18,7 @@ from blis_fast.engine.results import SimulationResult
 from blis_fast.errors import BlisConfigError
 from blis_fast.files import OutputPlan
 from blis_fast.options import RUN_OPTIONS
+from blis_fast.output.adapters import adapter_figures, adapter_rows, adapters_table
 from blis_fast.output.cost import CostReport, run_cost, summary_columns
 from blis_fast.output.decisions import decision_columns
 from blis_fast.output.pd import (
@@ -81,7 +82,7 @@ def plan_outputs(opts: Any, replay: bool) -> OutputPlan:
         plan.check_dir(opts.output_dir, "--output-dir")
         if os.path.isdir(opts.output_dir):
             for name in ("summary.parquet", "requests.parquet", "decisions.parquet",
-                         "scaling.parquet", "pools.parquet"):
+                         "scaling.parquet", "pools.parquet", "adapters.parquet"):
                 plan.check_file(os.path.join(opts.output_dir, name), "--output-dir")
     return plan
 
@@ -118,6 +119,7 @@ def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
             wait_queue_len_steps=int(res.wait_queue_sum[i, 1]),
             cache_hit_rate=float(res.cache_hit_rate[i]),
             kv_thrashing_rate=float(res.thrashing_rate[i]),
+            adapters=adapter_figures(res, i) if res.pd is None else None,
         ))
     return out
 
@@ -198,6 +200,7 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
         subcommand="replay" if replay else "run",
         pd_section=pd_text,
         num_instances=opts.num_instances,
+        replay_timeouts=replay and res.adapter_loads is not None,
     )
     cost = run_cost(res, int(aggregate.completed))
     stdout = render_report(report)
@@ -261,6 +264,9 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
             from blis_fast.output.pools import pools_table  # lazy: pyarrow
 
             tables.append(("pools.parquet", pools_table(outputs.pools)))
+        if "adapters" in outputs.summary:  # LoRA: the adapters blocks as rows
+            tables.append(("adapters.parquet", adapters_table(
+                adapter_rows([*outputs.per_instance, outputs.summary]))))
         from blis_fast.output.provenance import (  # lazy: pyarrow
             run_provenance,
             with_provenance,

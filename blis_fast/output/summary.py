@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blis_fast.gonum import atoi, or_none
+from blis_fast.output.adapters import AdapterFigures, adapters_block, merge_adapter_figures
 from blis_fast.output.gojson import format_go_float, marshal_indent, needs_escape, quote_go_string
 from blis_fast.output.stats import (
     mean_ms,
@@ -99,6 +100,8 @@ class InstanceMetrics:
     """KV store CacheHitRate captured at Finalize."""
     kv_thrashing_rate: float = 0.0
     """KV store KVThrashingRate captured at Finalize."""
+    adapters: AdapterFigures | None = None
+    """LoRA: the per-adapter figures behind the ``adapters`` block (None: no adapter)."""
 
 
 def aggregate_instances(instances: Sequence[InstanceMetrics]) -> InstanceMetrics:
@@ -135,6 +138,7 @@ def aggregate_instances(instances: Sequence[InstanceMetrics]) -> InstanceMetrics
             [np.asarray(m.itl_values_us, np.int64) for m in instances]
         )
         agg.itl_counts = np.concatenate([np.asarray(m.itl_counts, np.int64) for m in instances])
+        agg.adapters = merge_adapter_figures([m.adapters for m in instances])
     return agg
 
 
@@ -202,6 +206,9 @@ def build_metrics_output(instance_id: str, m: InstanceMetrics) -> dict:
     out["dropped_unservable"] = int(m.dropped_unservable)
     out["length_capped_requests"] = int(m.length_capped)
     out["timed_out_requests"] = int(m.timed_out)
+    block = adapters_block(m.adapters, duration_s)
+    if block is not None:  # LORA-8.1
+        out["adapters"] = block
     return out
 
 
@@ -266,6 +273,8 @@ class RequestColumns:
     slo_priority: np.ndarray | None = None
     """int64 the priority of the row's SLO class (bundle overrides applied); None when not
     known."""
+    adapter: Sequence[str] | np.ndarray | None = None
+    """The LoRA adapter of each row ("" for the base model); None when no row has one."""
 
     def instance_name(self, i: int) -> str:
         """The id ``handled_by`` index ``i`` stands for."""
@@ -365,6 +374,9 @@ def _request_rows(req: RequestColumns) -> str:
     hand = _quoted_optional([f"instance_{h}" if h >= 0 else "" for h in hb] if names is None
                             else [names[h] if h >= 0 else "" for h in hb], "handled_by", n)
     mod = _quoted_optional(_str_array(req.model)[order].tolist(), "model", n)
+    if req.adapter is not None:  # LORA-8.4: after "model", omitted when empty
+        adp = _quoted_optional(_str_array(req.adapter)[order].tolist(), "adapter", n)
+        mod = [m + x for m, x in zip(mod, adp, strict=True)]
     capped = np.asarray(req.length_capped, dtype=bool)[order].tolist()
     cap = [',\n      "length_capped": true' if c else "" for c in capped]
     if req.gateway_queue_delay_ms is not None:
@@ -403,13 +415,21 @@ def _request_rows(req: RequestColumns) -> str:
 
 
 def results_text(metrics_dict: dict, requests: RequestColumns | None) -> str:
-    """Go's MarshalIndent of MetricsOutput with its ``requests`` array (omitted when empty)."""
+    """Go's MarshalIndent of MetricsOutput with its ``requests`` array (omitted when empty);
+    the LoRA ``adapters`` block comes after ``requests`` in the file (LORA-8.1)."""
+    adapters = metrics_dict.get("adapters")
+    if adapters is not None:
+        metrics_dict = {k: v for k, v in metrics_dict.items() if k != "adapters"}
     head = marshal_indent(metrics_dict)
-    if requests is None or len(requests) == 0:
+    if (requests is None or len(requests) == 0) and adapters is None:
         return head
     if not head.endswith("\n}"):
         raise ValueError("metrics_dict must be a non-empty dict")
-    return head[:-2] + ',\n  "requests": [\n' + _request_rows(requests) + "\n  ]\n}"
+    if requests is not None and len(requests) > 0:
+        head = head[:-2] + ',\n  "requests": [\n' + _request_rows(requests) + "\n  ]\n}"
+    if adapters is not None:
+        head = head[:-2] + ",\n" + marshal_indent({"adapters": adapters})[2:]
+    return head
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, flag: str = "output") -> None:

@@ -65,6 +65,8 @@ SCORERS.register(Scorer("running-requests", reads_cache=False,
                         function=S.score_running_requests))
 SCORERS.register(Scorer("load-aware", reads_cache=False, function=S.score_load_aware))
 SCORERS.register(Scorer("vllm-dp", reads_cache=False, function=S.score_vllm_dp))
+# LORA-7: 1 where the request's adapter is resident in the routing snapshot (kernels/engine/lora.py)
+SCORERS.register(Scorer("lora-affinity", reads_cache=False, code=StatefulScorer.LORA_AFFINITY))
 SCORERS.register(Scorer("custom", reads_cache=True, hook="scorer"))
 
 DEFAULT_PROFILE = (("precise-prefix-cache", 2.0), ("queue-depth", 1.0), ("kv-utilization", 1.0))

@@ -185,6 +185,8 @@ class RouterState(NamedTuple):
     # what user hooks observe (kernels/cluster/hooks.py): one row per candidate, and the request
     hook_snap: np.ndarray
     hook_req: np.ndarray
+    lora_warm: np.ndarray  # float64 [n] the lora-affinity scorer's values per candidate
+    # position (kernels/engine/lora.py: fill_affinity; 1.0, neutral, without LoRA)
 
 
 def new_router_state(
@@ -285,7 +287,7 @@ def new_router_state(
         cf_int=np.zeros((rec, k, CandidateCount.SIZE), np.int64),
         cf_kv=np.zeros((rec, k), np.float64),
         hook_snap=np.zeros((n, hk.SNAP_COLS), np.float64),
-        hook_req=np.zeros(hk.REQ_COLS, np.float64),
+        hook_req=np.zeros(hk.REQ_COLS, np.float64), lora_warm=np.ones(n, np.float64),
     )
 
 

@@ -203,6 +203,9 @@ def score_dimension(rt, kv, code, r, cand, n, n_blocks, scorer_table):
         for k in range(n):
             rt.dim[k] = rt.hook_snap[k, SNAP_CACHED_BLOCKS]
         normalize_min_max(rt.dim, n, True)
+    elif code == StatefulScorer.LORA_AFFINITY:  # filled before routing (kernels/engine/lora.py)
+        for k in range(n):
+            rt.dim[k] = rt.lora_warm[k]
     else:
         _score_no_hit_lru(rt, r, cand, n)
 
@@ -212,7 +215,7 @@ def is_known_scorer(code, table_size):
     """True for a scorer code :func:`score_dimension` implements (``table_size`` cfuncs)."""
     if code >= StatefulScorer.TABLE_BASE:
         return code < StatefulScorer.TABLE_BASE + table_size
-    return StatefulScorer.PREFIX_AFFINITY <= code <= StatefulScorer.NO_HIT_LRU
+    return StatefulScorer.PREFIX_AFFINITY <= code <= StatefulScorer.LORA_AFFINITY
 
 
 # ---------------------------------------------------------------- what routing teaches them

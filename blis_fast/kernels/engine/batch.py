@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from blis_fast.kernels.cluster import hooks as hk
+from blis_fast.kernels.engine import lora as lk
 from blis_fast.kernels.engine.state import ConfigSlot, HotField, InstanceCounter, QueueField
 from blis_fast.kernels.enums import RequestState
 from blis_fast.kernels.jit import njit
@@ -343,10 +344,11 @@ def _schedule_running(ints, max_len, ins, rs, kv, inp, i, work, budget):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget):
+def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget, lora):
     """Move requests from the queue head into the running batch while the batch, the token
     budget and the cache allow (ENG-4.5), recording each one's cached prefix (the leading
-    prompt tokens the prefix cache held, ``RequestArrays.cached_prefix``). Returns how many;
+    prompt tokens the prefix cache held, ``RequestArrays.cached_prefix``); with LoRA, a request
+    whose adapter is not resident stops it (the cold-load gate, LORA-4.5). Returns how many;
     their rows are in ``work.queue_a``."""
     threshold = ints[ConfigSlot.LONG_PREFILL]
     bs = kv.cfg[kvc.KVConfig.BLOCK_SIZE]
@@ -354,6 +356,8 @@ def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget):
     while (ins.batch_len[i] < ints[ConfigSlot.MAX_RUNNING] and ins.wq[i, _LEN] > 0
            and budget > 0):
         nxt = ins.wq[i, _HEAD]
+        if lora is not None and lk.is_cold(lora, inp, rs, i, nxt):
+            break
         if rs.pd_sub[nxt] == 1:  # a P/D decode sub-request: one token at its progress
             pi = rs.hot[nxt, HotField.PROGRESS]
             if not kvc.allocate(kv, i, nxt, pi, pi + 1, pi < inp.input_len[nxt],
@@ -395,13 +399,13 @@ def _admit(ins, rs, i, r, work, k, new_tokens, computed):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def form_batch(ints, max_len, ins, rs, kv, inp, i, work):
+def form_batch(ints, max_len, ins, rs, kv, inp, i, work, lora):
     """vLLM batch formation (ENG-4.2..4.5) on instance ``i`` (max model length ``max_len``, 0 =
     unlimited). Returns the number of newly admitted requests (listed in ``work.queue_a``).
     Every running request's NumNewTokens is 0 here: the previous step's progress pass reset it.
-    A step that preempted admits nobody."""
+    A step that preempted admits nobody. ``lora``: the LoRA state (None without LoRA)."""
     budget, preempted = _schedule_running(ints, max_len, ins, rs, kv, inp, i, work,
                                           ints[ConfigSlot.MAX_TOKENS])
     if preempted:
         return 0
-    return _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget)
+    return _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget, lora)

@@ -36,8 +36,9 @@ from blis_fast.kernels.cluster import admission as adm
 from blis_fast.kernels.cluster import autoscale as asx
 from blis_fast.kernels.cluster import pd as pdk
 from blis_fast.kernels.cluster import routing as rtk
-from blis_fast.kernels.cluster.router_state import RouterCfg, RouterVar
+from blis_fast.kernels.cluster.router_state import RouterCfg, RouterVar, SnapGroup
 from blis_fast.kernels.cluster.scorers import is_known_scorer
+from blis_fast.kernels.engine import lora as lk
 from blis_fast.kernels.engine.batch import Priority, Scheduler, wq_push_back, wq_remove
 from blis_fast.kernels.engine.events import push_event as _push
 from blis_fast.kernels.engine.events import schedule_step as _schedule_step
@@ -129,7 +130,7 @@ def _cancel(inp, rs, ins, rt, heap, sess, i, r, t, state, counter):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
+def _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, lora, t, r):
     """AdmissionDecisionEvent (CLU-1.12, CLU-2): buildRouterState (cache-signal refresh, then
     snapshots of the instances serving the request's model), the policy's decision, then the
     routing event after the routing latency, or a rejection."""
@@ -139,6 +140,8 @@ def _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
         n_cand = 0
     else:
         rtk.take_snapshots(rt, ins, kv, t, rt.routable, n_cand)
+        if lora is not None:
+            _lora_snapshots(lora, rt, t, n_cand)
     ok, _reason = adm.admit(rt, r, inp.input_len[r], rt.routable, n_cand, t, inp.arrival[r],
                             hooks.admit, kv)
     if not ok:
@@ -150,7 +153,7 @@ def _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, r):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r):
+def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, lora, t, r):
     """RoutingDecisionEvent (CLU-3): the policy picks one of the routable instances; the
     request arrives there at once (or is rejected when no routable instance serves its
     model). In P/D mode the decode pool is routed first (``pd.route_decode_first``)."""
@@ -164,6 +167,9 @@ def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r):
         rs.registered[r] = Registration.REJECTED_ROUTING
         return
     rtk.take_snapshots(rt, ins, kv, t, rt.routable, n_cand)
+    if lora is not None:  # the lora-affinity scorer's view (LORA-7.1/7.2)
+        _lora_snapshots(lora, rt, t, n_cand)
+        lk.fill_affinity(lora, rt.lora_warm, np.int64(inp.adapter[r]), rt.routable, n_cand)
     target = rtk.route(rt, kv, r, inp.input_len[r], t, cfg.instance_rank, inp.arrival[r],
                        hooks.scorer_table, rt.routable, n_cand)
     ins.cnt[target, InstanceCounter.IN_FLIGHT] += 1
@@ -171,6 +177,14 @@ def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r):
     rs.inst[r] = target
     rs.registered[r] = Registration.ROUTED
     _push(heap, t, _INSTANCE, target, EventPriority.ARRIVAL, Event.ARRIVAL, r)
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _lora_snapshots(lora, rt, t, n):
+    """The resident-set snapshots of the routable instances, refreshed with the queue-depth
+    group (LORA-7.2)."""
+    lk.refresh_snapshots(lora, rt.rcfg[RouterCfg.REFRESH], rt.snap_last, SnapGroup.QUEUE, t,
+                         rt.routable, n)
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
@@ -224,9 +238,12 @@ def _on_queued(cfg, inp, rs, ins, kv, rt, heap, sess, i, t, r):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, done_at):
-    """A request finished in the step: blocks released, RequestLeft at ``done_at``, metrics,
-    and for a session request the outcome with the sequence number its follow-up takes."""
+def _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, lora, i, r, done_at):
+    """A request finished in the step: its adapter pin released (LORA-3.3), blocks released,
+    RequestLeft at ``done_at``, metrics, and for a session request the outcome with the
+    sequence number its follow-up takes."""
+    if lora is not None:
+        lk.unpin(lora, inp, rs, i, r)
     kvc.release(kv, i, r)
     rs.fin_step[r] = ins.cnt[i, InstanceCounter.STEPS]
     _push(heap, done_at, _INSTANCE, i, EventPriority.REQUEST_LEFT, Event.REQUEST_LEFT, r)
@@ -240,27 +257,34 @@ def _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, done_at):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t, may_skip):
-    """StepEvent: the step, processCompletions (ENG-2.4, DELTA-8; skipped when nothing
-    finishes), then scheduleNextStep while the instance has work; in P/D mode the
-    sub-requests that finished are then detected (``pd.detect``)."""
+def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, lora, i, may_skip):
+    """StepEvent at the instance's clock: the step, processCompletions (ENG-2.4, DELTA-8;
+    skipped when nothing finishes), then scheduleNextStep while the instance has work (with
+    LoRA, not while an adapter load is in flight and nothing runs: its completion steps again,
+    LORA-4.6); in P/D mode the sub-requests that finished are then detected (``pd.detect``)."""
+    t = ins.cnt[i, InstanceCounter.CLOCK]
     idle_before = ins.batch_len[i] == 0
-    d = run_step(cfg, ins, rs, kv, lg, inp, i, t, work, hooks.sort_key, rt.req_priority)
+    d = run_step(cfg, ins, rs, kv, lg, inp, i, t, work, hooks.sort_key, rt.req_priority, lora)
     if d < 0:
         return
+    if lora is not None and lora.load_new[i] == 1:  # the load the step started (LORA-4.3)
+        lora.load_new[i] = 0
+        _push(heap, lora.load_at[i], _INSTANCE, i, EventPriority.ADAPTER_LOAD,
+              Event.ADAPTER_LOAD, lora.loading[i])
     if ins.cnt[i, InstanceCounter.DONE_IN_STEP] > 0:
         keep = 0
         for q in range(ins.batch_len[i]):
             r = ins.batch[i, q]
             if finishes(cfg, rs, kv, ins, inp, i, r, work):
-                _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, i, r, t + d)
+                _complete(cfg, inp, rs, ins, kv, lg, rt, heap, sess, lora, i, r, t + d)
                 if pd is not None:
                     pdk.note_completion(pd, rs, r)
             else:
                 ins.batch[i, keep] = r
                 keep += 1
         ins.batch_len[i] = keep
-    if ins.batch_len[i] > 0 or ins.wq[i, QueueField.LEN] > 0:
+    if ins.batch_len[i] > 0 or (ins.wq[i, QueueField.LEN] > 0
+                                and (lora is None or lora.loading[i] < 0)):
         _schedule_step(heap, ins, i, skip_idle_steps(cfg, ins, kv, heap, i, t, d)
                        if may_skip and idle_before else t + d)
     else:
@@ -270,10 +294,10 @@ def _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t, m
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, r):
-    """TimeoutEvent (DELTA-1): a request still queued or running times out; its blocks are
-    released and it leaves the queue or the batch (a P/D decode sub-request ends its
-    parent)."""
+def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, lora, i, t, r):
+    """TimeoutEvent (DELTA-1): a request still queued or running times out; its adapter pin
+    (a running or preempted request's) and its blocks are released and it leaves the queue or
+    the batch (a P/D decode sub-request ends its parent)."""
     if rs.state[r] == RequestState.TIMED_OUT:
         return
     if pd is not None:
@@ -283,6 +307,8 @@ def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, r):
     was_queued = rs.state[r] == RequestState.QUEUED
     _cancel(inp, rs, ins, rt, heap, sess, i, r, t, RequestState.TIMED_OUT,
             np.int64(InstanceCounter.TIMED_OUT))
+    if lora is not None:
+        lk.unpin(lora, inp, rs, i, r)
     kvc.release(kv, i, r)
     rs.hot[r, HotField.COMPUTED] = 0
     if was_running:
@@ -297,6 +323,15 @@ def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, r):
         wq_remove(ins, rs, i, r)
     if (ins.batch_len[i] == 0 and ins.cnt[i, InstanceCounter.STEP_PENDING] == 0
             and ins.wq[i, QueueField.LEN] > 0):
+        _schedule_step(heap, ins, i, t)
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _on_adapter_load(lora, ins, heap, i, t, a):
+    """AdapterLoadCompletionEvent (LORA-4.4): the adapter becomes resident, then
+    ScheduleStepIfIdle: a step now when none is pending and requests wait."""
+    lk.complete_load(lora, i, a, t)
+    if ins.cnt[i, InstanceCounter.STEP_PENDING] == 0 and ins.wq[i, QueueField.LEN] > 0:
         _schedule_step(heap, ins, i, t)
 
 
@@ -390,14 +425,15 @@ def _autoscale_stop_status(heap, asc):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
+def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc, lora):
     """Process events until the heap drains, the horizon is passed, or the loop must stop
     (a Status: a buffer to grow, closed-loop outcomes that must become follow-ups first,
     ``inp.session[r]`` >= 0 marking a request of a closed-loop session, CLU-1.15; or an
     error, before the first event, for a code no kernel implements). ``pd`` is the P/D state
     (``kernels/cluster/pd.py``), None without P/D; ``asc`` the autoscaler's state
-    (``kernels/cluster/autoscale.py``), None for a fixed fleet. A None leaves that feature's code out
-    of the compile (a quick start compiles, and loads, neither)."""
+    (``kernels/cluster/autoscale.py``), None for a fixed fleet; ``lora`` the LoRA adapters' state
+    (``kernels/engine/lora.py``), None without active LoRA. A None leaves that feature's code out
+    of the compile (a quick start compiles, and loads, none of them)."""
     status = _config_status(cfg, rt, hooks, pd)
     if status != Status.OK:
         return status
@@ -424,9 +460,9 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
                 if asc is not None:
                     asc.var[asx.AsVar.PENDING_ARRIVALS] -= 1
             elif kind == Event.ADMISSION:
-                _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, t, x)
+                _on_admission(cfg, inp, rs, ins, kv, rt, heap, hooks, lora, t, x)
             elif kind == Event.ROUTING:
-                _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, x)
+                _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, lora, t, x)
             elif pd is not None and kind == Event.PREFILL_ROUTING:
                 pdk.on_prefill_routing(inp, rs, ins, kv, rt, heap, hooks, pd, t, x)
             elif pd is not None and kind == Event.KV_TRANSFER_START:
@@ -458,22 +494,26 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc):
                 return Status.LIVELOCK
         elif kind == Event.STEP:
             # the autoscaler samples every instance event: no step may go untaken
-            _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, i, t,
+            _on_step(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, lora, i,
                      asc is None)
             if heap.loop[LoopSlot.STOP_KIND] != Livelock.NONE:  # step.skip_idle_steps
+                if lora is not None and lora.blocked[i] == 1:  # the LORA-D1 stall
+                    heap.loop[LoopSlot.STOP_KIND] = Livelock.LORA_STALL
                 return Status.LIVELOCK
             if (asc is None and ins.batch_len[i] == 0 and ins.wq[i, QueueField.LEN] > 0
                     and check_cycle(cfg, rs, ins, kv, heap, i)):
                 return Status.LIVELOCK
         elif kind == Event.TIMEOUT:
-            _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, i, t, x)
+            _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, lora, i, t, x)
+        elif lora is not None and kind == Event.ADAPTER_LOAD:
+            _on_adapter_load(lora, ins, heap, i, t, x)
         # a request-left event only moves the instance's clock
         if asc is not None:
             asx.after_instance_event(asc, ins, i, t)
 
 
-PD_ARGUMENT, ASC_ARGUMENT = 11, 12
-"""The positions of ``pd`` and ``asc`` among :func:`run_events`' arguments."""
+PD_ARGUMENT, ASC_ARGUMENT, LORA_ARGUMENT = 11, 12, 13
+"""The positions of ``pd``, ``asc`` and ``lora`` among :func:`run_events`' arguments."""
 
 # ------------------------------------------------------------------ entry points
 
@@ -533,4 +573,4 @@ def _config_status(cfg, rt, hooks, pd):
     return Status.OK
 
 
-__all__ = ["ASC_ARGUMENT", "PD_ARGUMENT", "SEQ_LIMIT", "EventHeap", "push_cluster_arrivals", "run_events"]
+__all__ = ["ASC_ARGUMENT", "LORA_ARGUMENT", "PD_ARGUMENT", "SEQ_LIMIT", "EventHeap", "push_cluster_arrivals", "run_events"]

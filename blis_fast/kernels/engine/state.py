@@ -221,6 +221,7 @@ class RequestInputs(NamedTuple):
     deadline: np.ndarray  # int64 ticks (0 = none)
     id_rank: np.ndarray  # int64 rank of the request id in string order (scheduler ties)
     session: np.ndarray  # int32 closed-loop session blueprint of the request (-1 = none)
+    adapter: np.ndarray  # int32 LoRA adapter (index of RequestTable.adapter_names; -1 = none)
 
 
 class RequestArrays(NamedTuple):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from blis_fast.kernels.engine import lora as lk
 from blis_fast.kernels.engine.batch import Priority, Scheduler, form_batch, order_wait_queue
 from blis_fast.kernels.engine.latency import step_time
 from blis_fast.kernels.engine.latency_profiled import step_floor_us
@@ -115,9 +116,9 @@ def _check_floor(ins, i, params, g, work, d):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def _step_duration(cfg, ins, rs, kv, inp, i, work):
-    """The latency backend's step time over the requests granted tokens (DELTA-3), plus a
-    pending CPU->GPU transfer, at least 1 tick."""
+def _step_duration(cfg, ins, rs, kv, inp, i, work, lora):
+    """The latency backend's step time over the requests granted tokens (DELTA-3), times the
+    LoRA overhead factor (LORA-5.3), plus a pending CPU->GPU transfer, at least 1 tick."""
     g = 0
     for q in range(ins.batch_len[i]):
         r = ins.batch[i, q]
@@ -131,6 +132,8 @@ def _step_duration(cfg, ins, rs, kv, inp, i, work):
     d = step_time(cfg.inst[i, InstanceSlot.BACKEND], params, g, work.progress,
                   work.new_tokens, work.input_len, work.output_len)
     _check_floor(ins, i, params, g, work, d)
+    if lora is not None:
+        d = lk.with_overhead(lora, ins, rs, inp, i, cfg.inst[i, InstanceSlot.BACKEND], d)
     d += kvc.consume_pending_transfer(kv, i)
     return max(np.int64(1), d)
 
@@ -184,22 +187,30 @@ def _advance_progress(cfg, ins, rs, lg, inp, i, now, d, s, prev_step):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority):
+def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority, lora):
     """One engine iteration at ``now`` (ENG-2 with DELTA-2/3/4/5/6). Returns the duration, or
-    -1 when the step was a no-op (idle instance)."""
+    -1 when the step was a no-op (idle instance). With LoRA (``lora`` not None) the cold-load
+    trigger runs between the queue's reorder and batch formation (LORA-4.1), and each admitted
+    request touches and pins its adapter (LORA-3.2)."""
     if ins.batch_len[i] == 0 and ins.wq[i, QueueField.LEN] == 0:
         ins.cnt[i, InstanceCounter.STEP_PENDING] = 0
         return np.int64(-1)
     ins.cnt[i, InstanceCounter.STEPS] += 1
     order_wait_queue(cfg.ints, ins, rs, inp, i, now, work, key_fn, slo_priority)
+    if lora is not None:
+        lk.maybe_start_load(lora, ins, inp, rs, i, now)
     n_adm = form_batch(cfg.ints, cfg.inst[i, InstanceSlot.MAX_MODEL_LEN], ins, rs, kv, inp, i,
-                       work)
+                       work, lora)
     for k in range(n_adm):
         r = work.queue_a[k]
         rs.sched_delay[r] = now - inp.arrival[r]
         rs.has_sched[r] = 1
+        if lora is not None:
+            lk.on_admitted(lora, inp, rs, i, r)
+    if lora is not None:
+        lk.note_stall(lora, ins, i, now)
     s, prev_step = _open_log_entry(ins, lg, i, now)
-    d = _step_duration(cfg, ins, rs, kv, inp, i, work)
+    d = _step_duration(cfg, ins, rs, kv, inp, i, work, lora)
     lg.dur[s] = d
     ins.cnt[i, InstanceCounter.DONE_IN_STEP] = _advance_progress(
         cfg, ins, rs, lg, inp, i, now, d, s, prev_step)
