@@ -202,6 +202,9 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                           "--{flag} must be a finite value in [0, 1], got {value:f}"),)),
         OptionSpec("kv-transfer-bandwidth", "float", 100.0, "CPU->GPU transfer rate (tokens/tick)"),
         OptionSpec("kv-transfer-base-latency", "int", 0, "fixed ticks per reloaded block", _DELAY),
+        OptionSpec("kv-offload-config", "str", "",
+                   "YAML file with a top-level kv_offload: block: the August tier chain (CPU "
+                   "bytes, secondary fs tiers); excludes --kv-cpu-blocks", file="input"),
     ),
     *_in_group("Simulation",
         OptionSpec("seed", "int", 42, "random seed"),

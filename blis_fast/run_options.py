@@ -87,6 +87,9 @@ class RunOptions(RunOptionsMethods):
     """--kv-transfer-bandwidth: CPU->GPU transfer rate (tokens/tick)"""
     kv_transfer_base_latency: int = 0
     """--kv-transfer-base-latency: fixed ticks per reloaded block"""
+    kv_offload_config: str = ""
+    """--kv-offload-config: YAML file with a top-level kv_offload: block: the August tier chain
+    (CPU bytes, secondary fs tiers); excludes --kv-cpu-blocks"""
 
     # Simulation
 

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from blis_fast.config.autoscale import resolve_autoscale
-from blis_fast.config.defaults import load_defaults
+from blis_fast.config.defaults import DefaultsConfig, load_defaults
+from blis_fast.config.kv_offload import (
+    KVOffloadConfig,
+    check_buildable,
+    reconcile_replay,
+    resolve_flag,
+    with_block_bytes,
+)
 from blis_fast.config.latency import LatencyConfig, resolve_latency
 from blis_fast.config.lora import (
     LoRAConfig,
@@ -192,37 +199,78 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
                      pools=outputs.pools, command="replay" if replay else "run")
 
 
-def resolve_run_latency(opts: Any, lora: bool = False
-                        ) -> tuple[Any, LatencyConfig, LoRAConfig | None]:
+@dataclass(frozen=True)
+class _Offload:
+    """The ``--kv-offload-config`` file's configuration (None without the flag) and its
+    inert-key warning, as resolved before the latency backend (KVO-1.3)."""
+
+    config: KVOffloadConfig | None = None
+    warning: str | None = None
+
+
+def resolve_run_latency(opts: Any, lora: bool = False, replay: bool = False
+                        ) -> tuple[Any, LatencyConfig, LoRAConfig | None, _Offload]:
     """A run's first stage: the log level, the start checks, the model lower-cased, with
     ``lora`` the LoRA configuration (LORA-1.11: before the latency backend, whose KV
-    auto-calculation reserves its adapters' HBM) and the latency backend resolved. Returns the
-    options (model lower-cased), the backend and the LoRA configuration (None without
-    ``lora``); :func:`prepare` goes on from here, ``blis step-time`` (:func:`step_latency`)
-    stops here."""
+    auto-calculation reserves its adapters' HBM) and the ``--kv-offload-config`` file (KVO-1.3:
+    after LoRA, before the backend; ``replay`` states the clash with ``--kv-cpu-blocks``
+    once the trace header is read), and the latency backend resolved. Returns the options
+    (model lower-cased), the backend, the LoRA configuration (None without ``lora``) and the
+    offload file's configuration; :func:`prepare` goes on from here, ``blis step-time``
+    (:func:`step_latency`) stops here."""
     _setup_logging(opts)
     check_options(opts, "start")
     opts = replace(opts, model=opts.model.lower())
     lora_cfg = _resolve_lora(opts) if lora else None
-    return opts, resolve_latency(opts, lora_cfg), lora_cfg
+    offload = _resolve_offload_flag(opts, replay) if lora else _Offload()
+    return opts, resolve_latency(opts, lora_cfg), lora_cfg, offload
+
+
+def _run_defaults(opts: Any) -> DefaultsConfig | None:
+    """The run's defaults.yaml parsed (None when the file does not exist)."""
+    path = _defaults_file(opts)
+    if not os.path.exists(path):
+        return None
+    try:
+        return load_defaults(path)
+    except BlisInputError as exc:
+        raise BlisInputError(f"--defaults-filepath: {exc}") from None
 
 
 def _resolve_lora(opts: Any) -> LoRAConfig:
     """The run's LoRA configuration (file, defaults.yaml's block, flags; LORA-1.3)."""
-    path = _defaults_file(opts)
-    defaults = None
-    if os.path.exists(path):
-        try:
-            defaults = load_defaults(path).lora
-        except BlisInputError as exc:
-            raise BlisInputError(f"--defaults-filepath: {exc}") from None
-    return resolve_lora(opts, defaults)
+    defaults = _run_defaults(opts)
+    return resolve_lora(opts, None if defaults is None else defaults.lora)
+
+
+def _resolve_offload_flag(opts: Any, replay: bool) -> _Offload:
+    """The ``--kv-offload-config`` file resolved against defaults.yaml's device classes
+    (KVO-2); a run also refuses it beside ``--kv-cpu-blocks`` (KVO-1.3)."""
+    if not opts.kv_offload_config:
+        return _Offload()
+    defaults = _run_defaults(opts)
+    devices = {} if defaults is None else defaults.kv_offload_devices
+    cfg, warning = resolve_flag(opts.kv_offload_config, devices, opts.block_size_in_tokens)
+    if not replay and opts.kv_cpu_blocks > 0:
+        _fail("--kv-offload-config and --kv-cpu-blocks are mutually exclusive (distinct "
+              "KV-offload models); set only one")
+    return _Offload(cfg, warning)
+
+
+def _replay_offload(opts: Any, header: dict, flag: _Offload) -> _Offload:
+    """Replay's tier chain (KVO-11.2): the trace header's configuration, the flag's checked
+    against it, and the clash with ``--kv-cpu-blocks``."""
+    cfg = reconcile_replay(header.get("kv_offload"), header.get("mode", ""), flag.config)
+    if cfg is not None and opts.kv_cpu_blocks > 0:
+        _fail("--kv-cpu-blocks conflicts with the trace's kv_offload config (distinct "
+              "KV-offload models); set only one")
+    return _Offload(cfg, flag.warning)
 
 
 def step_latency(opts: Any) -> LatencyConfig:
     """The latency backend exactly as a run with ``opts`` resolves it, its warnings and
     informational messages logged as the run logs them (``blis step-time``)."""
-    _, latency, _ = resolve_run_latency(opts)
+    _, latency, _, _ = resolve_run_latency(opts)
     for msg in latency.warnings:
         log.warning(msg)
     for msg in latency.infos:
@@ -233,7 +281,7 @@ def step_latency(opts: Any) -> LatencyConfig:
 def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prepared:
     """Validate every option and build the run (no output is written here)."""
     given = opts
-    opts, latency, lora = resolve_run_latency(opts, lora=True)
+    opts, latency, lora, offload = resolve_run_latency(opts, lora=True, replay=replay)
     if opts.num_instances > MAX_INSTANCES:  # blis_fast's own limit: before any sizing
         _fail(f"--num-instances must be <= {MAX_INSTANCES} (the most instances an event key "
               f"can address), got {opts.num_instances}")
@@ -241,7 +289,8 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     outputs_reenter = False  # replayed inputs never repeat outputs (follow-ups: ``sessions``)
     adapter_refs: list[tuple[str, str, str, str]] = []  # LORA-1.8: spec clients, cohorts
     if replay:
-        table, horizon, sessions = _replay_workload(opts)
+        table, horizon, sessions, header = _replay_workload(opts)
+        offload = _replay_offload(opts, header, offload)
     else:
         table, horizon, sessions, outputs_reenter = _generate(opts, opts.horizon,
                                                               latency.total_kv_blocks,
@@ -278,6 +327,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         check_transfer_range(pd, pools.kv_blocks, table.n)
     pd = replace(pd, warnings=pd.warnings + tuple(config_warnings(opts, pd, latency.backend)))
     check_workload_adapters(lora, adapter_refs)  # LORA-1.8: after every other check
+    kv_offload = _offload_for_engine(offload.config, opts, latency, replay)
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(
@@ -285,6 +335,7 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         **(pools.engine_fields() if pd.on else {}),
         autoscale=autoscale if autoscale.active else None,
         lora=lora,
+        kv_offload=kv_offload,
         # the reference hashes every block output tokens fill; a later request can match one
         # only if its input repeats that output: rounds of an accumulating multi-turn client,
         # open loop (pre-generated) or closed loop (follow-ups built at completion)
@@ -298,6 +349,11 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         log.info(msg)
     for msg in autoscale.warnings:
         log.warning(msg)
+    if offload.warning is not None:
+        log.warning(offload.warning)
+    if kv_offload is not None:
+        log.warning("--kv-offload-config: the tier chain is not simulated yet (issue 32): this "
+                    "run simulates the GPU KV cache alone")
     no_capacity = no_capacity_warning(lora)
     if no_capacity is not None:
         log.warning(no_capacity)
@@ -419,11 +475,27 @@ def _check_hooks_used(hooks: Hooks, pol: Any, pd: Any) -> None:
             _fail(f"{name} was given but no policy calls it: choose it with {how}")
 
 
-def _replay_workload(opts: Any) -> tuple[RequestTable, int, SessionPlan | None]:
-    """The requests of a trace v2, the replay horizon (WL-9.6, WL-9.7) and, with
-    ``--session-mode closed-loop``, the sessions the engine continues (DELTA-65)."""
+def _offload_for_engine(cfg: KVOffloadConfig | None, opts: Any, latency: LatencyConfig,
+                        replay: bool) -> KVOffloadConfig | None:
+    """The tier chain as the engine builds it: ``per_block_bytes`` derived from the model
+    (KVO-3.1: the GPU block on ``run``; on ``replay`` kept from the trace header, else the
+    offload block, KVO-11.2), then the configurations the reference cannot build refused
+    (KVO-D3)."""
+    if cfg is None:
+        return None
+    if not replay or cfg.per_block_bytes == 0:
+        tokens = cfg.block_size if replay else opts.block_size_in_tokens
+        cfg = with_block_bytes(cfg, latency.model_config, latency.tp, tokens, latency.backend)
+    check_buildable(cfg)
+    return cfg
+
+
+def _replay_workload(opts: Any) -> tuple[RequestTable, int, SessionPlan | None, dict]:
+    """The requests of a trace v2, the replay horizon (WL-9.6, WL-9.7), with
+    ``--session-mode closed-loop`` the sessions the engine continues (DELTA-65), and the
+    trace header."""
     check_options(opts, "replay-inputs")
-    load_trace_header(opts.trace_header)
+    header = load_trace_header(opts.trace_header)
     records = load_trace_records(opts.trace_data)
     check_options(opts, "replay")
     mode = opts.session_mode
@@ -464,7 +536,7 @@ def _replay_workload(opts: Any) -> tuple[RequestTable, int, SessionPlan | None]:
                     "requests injected with fixed timing")
     elif replayed.sessions:
         sessions = SessionPlan(replayed.sessions)
-    return table, horizon, sessions
+    return table, horizon, sessions, header
 
 
 def _resolve_policies(opts: Any, hooks: Hooks, lora: LoRAConfig | None = None) -> Policies:

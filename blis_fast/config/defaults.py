@@ -12,6 +12,8 @@ Known layout::
     version:    string
     lora:       {load_base_latency_us, load_bandwidth_bytes_us, footprint_bytes_per_rank,
                  step_overhead_tiers: {rank: {k6, k7}}} (LoRA cost defaults, LORA-1.4)
+    kv_offload_devices: {class: {read_bandwidth, write_bandwidth, base_latency, ...}} (device
+                 classes of --kv-offload-config secondary tiers, KVO-2.4)
 
 ``total_kv_blocks`` is not a key of ``models:`` entries any more (DELTA-23) and is rejected.
 """
@@ -25,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from blis_fast.config.kv_offload import KVOffloadDevice, decode_kv_offload_devices
 from blis_fast.config.lora import LoRADefaults, decode_lora_defaults
 from blis_fast.config.strict_yaml import (
     YamlContext,
@@ -134,6 +137,8 @@ class DefaultsConfig:
     coefficients: dict[str, CoefficientSet] = field(default_factory=dict)  # by section name
     version: str = ""
     lora: LoRADefaults | None = None  # the ``lora:`` block (LORA-1.4); None when absent
+    # ``kv_offload_devices:`` (KVO-2.4): device class -> figures; empty when absent
+    kv_offload_devices: dict[str, KVOffloadDevice] = field(default_factory=dict)
 
 
 _DEFAULT_FIELDS = {
@@ -214,6 +219,7 @@ _FIXED_FIELDS: dict[str, Callable[[YamlContext, yaml.Node, str], Any]] = {
     "version": as_str,
     "workloads": _decode_workloads,
     "lora": decode_lora_defaults,
+    "kv_offload_devices": decode_kv_offload_devices,
 }
 
 
@@ -238,7 +244,7 @@ def load_defaults(path: str | os.PathLike[str]) -> DefaultsConfig:
     return cfg
 
 
-_DECODER_SOURCES = ("strict_yaml.py", os.path.join(os.pardir, "gonum.py"))
+_DECODER_SOURCES = ("strict_yaml.py", "kv_offload.py", os.path.join(os.pardir, "gonum.py"))
 """Beside this module, the code that decides what a defaults file parses to (the strict YAML
 toolkit, Go's number parsers): the stored parse (``blis_fast.stored``, 70 ms of a warm quick
 start saved) is keyed by them, this module (its coefficient sections included) and the file's
@@ -258,6 +264,7 @@ def _parse(text: str, p: str) -> DefaultsConfig:
         coefficients={s: top[s] for s in COEFFICIENT_SECTIONS if top.get(s) is not None},
         version=top.get("version", ""),
         lora=top.get("lora"),
+        kv_offload_devices=top.get("kv_offload_devices", {}),
     )
 
 

@@ -23,6 +23,7 @@ from blis_fast.policies.scorers import DEFAULT_PROFILE
 
 if TYPE_CHECKING:
     from blis_fast.config.autoscale import AutoscaleSetup
+    from blis_fast.config.kv_offload import KVOffloadConfig
     from blis_fast.config.latency import LatencyConfig
     from blis_fast.config.lora import LoRAConfig
     from blis_fast.config.policy_bundle import Policies
@@ -58,6 +59,9 @@ class EngineConfig:
     instance_latency_class: tuple[int, ...] | None = None
     autoscale: AutoscaleSetup | None = None  # autoscaler / node pools; None: a fixed fleet
     lora: LoRAConfig | None = None  # LoRA adapters (None or inert: no LoRA, LORA-0.2)
+    # the August KV-offload tier chain (--kv-offload-config or a replayed trace header, KVO-1.2;
+    # per_block_bytes derived); None: no chain
+    kv_offload: KVOffloadConfig | None = None
 
     @property
     def pd_on(self) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from blis_fast.config.kv_offload import header_text as kv_offload_header
 from blis_fast.engine.results import SimulationResult
 from blis_fast.errors import BlisConfigError
 from blis_fast.files import OutputPlan
@@ -224,12 +225,14 @@ def write_outputs(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTa
 
 def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
            res: SimulationResult, outputs: RunOutputs) -> None:
+    offload = kv_offload_header(res.config.kv_offload)  # KVO-11.1: "" without the chain
     if opts.trace_output and replay:
         # a replay exports the requests it injected, in injection order (DELTA-64/65)
         files = trace_v2_files(opts.trace_output, injected, trace_outcome(res, injected.n),
-                               replayed=True)
+                               replayed=True, kv_offload=offload)
     elif opts.trace_output:
-        files = trace_v2_files(opts.trace_output, res.table, trace_outcome(res))
+        files = trace_v2_files(opts.trace_output, res.table, trace_outcome(res),
+                               kv_offload=offload)
     else:
         files = []
     for path, text in files:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from blis_fast.config.kv_offload import decode_header_block
 from blis_fast.config.strict_yaml import (
     as_float,
     as_int,
@@ -44,6 +45,7 @@ _HEADER = {
     "warm_up_requests": as_int, "workload_spec": as_str, "workload_seed": as_int,
     "server": lambda ctx, n, w: decode_struct(ctx, n, w, _SERVER),
     "network": lambda ctx, n, w: decode_struct(ctx, n, w, {"measured_rtt_ms": as_float}),
+    "kv_offload": decode_header_block,  # the tier chain's resolved config (KVO-11.1)
 }
 
 

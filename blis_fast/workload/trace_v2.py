@@ -221,13 +221,14 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome,
     return header + "\n".join(rows) + "\n"
 
 
-def build_trace_header(seed: int | None, mode: str = "generated") -> str:
+def build_trace_header(seed: int | None, mode: str = "generated", kv_offload: str = "") -> str:
     """The trace v2 YAML header of a run export (WL-9.5, DELTA-61), or of a replay export
-    (``mode="replayed"``, no seed; DELTA-64)."""
+    (``mode="replayed"``, no seed; DELTA-64); ``kv_offload`` is the ``kv_offload:`` key's text
+    of a run with the tier chain (``config.kv_offload.header_text``, KVO-11.1)."""
     text = f"trace_version: 2\ntime_unit: microseconds\nmode: {mode}\nwarm_up_requests: 0\n"
     if seed is not None:
         text += f"workload_seed: {int(seed)}\n"
-    return text
+    return text + kv_offload
 
 
 def export_trace_v2(prefix: str | Path, table: RequestTable, outcome: TraceOutcome,
@@ -240,10 +241,11 @@ def export_trace_v2(prefix: str | Path, table: RequestTable, outcome: TraceOutco
 
 
 def trace_v2_files(prefix: str | Path, table: RequestTable, outcome: TraceOutcome,
-                   replayed: bool = False) -> list[tuple[str, str]]:
-    """``(path, text)`` of the two files of ``--trace-output <prefix>`` (header, then data)."""
+                   replayed: bool = False, kv_offload: str = "") -> list[tuple[str, str]]:
+    """``(path, text)`` of the two files of ``--trace-output <prefix>`` (header, then data);
+    ``kv_offload`` as :func:`build_trace_header` takes it."""
     base = str(prefix)
     header = build_trace_header(None if replayed else table.seed,
-                                "replayed" if replayed else "generated")
+                                "replayed" if replayed else "generated", kv_offload)
     data = build_trace_csv(table, outcome, sort_by_arrival=not replayed)
     return [(base + ".yaml", header), (base + ".csv", data)]
