@@ -344,6 +344,30 @@ def test_instance_ports_parsing():
             parse_instance_ports(text, 2)
 
 
+class _FailingSimulation(StandInSimulation):
+    """The stand-in, whose clock fails once a request has had two tokens."""
+
+    def advance(self, until_us: int):
+        if any(r.emitted >= 2 for r in self.submitted):
+            raise RuntimeError("the kernel reported an internal failure")
+        return super().advance(until_us)
+
+
+def test_a_failing_simulation_ends_the_streams_and_the_server():
+    sim = _FailingSimulation(1, prefill_us=10_000, itl_us=10_000)
+    srv = start_in_thread(sim, ServeConfig(model=MODEL, speed=SPEED))
+    base = f"http://127.0.0.1:{srv.port}"
+    status, raw = _post(base, "/v1/completions", {"model": MODEL, "prompt": "a",
+                                                  "max_tokens": 50, "stream": True})
+    srv.thread.join(10)
+    srv.stop()
+    events = _events(raw)
+    assert status == 200 and events[-1] == "[DONE]"
+    assert events[-2]["choices"][0]["finish_reason"] == "abort"
+    assert "internal failure" in str(srv.server.failure)
+    assert not srv.thread.is_alive()
+
+
 SERVER_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})

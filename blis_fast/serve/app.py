@@ -173,6 +173,8 @@ class LiveServer:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self.closing = False
+        self.failure: BaseException | None = None  # what stopped the time loop, if anything
+        self.failed: asyncio.Event | None = None
         self.served = 0  # requests that ended with their last token
         self._enc_cache: dict[str, bytes] = {}
 
@@ -194,9 +196,21 @@ class LiveServer:
         """Start the time loop on the running event loop (the simulated clock reads 0 now)."""
         self._start = time.monotonic()
         self._wake = asyncio.Event()
+        self.failed = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the simulation failed: end every stream, stop the server
+            self.failure = exc
+            await self.shutdown(from_loop=True)
+            if self.failed is not None:
+                self.failed.set()
+
+    async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._wake is not None
         while True:
@@ -655,7 +669,7 @@ class LiveServer:
 
         return write
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, from_loop: bool = False) -> None:
         """Stop taking requests and end every stream in flight cleanly (a last chunk with
         finish_reason ``abort``, then ``[DONE]``; a non-streamed request gets a 503)."""
         self.closing = True
@@ -668,7 +682,7 @@ class LiveServer:
             st.status = "shutdown" if st.first_us is None else ABORTED
             st.queue.put_nowait(_Ended(st.handle, st.status))
         await asyncio.sleep(0)
-        if self._task is not None:
+        if self._task is not None and not from_loop:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -701,7 +715,8 @@ class RunningServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """End the streams in flight cleanly, close the ports, join the thread."""
-        self.loop.call_soon_threadsafe(self._stop.set)
+        with contextlib.suppress(RuntimeError):  # the loop already ended (a failure)
+            self.loop.call_soon_threadsafe(self._stop.set)
         self.thread.join(timeout)
 
 
@@ -727,7 +742,11 @@ async def serve_forever(server: LiveServer, host: str, port: int,
             bound.append(sockets[0].getsockname()[1] if sockets else p)
         if on_listening is not None:
             on_listening(bound)
-        await stop.wait()
+        assert server.failed is not None
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(server.failed.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
     finally:
         await server.shutdown()
         for runner in runners:

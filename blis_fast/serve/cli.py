@@ -17,7 +17,7 @@ import click
 from click.core import ParameterSource
 
 from blis_fast.cli_options import GroupedHelpCommand, add_run_options
-from blis_fast.errors import BlisConfigError
+from blis_fast.errors import BlisConfigError, BlisRuntimeError
 from blis_fast.files import OutputPlan
 from blis_fast.options import REPLAY_ONLY_FLAGS, WORKLOAD_FLAGS, build_options
 
@@ -119,6 +119,8 @@ def run_serve(sim: Any, config: Any, host: str, port: int, instance_ports: list[
                                   f"{exc.strerror or exc}") from None
 
     asyncio.run(main())
+    if server.failure is not None:
+        raise BlisRuntimeError(f"blis serve: the simulation failed: {server.failure}")
     written = write_served_trace(sim, trace_output) if trace_output else []
     tail = f"; trace written to {' + '.join(written)}" if written else ""
     sys.stderr.write(f"blis serve: stopped after {server.served} completed request(s){tail}\n")
