@@ -453,10 +453,10 @@ LORA_INVALID_KINDS = ("capacity-zero-file", "capacity-zero-flag", "unknown-adapt
 
 
 def _lora_registry(rng: random.Random, model: str) -> list[dict[str, Any]]:
-    """1-6 adapters with ranks 8..64 (the usual powers of two or any integer), some with a
+    """1-8 adapters with ranks 8..64 (the usual powers of two or any integer), some with a
     ``base_model`` (the run's model: LORA-1.8 compares it with the client's ``model:``)."""
     adapters = []
-    for i in range(rng.randint(1, 6)):
+    for i in range(rng.choice((1, 2, 3, 4, 5, 6, 8))):
         rank = rng.choice(LORA_RANKS) if rng.random() < 0.7 else rng.randint(8, 64)
         adapter: dict[str, Any] = {"id": f"ad{i}", "rank": rank}
         if rng.random() < 0.2:
@@ -522,7 +522,7 @@ def _lora_workload(rng: random.Random, adapters: list[dict[str, Any]], model: st
         groups = [f"group-{g}" for g in range(rng.randint(0, 2))]
         multi_turn = rng.random() < 0.25
         spec["clients"] = [_client(rng, i, multi_turn and rng.random() < 0.7, groups)
-                           for i in range(rng.randint(1, 4))]
+                           for i in range(rng.choice((1, 2, 3, 3, 4, 5, 6)))]
         for client in spec["clients"]:
             client.pop("closed_loop", None)
             if "reasoning" not in client:
@@ -539,9 +539,10 @@ def _lora_workload(rng: random.Random, adapters: list[dict[str, Any]], model: st
         if rng.random() < 0.15:
             spec["horizon"] = rng.randint(5_000_000, 30_000_000)
     entries = spec["clients"] + spec.get("cohorts", [])
+    order = rng.sample(ids, len(ids))  # mostly distinct adapters per entry: churn
     for n, entry in enumerate(entries):
         if n == 0 or rng.random() < 0.7:
-            entry["adapter"] = rng.choice(ids)
+            entry["adapter"] = order[n % len(order)] if rng.random() < 0.8 else rng.choice(ids)
             if entry["adapter"] in with_base or rng.random() < 0.1:
                 entry["model"] = model
     every = rng.random() < 0.5
@@ -650,7 +651,7 @@ def lora_config(rng: random.Random, config_id: str, max_requests: int = 200,
     scheduler = rng.choice(AUGUST_SCHEDULERS) if rng.random() < 0.4 else "fcfs"
     if scheduler != "fcfs" or rng.random() < 0.2:
         _flag(args, "scheduler", scheduler)
-    blocks = rng.choice((300, 1000, 5000, 20_000)) if rng.random() < 0.2 else 0
+    blocks = rng.choice((200, 400, 1000, 5000, 20_000)) if rng.random() < 0.25 else 0
     if blocks:
         _flag(args, "total-kv-blocks", blocks)
     if scheduler == "sjf" and blocks:
@@ -664,7 +665,7 @@ def lora_config(rng: random.Random, config_id: str, max_requests: int = 200,
         _flag(args, "max-num-running-reqs", rng.choice((4, 16)))
 
     adapters = _lora_registry(rng, model)
-    capacity = None if rng.random() < 0.1 else rng.randint(1, 4)
+    capacity = None if rng.random() < 0.1 else rng.choice((1, 1, 2, 2, 3, 4))
     lora = _lora_file(rng, adapters, capacity)
     _lora_flags(rng, args)
     spec = _lora_workload(rng, adapters, model, max_requests)
