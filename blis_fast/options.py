@@ -43,6 +43,8 @@ TRACE_LEVELS = ("none", "decisions")
 """``--trace-level`` values (an empty value means ``none`` too)."""
 SESSION_MODES = ("fixed", "closed-loop")
 """``--session-mode`` values of ``blis replay``."""
+KV_CPU_RELOAD = ("on-failure", "always")
+"""``--kv-cpu-reload`` values: when the ``--kv-cpu-blocks`` tier is consulted (KVO-9.1)."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,13 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                           "--{flag} must be a finite value in [0, 1], got {value:f}"),)),
         OptionSpec("kv-transfer-bandwidth", "float", 100.0, "CPU->GPU transfer rate (tokens/tick)"),
         OptionSpec("kv-transfer-base-latency", "int", 0, "fixed ticks per reloaded block", _DELAY),
+        OptionSpec("kv-cpu-reload", "str", "on-failure",
+                   "when the --kv-cpu-blocks tier is read back: on-failure (April: after a "
+                   "failed GPU allocation) or always (August #1586: before every allocation)",
+                   (Check(lambda v: v in KV_CPU_RELOAD,
+                          lambda flag, v: f"--{flag} must be one of "
+                                          f"{', '.join(KV_CPU_RELOAD)}, got {v!r}"),),
+                   values=KV_CPU_RELOAD),
         OptionSpec("kv-offload-config", "str", "",
                    "YAML file with a top-level kv_offload: block: the August tier chain (CPU "
                    "bytes, secondary fs tiers); excludes --kv-cpu-blocks", file="input"),
@@ -377,7 +386,7 @@ CHECK_ORDER: dict[str, tuple[str, ...]] = {
     "engine": ("num-instances", "max-num-running-reqs", "max-num-scheduled-tokens",
                "long-prefill-token-threshold", "horizon"),
     "tracing": ("trace-level", "counterfactual-k"),
-    "kv-tier": ("kv-cpu-blocks", "kv-offload-threshold"),
+    "kv-tier": ("kv-cpu-blocks", "kv-offload-threshold", "kv-cpu-reload"),
     "delays": ("kv-transfer-base-latency", "snapshot-refresh-interval", "cache-signal-delay",
                "admission-latency", "routing-latency"),
     "pd": ("prefill-instances", "decode-instances", "prefill-decode-instances"),

@@ -87,6 +87,9 @@ class RunOptions(RunOptionsMethods):
     """--kv-transfer-bandwidth: CPU->GPU transfer rate (tokens/tick)"""
     kv_transfer_base_latency: int = 0
     """--kv-transfer-base-latency: fixed ticks per reloaded block"""
+    kv_cpu_reload: str = "on-failure"
+    """--kv-cpu-reload: when the --kv-cpu-blocks tier is read back: on-failure (April: after a
+    failed GPU allocation) or always (August #1586: before every allocation)"""
     kv_offload_config: str = ""
     """--kv-offload-config: YAML file with a top-level kv_offload: block: the August tier chain
     (CPU bytes, secondary fs tiers); excludes --kv-cpu-blocks"""

@@ -317,6 +317,9 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     if opts.kv_offload_threshold != 0 and opts.kv_cpu_blocks > 0:
         log.warning("KVOffloadThreshold is deprecated and ignored; the CPU tier is populated "
                     "by mirroring")
+    if opts.kv_cpu_reload == "always" and opts.kv_cpu_blocks <= 0:
+        log.warning(f"--kv-cpu-reload {opts.kv_cpu_reload} has no effect without --kv-cpu-blocks "
+                    "(the --kv-offload-config chain consults its tiers on every allocation)")
     check_construction(opts, pd)
     if pd.on:
         if sessions is not None and sessions.blueprints:

@@ -217,7 +217,8 @@ def kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: Capacity):
                         chunk_dig, inp.input_len, inp.output_len, opts.kv_cpu_blocks,
                         reload_ticks, cfg.hash_decode_blocks,
                         log_changes=_delayed_cache_signal(cfg), pool_extra=room.pool,
-                        chunk_capacity=chunk_dig.shape[0])
+                        chunk_capacity=chunk_dig.shape[0],
+                        reload_first=opts.kv_cpu_reload == "always")
 
 
 def with_prefill_rows(table):

@@ -96,15 +96,18 @@ def mirror_to_cpu(kv, i, batch_reqs, n):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def reload_prefix(kv, i, r, input_len):
+def reload_prefix(kv, i, r, input_len, first, prev):
+    """reloadPrefixFromCPU (ENG-5.10; KVO-9.1): from input block ``first``, whose predecessor's
+    hash is ``prev`` (0 at block 0), put each block the GPU lacks and the CPU tier holds into a
+    free GPU block (hashed, unreferenced, at the free-list tail), charging its transfer to the
+    next step; stops at the first block neither tier holds. True when any block came back."""
     bs = kv.cfg[KVConfig.BLOCK_SIZE]
     n = input_len // bs
     max_reloads = kv.meta[i, KVMeta.FREE]
     base = kv.chunk_off[r]
-    prev = np.uint64(0)
     reloaded = False
     count = 0
-    for k in range(n):
+    for k in range(first, n):
         h = chain_hash(prev, kv.chunk_dig[base + k])
         if table_get(kv.ht, i, h) >= 0:
             prev = h

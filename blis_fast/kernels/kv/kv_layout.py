@@ -127,6 +127,7 @@ class KVConfigT(NamedTuple):
     RELOAD_TICKS: int = 4  # ticks per reloaded block (base latency + transfer)
     HASH_DECODE: int = 5  # register blocks filled by output tokens
     LOG_CHANGES: int = 6  # log prefix-table changes for the router's delayed copy
+    RELOAD_FIRST: int = 7  # tiered: consult the CPU tier before every GPU allocation (KVO-9.1)
 
 
 KVConfig = KVConfigT()
@@ -173,6 +174,7 @@ def new_kv_state(
     log_changes: bool = False,
     pool_extra: int = 0,
     chunk_capacity: int | None = None,
+    reload_first: bool = False,
 ) -> KVState:
     """Allocate an empty cache for every instance, sized from the workload.
 
@@ -190,6 +192,10 @@ def new_kv_state(
     Closed-loop runs add requests while the simulation runs: ``pool_extra`` block-list slots
     are reserved beyond the listed requests' slices and the hash tables are sized for
     ``chunk_capacity`` chunk digests in all (default: those of ``chunk_offsets``).
+
+    ``reload_first`` selects the August reference's CPU-tier rule (KVO-9.1, #1586: the tier is
+    consulted before every GPU allocation) over April's (only after a failed one); it matters
+    only with a CPU tier.
     """
     per_instance = np.broadcast_to(np.asarray(total_blocks, dtype=np.int64), (n_instances,))
     n_req = len(input_len)
@@ -228,7 +234,8 @@ def new_kv_state(
     cpu_free = np.empty((n_instances, cpu_cap), dtype=np.int32)
     cpu_free[:] = np.arange(cpu_cap - 1, -1, -1, dtype=np.int32)
     cfg = np.array([block_size, total_blocks, 1 if tiered else 0, cpu_cap, reload_ticks,
-                    1 if (tiered or hash_decode_blocks) else 0, 1 if log_changes else 0],
+                    1 if (tiered or hash_decode_blocks) else 0, 1 if log_changes else 0,
+                    1 if (tiered and reload_first) else 0],
                    dtype=np.int64)
     return KVState(
         blk=blk,

@@ -155,37 +155,76 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scratch):
-    """AllocateKVBlocks for either store (single tier, or GPU+CPU with reload, ENG-5.10)."""
+    """AllocateKVBlocks for either store (single tier, or GPU+CPU with reload, ENG-5.10).
+
+    The CPU tier is read back after a failed GPU allocation (April), or before every one when
+    ``KVConfig.RELOAD_FIRST`` is set (August, KVO-9.1)."""
+    if kv.cfg[KVConfig.RELOAD_FIRST] == 1:
+        return _allocate_reload_first(kv, i, r, start, end, in_prefill, input_len, cached,
+                                      n_cached, scratch)
     if _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
         return True
     if kv.cfg[KVConfig.TIERED] == 0:
         return False
-    if reload_prefix(kv, i, r, input_len):
-        bs = kv.cfg[KVConfig.BLOCK_SIZE]
-        n_new = cached_blocks(kv, i, r, input_len, scratch)
-        new_start = n_new * bs
-        if new_start > start:
-            has_entry = kv.req[r, BlockList.COUNT] > 0
-            if new_start >= end:
-                end_block = min((end + bs - 1) // bs, n_new)
-                if has_entry:
-                    start_block = (start + bs - 1) // bs
-                    if start_block < end_block:
-                        commit_cached(kv, i, r, scratch, start_block, end_block)
-                else:
-                    commit_cached(kv, i, r, scratch, np.int64(0), end_block)
-                return True
-            new_start_block = new_start // bs
-            if has_entry:
-                start_block = (start + bs - 1) // bs
-                if start_block < new_start_block:
-                    commit_cached(kv, i, r, scratch, start_block, new_start_block)
-            else:
-                commit_cached(kv, i, r, scratch, np.int64(0), new_start_block)
-            return _gpu_allocate(kv, i, r, new_start, end, in_prefill, scratch, n_new)
-        return _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached)
+    if reload_prefix(kv, i, r, input_len, np.int64(0), np.uint64(0)):
+        return _allocate_after_reload(kv, i, r, start, end, in_prefill, input_len, cached,
+                                      n_cached, scratch)
     kv.cpu_meta[i, CpuMeta.MISSES] += 1
     return False
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _allocate_reload_first(kv, i, r, start, end, in_prefill, input_len, cached, n_cached,
+                           scratch):
+    """The August tier (#1586, KVO-9.1): reload the CPU-resident continuation of the prefix
+    first, scanning from past the GPU-cached prefix (or past the blocks a running request
+    owns), then allocate as after an April reload; with nothing reloaded, allocate on GPU and
+    count a CPU miss only if that fails."""
+    first = n_cached
+    prev = np.uint64(0)
+    if n_cached > 0:
+        prev = get_block_hash(kv, i, cached[n_cached - 1])
+    owned = kv.req[r, BlockList.COUNT]
+    if owned > first:
+        first = owned
+        prev = get_block_hash(kv, i, kv.pool[kv.req[r, BlockList.OFFSET] + owned - 1])
+    if reload_prefix(kv, i, r, input_len, first, prev):
+        return _allocate_after_reload(kv, i, r, start, end, in_prefill, input_len, cached,
+                                      n_cached, scratch)
+    if _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
+        return True
+    kv.cpu_meta[i, CpuMeta.MISSES] += 1
+    return False
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _allocate_after_reload(kv, i, r, start, end, in_prefill, input_len, cached, n_cached,
+                           scratch):
+    """The allocation after blocks came back from the CPU tier (ENG-5.10): commit the newly
+    cached prefix (a running request only past what it holds) and allocate the rest."""
+    bs = kv.cfg[KVConfig.BLOCK_SIZE]
+    n_new = cached_blocks(kv, i, r, input_len, scratch)
+    new_start = n_new * bs
+    if new_start > start:
+        has_entry = kv.req[r, BlockList.COUNT] > 0
+        if new_start >= end:
+            end_block = min((end + bs - 1) // bs, n_new)
+            if has_entry:
+                start_block = (start + bs - 1) // bs
+                if start_block < end_block:
+                    commit_cached(kv, i, r, scratch, start_block, end_block)
+            else:
+                commit_cached(kv, i, r, scratch, np.int64(0), end_block)
+            return True
+        new_start_block = new_start // bs
+        if has_entry:
+            start_block = (start + bs - 1) // bs
+            if start_block < new_start_block:
+                commit_cached(kv, i, r, scratch, start_block, new_start_block)
+        else:
+            commit_cached(kv, i, r, scratch, np.int64(0), new_start_block)
+        return _gpu_allocate(kv, i, r, new_start, end, in_prefill, scratch, n_new)
+    return _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached)
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
