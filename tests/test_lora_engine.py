@@ -276,3 +276,31 @@ def test_endless_stall_is_one_clear_error(tmp_path):
     message = str(err.value)
     assert message.startswith("--lora-adapter-capacity: the run can never finish")
     assert "\n" not in message
+
+
+# ------------------------------------------------------------------ outputs
+
+
+def test_metrics_file_and_parquet_carry_the_adapters(tmp_path):
+    """LORA-8.1/8.4: in the metrics file the adapters block follows requests, each request has
+    its adapter after model (none for the base model); adapters.parquet holds the blocks as
+    rows and requests.parquet an adapter column (null for the base model)."""
+    import pyarrow.parquet as pq
+
+    rows = [(k * 4000, 80, 6, 0, ["a0", "a1", ""][k % 3]) for k in range(9)]
+    header, data = _write_trace(tmp_path, rows)
+    lora = _lora_file(tmp_path, 1, {"a0": 8, "a1": 16})
+    out_dir = tmp_path / "out"
+    run = _replay(header, data, lora_config=lora, metrics_path=str(tmp_path / "m.json"),
+                  output_dir=str(out_dir), num_instances=2)
+    text = (tmp_path / "m.json").read_text()
+    assert text.index('"requests": [') < text.rindex('"e2e_ms"') < text.index('"adapters": {')
+    assert text.count('"adapter": "a0"') == 3 and text.count('"adapter": "a1"') == 3
+    table = pq.read_table(out_dir / "adapters.parquet").to_pylist()
+    blocks = {(m["instance_id"], a): f for m in [*run.per_instance, run.summary]
+              for a, f in m.get("adapters", {}).items()}
+    assert {(r["instance_id"], r["adapter"]): {k: r[k] for k in r if k not in (
+        "instance_id", "adapter")} for r in table} == blocks
+    assert ("cluster", "a0") in blocks and blocks[("cluster", "a0")]["load_count"] >= 1
+    requests = pq.read_table(out_dir / "requests.parquet").to_pydict()
+    assert sorted(requests["adapter"], key=str) == sorted(["a0", "a1", None] * 3, key=str)
