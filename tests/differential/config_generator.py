@@ -651,7 +651,10 @@ def lora_config(rng: random.Random, config_id: str, max_requests: int = 200,
     scheduler = rng.choice(AUGUST_SCHEDULERS) if rng.random() < 0.4 else "fcfs"
     if scheduler != "fcfs" or rng.random() < 0.2:
         _flag(args, "scheduler", scheduler)
-    blocks = rng.choice((200, 400, 1000, 5000, 20_000)) if rng.random() < 0.25 else 0
+    if scheduler == "sjf" and rng.random() < 0.5:  # preemption under SJF: LORA-D1 can show
+        blocks = rng.choice((200, 400))
+    else:
+        blocks = rng.choice((200, 400, 1000, 5000, 20_000)) if rng.random() < 0.25 else 0
     if blocks:
         _flag(args, "total-kv-blocks", blocks)
     if scheduler == "sjf" and blocks:
