@@ -304,3 +304,21 @@ def test_metrics_file_and_parquet_carry_the_adapters(tmp_path):
     assert ("cluster", "a0") in blocks and blocks[("cluster", "a0")]["load_count"] >= 1
     requests = pq.read_table(out_dir / "requests.parquet").to_pydict()
     assert sorted(requests["adapter"], key=str) == sorted(["a0", "a1", None] * 3, key=str)
+
+
+def test_pd_disaggregated_requests_bypass_lora(tmp_path):
+    """LORA-2.4/D13: disaggregated sub-requests carry no adapter (no load anywhere, no
+    per-instance block), yet the cluster block lists their adapter with zero loads; requests
+    the decider keeps local load their adapter as usual."""
+    rows = [(k * 4000, 80, 6, 0, ["a0", "a1"][k % 2]) for k in range(8)]
+    header, data = _write_trace(tmp_path, rows)
+    lora = _lora_file(tmp_path, 1, {"a0": 8, "a1": 16})
+    pd = dict(num_instances=4, prefill_instances=2, decode_instances=2, lora_config=lora)
+    split = _replay(header, data, pd_decider="always", **pd)
+    assert split.simulation.adapter_loads.sum() == 0
+    assert all("adapters" not in m for m in split.per_instance)
+    block = split.summary["adapters"]
+    assert sorted(block) == ["a0", "a1"] and block["a0"]["load_count"] == 0
+    assert block["a0"]["ttft_p50_us"] > 0
+    local = _replay(header, data, pd_decider="never", **pd)
+    assert local.summary["adapters"]["a0"]["load_count"] >= 1

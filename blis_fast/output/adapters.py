@@ -16,7 +16,7 @@ import numpy as np
 from blis_fast.output.stats import percentile_ms, sorted_values
 
 __all__ = ["AdapterFigures", "adapter_figures", "adapter_ids", "adapter_rows", "adapters_block",
-           "adapters_table", "merge_adapter_figures"]
+           "adapters_table", "merge_adapter_figures", "projected_adapter_figures"]
 
 
 def adapter_ids(table, rows: np.ndarray) -> np.ndarray | None:
@@ -55,13 +55,17 @@ def adapter_figures(res, i: int | None = None) -> AdapterFigures | None:
         return None
     names = table.adapter_names
     n = res.state.shape[0]
-    idx = np.asarray(table.adapter_idx[:n], np.int64)
+    idx = np.full(n, -1, np.int64)  # P/D: prefill sub-request rows (after the table's) have none
+    idx[: min(n, table.n)] = table.adapter_idx[:n]
     done = (res.e2e_us > 0) & (idx >= 0)  # completed: an E2E entry > 0 (LORA-8.2)
+    if res.pd is not None:  # a decode sub-request carries no adapter (LORA-2.4)
+        done &= res.pd.decode_sub == 0
     if i is not None:
         done &= res.instance == i
     ttft: dict[str, np.ndarray] = {}
     tokens: dict[str, int] = {}
-    out_len = np.asarray(table.output_len[:n], np.int64)
+    out_len = np.zeros(n, np.int64)
+    out_len[: min(n, table.n)] = table.output_len[:n]
     for a in np.unique(idx[done]).tolist():
         mine = done & (idx == a)
         ttft[names[a]] = res.ttft_us[mine].astype(np.float64)
@@ -132,3 +136,27 @@ def adapters_table(rows: list[dict]):
     from blis_fast.output.schemas import load_schema  # lazy: pyarrow
 
     return pa.Table.from_pylist(rows, schema=load_schema("adapters"))
+
+
+def projected_adapter_figures(res, rows: np.ndarray, ttft_us: np.ndarray, e2e_us: np.ndarray,
+                              counts: AdapterFigures | None) -> AdapterFigures | None:
+    """A P/D run's cluster figures (LORA-8.3, LORA-D13): the instances' load and eviction
+    counts (``counts``), the TTFTs and tokens of the projected records (``rows`` of the
+    workload: local requests and disaggregated parents, which keep their adapter; a missing
+    TTFT counts 0, as the reference's map lookup gives)."""
+    table = res.table
+    if table.adapter_idx is None or not table.adapter_names:
+        return counts
+    idx = np.asarray(table.adapter_idx, np.int64)[rows]
+    e2e = np.nan_to_num(np.asarray(e2e_us, np.float64), nan=0.0)
+    ttft = np.nan_to_num(np.asarray(ttft_us, np.float64), nan=0.0)
+    out_len = np.asarray(table.output_len, np.int64)[rows]
+    done = (e2e > 0) & (idx >= 0)
+    out = AdapterFigures(dict(counts.loads) if counts else {},
+                         dict(counts.evictions) if counts else {}, {}, {})
+    for a in np.unique(idx[done]).tolist():
+        mine = done & (idx == a)
+        name = table.adapter_names[a]
+        out.ttft_us[name] = ttft[mine]
+        out.tokens[name] = int(out_len[mine].sum())
+    return out

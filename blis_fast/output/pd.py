@@ -23,6 +23,7 @@ import numpy as np
 
 from blis_fast.config.pd import ROLE_DECODE, ROLE_PREFILL
 from blis_fast.engine.results import SimulationResult
+from blis_fast.output.adapters import projected_adapter_figures
 from blis_fast.output.requests import (
     client_meta,
     mean_itl,
@@ -173,6 +174,8 @@ def cluster_aggregate_pd(res: SimulationResult, instances: list[InstanceMetrics]
     agg.ttft_us = proj.ttft_us[~np.isnan(proj.ttft_us)]
     agg.e2e_us = proj.e2e_us[~np.isnan(proj.e2e_us)]
     agg.scheduling_delay_us = proj.sched_us[proj.sched_us >= 0]
+    agg.adapters = projected_adapter_figures(res, proj.rows, proj.ttft_us, proj.e2e_us,
+                                             agg.adapters)
     return agg
 
 

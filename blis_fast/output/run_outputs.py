@@ -120,7 +120,7 @@ def instance_metrics(res: SimulationResult) -> list[InstanceMetrics]:
             wait_queue_len_steps=int(res.wait_queue_sum[i, 1]),
             cache_hit_rate=float(res.cache_hit_rate[i]),
             kv_thrashing_rate=float(res.thrashing_rate[i]),
-            adapters=adapter_figures(res, i) if res.pd is None else None,
+            adapters=adapter_figures(res, i),
         ))
     return out
 

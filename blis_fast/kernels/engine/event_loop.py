@@ -159,7 +159,15 @@ def _on_routing(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, lora, t, r):
     model). In P/D mode the decode pool is routed first (``pd.route_decode_first``)."""
     rtk.refresh_cache_signal(rt, kv, t)
     if pd is not None:
+        if lora is not None:  # the decode pool's lora-affinity sees the request's adapter
+            n_all = rt.st[RouterVar.N_ROUTABLE]  # (LORA-7.5; the prefill pool's is neutral)
+            rtk.take_snapshots(rt, ins, kv, t, rt.routable, n_all)  # as route_decode_first
+            _lora_snapshots(lora, rt, t, n_all)
+            lk.fill_affinity(lora, rt.lora_warm, np.int64(inp.adapter[r]), pd.cand_decode,
+                             pd.conf[pdk.PDConf.N_DECODE])
         pdk.route_decode_first(cfg, inp, rs, ins, kv, rt, heap, hooks, pd, t, r)
+        if lora is not None:
+            lk.fill_affinity(lora, rt.lora_warm, np.int64(-1), rt.routable, rt.routable.shape[0])
         return
     n_cand = rt.st[RouterVar.N_ROUTABLE]
     if rt.req_model_bad[r] == 1 or n_cand == 0:
