@@ -202,10 +202,11 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
 @dataclass(frozen=True)
 class _Offload:
     """The ``--kv-offload-config`` file's configuration (None without the flag) and its
-    inert-key warning, as resolved before the latency backend (KVO-1.3)."""
+    warnings (inert keys, KVO-D4; the April tier's transfer flags, KVO-1.4), as resolved before
+    the latency backend (KVO-1.3)."""
 
     config: KVOffloadConfig | None = None
-    warning: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def resolve_run_latency(opts: Any, lora: bool = False, replay: bool = False
@@ -254,7 +255,14 @@ def _resolve_offload_flag(opts: Any, replay: bool) -> _Offload:
     if not replay and opts.kv_cpu_blocks > 0:
         _fail("--kv-offload-config and --kv-cpu-blocks are mutually exclusive (distinct "
               "KV-offload models); set only one")
-    return _Offload(cfg, warning)
+    warnings = () if warning is None else (warning,)
+    ignored = [f"--{flag}" for flag in ("kv-transfer-bandwidth", "kv-transfer-base-latency")
+               if opts.given(flag.replace("-", "_"))]
+    if ignored:
+        verb = "apply" if len(ignored) > 1 else "applies"
+        warnings += (f"{' and '.join(ignored)} {verb} to the --kv-cpu-blocks tier only: the "
+                     "--kv-offload-config chain takes its figures from the file",)
+    return _Offload(cfg, warnings)
 
 
 def _replay_offload(opts: Any, header: dict, flag: _Offload) -> _Offload:
@@ -264,7 +272,7 @@ def _replay_offload(opts: Any, header: dict, flag: _Offload) -> _Offload:
     if cfg is not None and opts.kv_cpu_blocks > 0:
         _fail("--kv-cpu-blocks conflicts with the trace's kv_offload config (distinct "
               "KV-offload models); set only one")
-    return _Offload(cfg, flag.warning)
+    return _Offload(cfg, flag.warnings)
 
 
 def step_latency(opts: Any) -> LatencyConfig:
@@ -352,8 +360,8 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         log.info(msg)
     for msg in autoscale.warnings:
         log.warning(msg)
-    if offload.warning is not None:
-        log.warning(offload.warning)
+    for msg in offload.warnings:
+        log.warning(msg)
     if kv_offload is not None:
         log.warning("--kv-offload-config: the tier chain is not simulated yet (issue 32): this "
                     "run simulates the GPU KV cache alone")

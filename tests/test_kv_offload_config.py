@@ -371,3 +371,14 @@ def test_cli_run_writes_the_header_and_replay_applies_its_rules(tmp_path):
     assert res.code == 2 and res.stderr.rstrip().endswith(
         "--kv-cpu-blocks conflicts with the trace's kv_offload config (distinct KV-offload "
         "models); set only one")
+
+
+def test_cli_warns_about_inert_keys_and_the_cpu_tiers_transfer_flags(tmp_path):
+    """KVO-D4, KVO-1.4: one warning per kind, after every check passed; the run goes on."""
+    path = _file(tmp_path, "kv_offload:\n  cpu_bytes_to_use: 209715200\n  tokens_per_hash: 64\n")
+    res = invoke(["run", *RUN[:-2], "--log", "warn", "--kv-offload-config", path,
+                  "--kv-transfer-bandwidth", "8"])
+    assert res.code == 0, res.stderr
+    assert "tokens_per_hash only recorded in the trace header" in res.stderr
+    assert ("--kv-transfer-bandwidth applies to the --kv-cpu-blocks tier only: the "
+            "--kv-offload-config chain takes its figures from the file") in res.stderr
