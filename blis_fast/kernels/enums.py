@@ -93,6 +93,7 @@ class StatusT(NamedTuple):
     UNKNOWN_POLICY: int = 9  # error: an admission, routing, priority or scheduler code unknown
     GROW_FLEET: int = 10  # the autoscaler needs more instance rows: the run restarts bigger
     LIVELOCK: int = 11  # error: a run that can never finish (event_loop: livelock rules)
+    PAUSED: int = 12  # the next event is at or after LoopSlot.STOP_AT (blis serve's clock)
 
 
 Status = StatusT()
@@ -120,6 +121,7 @@ class RequestStateT(NamedTuple):
     COMPLETED: int = 3
     TIMED_OUT: int = 4
     DROPPED: int = 5  # refused by the instance's enqueue guards (ENG-3.4)
+    ABORTED: int = 6  # its client went away (blis serve: kernels/engine/live_ops.py)
 
 
 RequestState = RequestStateT()

@@ -239,6 +239,7 @@ _EMITTED_COMPILER = _compiler_with_library(_EmittedLibrary)
 PYTHON_CALLABLE: dict[str, frozenset[str]] = {
     # module (under blis_fast.kernels): kernels called from Python
     "event_loop": frozenset({"run_events", "push_cluster_arrivals"}),
+    "live_ops": frozenset({"abort_request", "route_to"}),
     "state": frozenset({"grow_event_heap", "grow_step_log"}),
     "step": frozenset({"itl_counts_from_marks"}),
     "generation": frozenset({"generate_kernel"}),

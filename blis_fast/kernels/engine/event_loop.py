@@ -372,6 +372,8 @@ def _stop_status(horizon, ins, kv, lg, heap, sess):
         return Status.KV_LIST_OVERFLOW
     if loop[LoopSlot.NEXT_SEQ] >= SEQ_LIMIT:
         return Status.SEQ_OVERFLOW
+    if heap.times[0] >= loop[LoopSlot.STOP_AT]:  # blis serve: not past its clock
+        return Status.PAUSED
     if heap.times[0] > horizon:
         return Status.OK
     if heap.kinds[0] == Event.STEP and (

@@ -175,7 +175,8 @@ class LoopSlotT(NamedTuple):
     STOP_INST: int = 6  # its instance
     STOP_NEED: int = 7  # the KV blocks it needs to finish
     OTHER_EVENTS: int = 8  # events popped that were not instance steps (kernels/engine/livelock.py)
-    SIZE: int = 9
+    STOP_AT: int = 9  # the loop returns Status.PAUSED before an event at or after this tick
+    SIZE: int = 10
 
 
 LoopSlot = LoopSlotT()
@@ -373,6 +374,7 @@ def new_event_heap(cap: int) -> EventHeap:
     """An empty event heap with room for ``cap`` events (no pending session outcomes)."""
     loop = np.zeros(LoopSlot.SIZE, np.int64)
     loop[LoopSlot.FOLLOW_UP_TICK] = NO_TICK
+    loop[LoopSlot.STOP_AT] = NO_TICK
     return EventHeap(np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int8),
                      np.empty(cap, np.int64), loop)
 

@@ -254,6 +254,8 @@ def skip_idle_steps(cfg, ins, kv, heap, i, t, d):
     horizon = cfg.ints[ConfigSlot.HORIZON]
     if horizon < limit:
         limit = horizon + 1
+    if loop[LoopSlot.STOP_AT] < limit:  # blis serve: arrivals after its clock are unknown yet
+        limit = loop[LoopSlot.STOP_AT]
     if loop[LoopSlot.PENDING_OUTCOMES] > 0 and loop[LoopSlot.FOLLOW_UP_TICK] < limit:
         limit = loop[LoopSlot.FOLLOW_UP_TICK]
     if limit == INT64_MAX:
