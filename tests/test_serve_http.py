@@ -324,6 +324,8 @@ def test_per_instance_ports_route_and_scrape_their_own_instance():
     (["--default-output-tokens", "0"], "--default-output-tokens"),
     (["--content", "poetry"], "--content"),
     (["--rate", "5"], "--rate"),
+    (["--trace-output", "/nonexistent-folder/served"], "--trace-output"),
+    (["--max-num-running-reqs", "0"], "--max-num-running-reqs"),
 ])
 def test_bad_flags_one_line_exit_2(argv, words):
     res = invoke(["serve", "--model", "qwen/qwen3-14b", *argv])
