@@ -267,7 +267,11 @@ class _Engine:
         return k
 
     def run_until(self, stop: int) -> None:
-        """Process every event before tick ``stop`` (growing the heap and the step log)."""
+        """Process every event before tick ``stop`` (growing the heap and the step log). No
+        call when there is none: a call unboxes every state array (~0.1 ms)."""
+        heap = self.heap
+        if heap.loop[LoopSlot.HEAP_SIZE] == 0 or heap.times[0] >= stop:
+            return
         self.heap.loop[LoopSlot.STOP_AT] = stop
         with warnings.catch_warnings(), hook_errors(self.cfg.hooks) as failures:
             warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
@@ -328,6 +332,11 @@ class LiveSimulation:
         self._ids: list[str | None] = []
         self._log: list[tuple[int, int, int]] = []  # (time, 0 submit / 1 cancel, row)
         self._tracks: dict[int, _Track] = {}
+        self._active: np.ndarray | None = np.zeros(0, np.int64)  # rows of _tracks (None: stale)
+        # per row: the engine figures last looked at (progress, state, registration,
+        # preemptions; -1: never) and when the row has news next (INT64_MAX: none known)
+        self._seen = np.full((0, 4), -1, np.int64)
+        self._next = np.zeros(0, np.int64)
         self._final: list[str] = []  # per row: its last status told (or "running")
         self._first_sent: list[int] = []  # per row: time of its first token told (-1: none)
         self._last_sent: list[int] = []
@@ -337,6 +346,25 @@ class LiveSimulation:
         rows = max(int(rows), int(opts.max_num_running_reqs), 16)
         self._eng = self._new_engine(Capacity(rows, rows * _SLOTS_PER_ROW,
                                               rows * _SLOTS_PER_ROW, max_chunks))
+        self._warm(max_chunks)
+
+    def _warm(self, max_chunks: int) -> None:
+        """Load every kernel a request can need (routing, a step, a cancellation, the heap's
+        and the step log's growth, a drop's queueing delay) on a throwaway engine now, so that
+        the first of each later costs no pause (a cached kernel's first call loads it)."""
+        eng = _Engine(self._cfg, self._model, Capacity(16, 16 * _SLOTS_PER_ROW,
+                                                       16 * _SLOTS_PER_ROW, max_chunks))
+        tok = np.zeros(2 * self._block, np.int64)
+        draw_token_ids(gorand.new_source(1), tok, 0, tok.shape[0])
+        digests = np.empty(2, np.uint64)
+        block_digests(tok, 0, self._block, 2, digests, 0)
+        for instance in (-1, 0):
+            eng.add(_Row(0, self._block, self._block, 0, digests, instance))
+        eng.run_until(1)
+        abort_request(eng.rs, eng.ins, eng.kv, eng.rt, eng.heap, 1)
+        eng.heap = grow_event_heap(eng.heap, 2 * eng.heap.times.shape[0])
+        eng.lg = grow_step_log(eng.lg, eng.lg.time.shape[0], 1)
+        queueing_time(int(eng.sim_cfg.inst[0, InstanceSlot.BACKEND]), eng.sim_cfg.alpha, 1)
 
     def _new_engine(self, room: Capacity) -> _Engine:
         eng = _Engine(self._cfg, self._model, room)
@@ -405,6 +433,15 @@ class LiveSimulation:
         self._last_sent.append(-1)
         self._log.append((now_us, 0, k))
         self._tracks[k] = _Track(k)
+        self._active = None
+        if k >= self._next.shape[0]:
+            cap = max(64, 2 * self._next.shape[0])
+            self._seen = np.vstack([self._seen,
+                                    np.full((cap - self._seen.shape[0], 4), -1, np.int64)])
+            self._next = np.concatenate([self._next,
+                                         np.full(cap - self._next.shape[0], INT64_MAX)])
+        self._seen[k] = -1
+        self._next[k] = INT64_MAX
         return k
 
     def cancel(self, handle: int, now_us: int) -> None:
@@ -418,6 +455,7 @@ class LiveSimulation:
         track = self._tracks.pop(handle, None)
         if track is None:
             return
+        self._active = None
         self._run_until(now_us)
         self._log.append((now_us, 1, handle))
         abort_request(self._eng.rs, self._eng.ins, self._eng.kv, self._eng.rt, self._eng.heap,
@@ -439,10 +477,9 @@ class LiveSimulation:
         ``advance`` tells."""
         heap = self._eng.heap
         best = int(heap.times[0]) if heap.loop[LoopSlot.HEAP_SIZE] > 0 else INT64_MAX
-        for track in self._tracks.values():
-            due = self._due(track)
-            if due < best:
-                best = due
+        act = self._refresh()
+        if act.shape[0]:
+            best = min(best, int(self._next[act].min()))
         return None if best == INT64_MAX else best
 
     def gauges(self) -> InstanceGauges:
@@ -523,16 +560,48 @@ class LiveSimulation:
         for track in self._tracks.values():  # the walks start again (the same times)
             track.times, track.cum, track.run, track.step = [], -1, -1, -1
             track.preemptions = int(eng.rs.preemptions[track.row])
+        self._seen[:] = -1
 
     # ------------------------------------------------------------------ token times
+
+    def _rows_active(self) -> np.ndarray:
+        """The rows of the requests not ended yet (as told), in submission order."""
+        if self._active is None:
+            self._active = np.fromiter(self._tracks, np.int64, len(self._tracks))
+        return self._active
+
+    def _refresh(self) -> np.ndarray:
+        """Follow the requests whose engine figures moved since the last look (one vector
+        comparison over the active rows; only those are walked in Python) and update when
+        each has news next; returns the active rows."""
+        act = self._rows_active()
+        if not act.shape[0]:
+            return act
+        rs = self._eng.rs
+        now = np.empty((act.shape[0], 4), np.int64)
+        now[:, 0] = rs.hot[act, HotField.PROGRESS]
+        now[:, 1] = rs.state[act]
+        now[:, 2] = rs.registered[act]
+        now[:, 3] = rs.preemptions[act]
+        moved = np.flatnonzero((now != self._seen[act]).any(axis=1))
+        if moved.shape[0]:
+            rows = act[moved]
+            self._seen[rows] = now[moved]
+            for r in rows.tolist():
+                track = self._tracks[r]
+                self._follow(track)
+                self._next[r] = self._due(track)
+        return act
 
     def _collect(self, until: int) -> list[Emitted]:
         """Every active request's news up to ``until``."""
         out: list[Emitted] = []
         done: list[int] = []
-        for k, track in self._tracks.items():
-            self._follow(track)
+        act = self._refresh()
+        for k in act[self._next[act] <= until].tolist():
+            track = self._tracks[k]
             new = self._due_tokens(track, until)
+            self._next[k] = self._due(track)
             finished = track.end_us >= 0 and track.end_us <= until and (
                 track.sent >= len(track.times) or track.status != "completed")
             if not new and not finished:
@@ -548,6 +617,8 @@ class LiveSimulation:
                                if rs.has_sched[k] else None))
         for k in done:
             del self._tracks[k]
+        if done:
+            self._active = None
         return out
 
     def _due_tokens(self, track: _Track, until: int) -> list[int]:
@@ -571,7 +642,6 @@ class LiveSimulation:
 
     def _due(self, track: _Track) -> int:
         """When ``track`` has news next (INT64_MAX: not before the engine moves)."""
-        self._follow(track)
         if track.sent < len(track.times):
             t = track.times[track.sent]
             if track.status in (_RUNNING, "completed") or t <= track.end_us:
