@@ -137,6 +137,7 @@ class _Stream:
     first_us: int | None = None
     last_us: int | None = None
     seen: int = 0  # tokens the simulation produced
+    held: int = 0  # the last token, held until the request ends
     sent: int = 0  # tokens written to the client
     done: bool = False
     status: str = "running"
@@ -251,15 +252,23 @@ class LiveServer:
                 st.last_us = t
             st.seen += len(e.tokens)
             self.metrics.tokens(inst, len(e.tokens), gaps)
+            count = len(e.tokens) + st.held
+            st.held = 0
             if e.finished:
                 st.done = True
                 st.status = e.status
                 self._streams.pop(e.handle, None)
                 self._record_end(st, e)
+            elif count and st.seen >= st.output_tokens:
+                # the last token goes out with the end of the request (its end_us: the
+                # simulation's E2E includes the work after the last decode step), carrying
+                # finish_reason as vLLM's last chunk does
+                st.held, count = 1, count - 1
             if st.direct is not None and not e.finished:
-                st.direct(len(e.tokens))  # the stream is live: write now, no task switch
-            else:
-                st.queue.put_nowait(e)
+                if count:
+                    st.direct(count)  # the stream is live: write now, no task switch
+            elif count or e.finished:
+                st.queue.put_nowait(_News(count, e.finished, e.status))
 
     def _record_end(self, st: _Stream, e: Any) -> None:
         if e.status in FINISHED_OK:
@@ -549,11 +558,11 @@ class LiveServer:
         pieces: list[str] = []
         while True:
             e = await self._next(st)
-            if not e.tokens and e.finished and st.first_us is None:
+            if not e.count and e.finished and st.first_us is None:
                 err = self._refusal(e)
                 if err is not None:
                     return error_response(err)
-            for _ in e.tokens:
+            for _ in range(e.count):
                 pieces.append(self.token_text(st, st.sent))
                 st.sent += 1
             if e.finished:
@@ -575,7 +584,7 @@ class LiveServer:
     async def _stream(self, request: web.Request, st: _Stream, parsed: _Parsed,
                       chat: bool) -> web.StreamResponse:
         e = await self._next(st)
-        if not e.tokens and e.finished:
+        if not e.count and e.finished:
             err = self._refusal(e)
             if err is not None:
                 return error_response(err)
@@ -617,7 +626,7 @@ class LiveServer:
             await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
                                      "logprobs": None, "finish_reason": None}]))
         while True:
-            n = len(e.tokens)
+            n = e.count
             mid = n - 1 if e.finished else n  # the last token's chunk carries the reason
             if mid > 0:
                 parts = []
@@ -630,7 +639,7 @@ class LiveServer:
                 st.sent += 1
                 await resp.write(chunk([token_choice(text, self._finish_reason(st))]))
             if e.finished:
-                if not e.tokens:  # ended without a last token (aborted, shut down)
+                if not n:  # ended without a last token (aborted, shut down)
                     await resp.write(chunk([token_choice("", self._finish_reason(st))]))
                 break
             if st.queue.empty() and st.direct is None:
@@ -658,7 +667,7 @@ class LiveServer:
         def write(n: int) -> None:
             if transport.is_closing():
                 self.cancel(st)
-                st.queue.put_nowait(_Ended(st.handle, ABORTED))
+                st.queue.put_nowait(_News(0, True, ABORTED))
                 return
             parts = []
             for _ in range(n):
@@ -680,7 +689,7 @@ class LiveServer:
                 self.sim.cancel(st.handle, now)
             st.done = True
             st.status = "shutdown" if st.first_us is None else ABORTED
-            st.queue.put_nowait(_Ended(st.handle, st.status))
+            st.queue.put_nowait(_News(0, True, st.status))
         await asyncio.sleep(0)
         if self._task is not None and not from_loop:
             self._task.cancel()
@@ -689,13 +698,13 @@ class LiveServer:
 
 
 @dataclass(frozen=True)
-class _Ended:
-    """The end of a stream the server closed (shutdown): no tokens, finished."""
+class _News:
+    """What a request's handler is told: ``count`` more tokens to send, and whether (and
+    how) the request ended."""
 
-    handle: int
+    count: int
+    finished: bool
     status: str
-    tokens: tuple[int, ...] = ()
-    finished: bool = True
 
 
 @dataclass
