@@ -169,6 +169,45 @@ def test_growth_by_rebuild_changes_nothing(workload):
     _check_against(table, res, handles, tokens, ends)
 
 
+def _shared_prefix_tokens(sim: LiveSimulation, forced_replay: bool, monkeypatch):
+    """60 requests in three prefix groups (512 shared prompt tokens each) through a live
+    simulation; per handle its token times and end."""
+    from blis_fast.serve import live
+
+    if forced_replay:  # the fallback: a rebuild that replays the log
+        def refuse(old, new):
+            raise live._LayoutChanged
+        monkeypatch.setattr(live, "_copied_into", refuse)
+    rng = np.random.default_rng(5)
+    prefixes = rng.integers(0, 128_000, (3, 512))
+    result: dict[int, tuple] = {}
+    t = 0
+    for k in range(60):
+        ids = np.concatenate([prefixes[k % 3], rng.integers(0, 128_000, 40 + k)])
+        sim.submit(t, ids.shape[0], 20 + k % 7, token_ids=ids)
+        t += 9_000
+        for e in sim.advance(t):
+            times, _ = result.get(e.handle, ((), None))
+            result[e.handle] = (times + e.tokens, e.end_us)
+    while (nxt := sim.next_event_us()) is not None:
+        t = max(t, nxt + 1)
+        for e in sim.advance(t):
+            times, _ = result.get(e.handle, ((), None))
+            result[e.handle] = (times + e.tokens, e.end_us)
+    assert sim.gauges().prefix_hits.sum() > 0
+    return result
+
+
+@pytest.mark.parametrize("forced_replay", [False, True])
+def test_growth_with_prefix_hits_changes_nothing(monkeypatch, forced_replay):
+    """Rows grown (by copying the state into bigger arrays, or by replaying the log) in the
+    middle of a run with prefix-cache hits: every token time as with room from the start."""
+    small = _live(rows=16)
+    grown = _shared_prefix_tokens(small, forced_replay, monkeypatch)
+    assert small._eng.room.rows >= 64
+    assert grown == _shared_prefix_tokens(_live(), False, monkeypatch)
+
+
 def test_next_event_is_honest(workload):
     table, _ = workload
     sim = _live()

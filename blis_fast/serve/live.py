@@ -344,8 +344,11 @@ class LiveSimulation:
         self._otp = 0
         max_chunks = 4 * (opts.max_model_len // self._block + 2) if opts.max_model_len > 0 else 512
         rows = max(int(rows), int(opts.max_num_running_reqs), 16)
-        self._eng = self._new_engine(Capacity(rows, rows * _SLOTS_PER_ROW,
-                                              rows * _SLOTS_PER_ROW, max_chunks))
+        # digest room of at least the blocks (GPU and CPU): the prefix tables are sized by
+        # the smaller of the two, so they keep their layout when the room grows
+        chunks = max(rows * _SLOTS_PER_ROW, int(np.max(self._cfg.kv_blocks_per_instance())) + 1,
+                     int(opts.kv_cpu_blocks) + 1)
+        self._eng = self._new_engine(Capacity(rows, chunks, rows * _SLOTS_PER_ROW, max_chunks))
         self._warm(max_chunks)
 
     def _warm(self, max_chunks: int) -> None:
@@ -540,8 +543,10 @@ class LiveSimulation:
             self._now = max(self._now, t)
 
     def _rebuild(self, row: _Row) -> None:
-        """A simulation with twice the room (and room for ``row``), the submissions and
-        cancellations so far replayed into it up to now: the same state, bigger arrays."""
+        """A simulation with twice the room (and room for ``row``): the state copied into
+        bigger arrays, or where an array's layout depends on the room in another way than
+        its length (a hash table sized by the digest room), rebuilt by replaying the
+        submissions and cancellations so far into it up to now. Either way the same state."""
         room = self._eng.room
         while True:
             room = Capacity(2 * room.rows, 2 * room.chunks, 2 * room.pool,
@@ -549,6 +554,11 @@ class LiveSimulation:
             eng = self._new_engine(room)
             if eng.fits(row) and eng.room.rows > len(self._rows):
                 break
+        try:
+            self._eng = _copied_into(self._eng, eng)
+            return
+        except _LayoutChanged:
+            eng = self._new_engine(room)
         for t, kind, k in self._log:
             eng.run_until(t)
             if kind == 0:
@@ -752,6 +762,37 @@ class LiveSimulation:
             chunk_offsets=offsets,
             chunk_digests=(np.concatenate(digests) if n else np.zeros(0, np.uint64)),
             clients=[{}], block_size=self._block, seed=int(self._cfg.options.seed))
+
+
+class _LayoutChanged(Exception):
+    """An array of the engine state is laid out differently with more room (not only longer)."""
+
+
+def _carried(old: Any, new: Any) -> Any:
+    """``old``'s contents in ``new``'s room: an array of the same shape is kept as it is; a
+    longer one (rows, the block-list pool, digests, scratch, buffers with cursors: all used
+    from index 0) gets ``old`` copied to its start; NamedTuple groups field by field."""
+    if isinstance(old, np.ndarray):
+        if old.shape == new.shape:
+            return old
+        if old.ndim != new.ndim or old.shape[1:] != new.shape[1:]:
+            raise _LayoutChanged
+        if old.shape[0] > new.shape[0]:  # a grown buffer already longer than the new room's
+            return old
+        new[: old.shape[0]] = old
+        return new
+    if isinstance(old, tuple) and hasattr(old, "_fields"):
+        return type(old)(*(_carried(a, b) for a, b in zip(old, new, strict=True)))
+    return old
+
+
+def _copied_into(old: _Engine, new: _Engine) -> _Engine:
+    """``new`` (an engine with more room) holding ``old``'s state."""
+    for name in ("inp", "rs", "ins", "kv", "lg", "rt", "heap", "work", "sess", "sim_cfg"):
+        setattr(new, name, _carried(getattr(old, name), getattr(new, name)))
+    new.rows = old.rows
+    new.entry = old.entry
+    return new
 
 
 def _trace_texts(table: RequestTable, outcome: TraceOutcome) -> tuple[str, str]:
