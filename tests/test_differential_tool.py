@@ -262,6 +262,9 @@ def test_spec_reductions_drop_one_thing_each() -> None:
     assert variants[-1]["num_requests"] == 20
     assert spec["clients"][0]["prefix_group"] == "g"  # the original is left alone
     assert rd.spec_reductions({"clients": [{"id": "only"}], "num_requests": 9}) == []
+    lora = rd.spec_reductions({"clients": [{"id": "c", "adapter": "a0", "model": "m"}]})
+    assert lora == [{"clients": [{"id": "c", "model": "m"}]},
+                    {"clients": [{"id": "c", "adapter": "a0"}]}]
 
 
 def test_exact_mode_compares_an_earlier_build_byte_for_byte(tmp_path, monkeypatch) -> None:

@@ -546,7 +546,8 @@ def shrink(config: dict[str, Any], record: dict[str, Any], reference: str, timeo
 
 
 SPEC_OPTIONAL_KEYS = ("lifecycle", "prefix_group", "prefix_length", "closed_loop", "spike",
-                      "diurnal", "drain", "tenant_id", "slo_class", "streaming")
+                      "diurnal", "drain", "tenant_id", "slo_class", "streaming", "adapter",
+                      "model")
 """Keys of a client or cohort that ``--shrink`` tries to delete."""
 MAX_SPEC_ATTEMPTS = 40
 
