@@ -105,7 +105,8 @@ def _given(ctx: click.Context, raw: dict) -> dict:
 
 def _add_replay_options(func):
     """Attach the ``blis replay`` flags: the trace is the workload, so no workload flags."""
-    return add_run_options(func, skip=WORKLOAD_FLAGS - {"results-path", "think-time-ms"})
+    return add_run_options(func, skip=WORKLOAD_FLAGS - {"results-path", "think-time-ms",
+                                                        "metrics-path"})
 
 
 @main_group.command("replay", cls=GroupedHelpCommand)

@@ -70,6 +70,7 @@ from blis_fast.workload.precedence import (
     resolve_workload_seed,
 )
 from blis_fast.workload.replay import (
+    check_observed_kv_replayable,
     load_trace_header,
     load_trace_records,
     max_injected_arrival,
@@ -89,6 +90,7 @@ from blis_fast.workload.synthesis import (
     validate_distribution_params,
     workload_source,
 )
+from blis_fast.workload.trace_v2 import ObservedKVMetrics
 
 log = logging.getLogger("blis_fast")
 
@@ -104,6 +106,7 @@ class Prepared:
     policies: Policies
     sessions: SessionPlan | None = None  # closed-loop sessions continued by the engine
     given: Any = None  # the RunOptions exactly as given (model not lower-cased): provenance
+    observed_kv: ObservedKVMetrics | None = None  # replay: the header's observed hit rate
 
 
 @dataclass
@@ -192,7 +195,7 @@ def _execute(opts: Any, hooks: Hooks | None, replay: bool) -> RunResult:
     if res.pd is not None:
         for msg in pd_warnings(res, opts):
             log.warning(msg)
-    write_outputs(plan, opts, replay, prepared.table, res, outputs)
+    write_outputs(plan, opts, replay, prepared.table, res, outputs, prepared.observed_kv)
     return RunResult(stdout=outputs.stdout, summary=outputs.summary,
                      per_instance=outputs.per_instance, requests=outputs.requests,
                      simulation=res, prepared=prepared, summary_extras=outputs.summary_extras,
@@ -272,6 +275,7 @@ def _replay_offload(opts: Any, header: dict, flag: _Offload) -> _Offload:
     if cfg is not None and opts.kv_cpu_blocks > 0:
         _fail("--kv-cpu-blocks conflicts with the trace's kv_offload config (distinct "
               "KV-offload models); set only one")
+    check_observed_kv_replayable(header, cfg is not None)
     return _Offload(cfg, flag.warnings)
 
 
@@ -296,9 +300,11 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     sessions = None
     outputs_reenter = False  # replayed inputs never repeat outputs (follow-ups: ``sessions``)
     adapter_refs: list[tuple[str, str, str, str]] = []  # LORA-1.8: spec clients, cohorts
+    observed_kv = None  # replay: the trace header's observed_kv_metrics (KVO-11.3)
     if replay:
         table, horizon, sessions, header = _replay_workload(opts)
         offload = _replay_offload(opts, header, offload)
+        observed_kv = header.get("observed_kv_metrics")
     else:
         table, horizon, sessions, outputs_reenter = _generate(opts, opts.horizon,
                                                               latency.total_kv_blocks,
@@ -374,7 +380,8 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         log.info("Weighted routing scorers: %s",
                  ", ".join(f"{name}:{weight:.1f}" for name, weight in engine.scorers))
     return Prepared(opts=opts, latency=latency, table=table, engine=engine, policies=pol,
-                    sessions=sessions, given=given)
+                    sessions=sessions, given=given,
+                    observed_kv=observed_kv)
 
 
 def _fail(msg: str) -> None:

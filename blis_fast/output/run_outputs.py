@@ -41,7 +41,7 @@ from blis_fast.output.summary import (
     results_text,
 )
 from blis_fast.workload.request_table import RequestTable
-from blis_fast.workload.trace_v2 import TraceOutcome, trace_v2_files
+from blis_fast.workload.trace_v2 import ObservedKVMetrics, TraceOutcome, trace_v2_files
 
 
 @dataclass
@@ -55,6 +55,7 @@ class RunOutputs:
     cost: CostReport | None = None  # when a GPU-hour price was given (blis_fast's extension)
     summary_extras: dict = field(default_factory=dict)  # summary.parquet's cost/fleet/P/D columns
     pools: list[dict] | None = None  # pools.parquet's rows (output/pools.py), P/D runs only
+    cache_hit_rate: float = 0.0  # the cluster's: the mean of the instances' (CLU-7.1)
 
 
 def plan_outputs(opts: Any, replay: bool) -> OutputPlan:
@@ -66,13 +67,16 @@ def plan_outputs(opts: Any, replay: bool) -> OutputPlan:
             plan.add_inputs([(f"--{spec.flag}", path)])
         elif spec.file == "input-folder" and path:
             plan.add_inputs([(f"--{spec.flag}", os.path.join(path, "config.json"))])
-    if opts.metrics_path and opts.results_path and (
+    if not replay and opts.metrics_path and opts.results_path and (
             os.path.realpath(opts.metrics_path) != os.path.realpath(opts.results_path)):
         raise BlisConfigError("--metrics-path and --results-path are two names of one output; "
                               f"give one of them (got {opts.metrics_path!r} and "
                               f"{opts.results_path!r})")
-    if replay and opts.results_path:
-        plan.check_file(opts.results_path, "--results-path")
+    if replay:  # two outputs: SimResults (--results-path) and the metrics file (--metrics-path)
+        if opts.results_path:
+            plan.check_file(opts.results_path, "--results-path")
+        if opts.metrics_path:
+            plan.check_file(opts.metrics_path, "--metrics-path")
     elif opts.metrics_path or opts.results_path:
         flag = "--metrics-path" if opts.metrics_path else "--results-path"
         plan.check_file(opts.metrics_path or opts.results_path, flag)
@@ -211,25 +215,53 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
                       requests=requests, cost=cost if cost.priced else None,
                       summary_extras={**summary_columns(res, cost),
                                       **pd_summary_columns(figures)},
-                      pools=pools)
+                      pools=pools, cache_hit_rate=float(aggregate.cache_hit_rate))
 
 
 def write_outputs(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
-                  res: SimulationResult, outputs: RunOutputs) -> None:
+                  res: SimulationResult, outputs: RunOutputs,
+                  observed_kv: ObservedKVMetrics | None = None) -> None:
     """Stage every requested output file and publish them together (any failure removes them
-    all); ``injected`` is the table of the requests the run injected itself."""
+    all); ``injected`` is the table of the requests the run injected itself, ``observed_kv``
+    a replayed trace's ``observed_kv_metrics`` (copied into its ``--trace-output`` header)."""
     with plan:
-        _stage(plan, opts, replay, injected, res, outputs)
+        _stage(plan, opts, replay, injected, res, outputs, observed_kv)
         plan.commit()
 
 
+def writes_cache_hit_rate(replay: bool, res: SimulationResult) -> bool:
+    """Whether the ``--metrics-path`` file carries ``cache_hit_rate`` (KVO-10.3).
+
+    The August reference writes it into every such file; the April reference never does. So
+    that every April case keeps its exact keys, blis_fast writes it where no April command
+    line can reach: ``blis replay --metrics-path`` (April's replay has no metrics file) and a
+    ``blis run`` with the ``--kv-offload-config`` tier chain (an August-only flag)."""
+    return replay or res.config.kv_offload is not None
+
+
+def metrics_file_head(outputs: RunOutputs, hit_rate: bool) -> dict:
+    """The metrics file's top-level object: the cluster summary, ``cache_hit_rate`` after
+    ``preemption_count`` where the reference's struct has it (with ``hit_rate``), then the
+    cost block of a priced run."""
+    head: dict = {}
+    for key, value in outputs.summary.items():
+        head[key] = value
+        if key == "preemption_count" and hit_rate:
+            head["cache_hit_rate"] = outputs.cache_hit_rate
+    if outputs.cost is not None:
+        head["cost"] = outputs.cost.as_dict()
+    return head
+
+
 def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
-           res: SimulationResult, outputs: RunOutputs) -> None:
+           res: SimulationResult, outputs: RunOutputs,
+           observed_kv: ObservedKVMetrics | None = None) -> None:
     offload = kv_offload_header(res.config.kv_offload)  # KVO-11.1: "" without the chain
     if opts.trace_output and replay:
-        # a replay exports the requests it injected, in injection order (DELTA-64/65)
+        # a replay exports the requests it injected, in injection order (DELTA-64/65), and
+        # keeps the trace's observed hit rate (KVO-11.3: a replay cannot measure it again)
         files = trace_v2_files(opts.trace_output, injected, trace_outcome(res, injected.n),
-                               replayed=True, kv_offload=offload)
+                               replayed=True, kv_offload=offload, observed_kv=observed_kv)
     elif opts.trace_output:
         files = trace_v2_files(opts.trace_output, res.table, trace_outcome(res),
                                kv_offload=offload)
@@ -239,10 +271,9 @@ def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
         plan.stage_text(path, "--trace-output", text)
     if replay and opts.results_path:
         plan.stage_text(opts.results_path, "--results-path", replay_results_text(outputs.requests))
-    elif opts.metrics_path or opts.results_path:
+    if (opts.metrics_path if replay else opts.metrics_path or opts.results_path):
         flag = "--metrics-path" if opts.metrics_path else "--results-path"
-        head = outputs.summary if outputs.cost is None else dict(
-            outputs.summary, cost=outputs.cost.as_dict())
+        head = metrics_file_head(outputs, writes_cache_hit_rate(replay, res))
         plan.stage_text(opts.metrics_path or opts.results_path, flag,
                         results_text(head, outputs.requests))
     if opts.output_dir:

@@ -25,7 +25,7 @@ from blis_fast.config.strict_yaml import (
     mapping_items,
     parse_root,
 )
-from blis_fast.errors import BlisInputError
+from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.files import MAX_TRACE_BYTES, read_input_text
 from blis_fast.gofmt import go_quote, go_trim_space
 from blis_fast.gonum import INT64_MAX, NumError, atoi, parse_float
@@ -35,7 +35,12 @@ from blis_fast.kernels.go import gorand
 from blis_fast.workload.generated import SessionBlueprint
 from blis_fast.workload.request_table import RequestTable
 from blis_fast.workload.samplers import SamplerSpec
-from blis_fast.workload.trace_v2 import TRACE_V2_COLUMNS
+from blis_fast.workload.trace_v2 import (
+    OBSERVED_KV_SOURCE_TIERED,
+    TRACE_V2_COLUMNS,
+    ObservedKVMetrics,
+    decode_observed_kv_metrics,
+)
 
 N_COLUMNS = 27
 _SERVER = {"type": as_str, "model": as_str, "tensor_parallel": as_int, "max_num_seqs": as_int,
@@ -46,6 +51,7 @@ _HEADER = {
     "server": lambda ctx, n, w: decode_struct(ctx, n, w, _SERVER),
     "network": lambda ctx, n, w: decode_struct(ctx, n, w, {"measured_rtt_ms": as_float}),
     "kv_offload": decode_header_block,  # the tier chain's resolved config (KVO-11.1)
+    "observed_kv_metrics": decode_observed_kv_metrics,  # observe's scraped hit rate (KVO-11.3)
 }
 
 
@@ -104,6 +110,21 @@ def load_trace_header(path: str) -> dict:
         raise BlisInputError(f"--trace-header {path}:{lines['time_unit']}: time_unit "
                              f"{go_quote(unit)} is not supported (only microseconds)")
     return header
+
+
+def check_observed_kv_replayable(header: dict, offload_on: bool) -> ObservedKVMetrics | None:
+    """The header's ``observed_kv_metrics`` (None without it), refused when it was measured on
+    vLLM's offload tiers (source ``tiered``) and this replay has no ``--kv-offload-config``
+    chain: its GPU-only hit rate could not be held against the tiered one (KVO-11.3)."""
+    observed = header.get("observed_kv_metrics")
+    if observed is not None and observed.source == OBSERVED_KV_SOURCE_TIERED and not offload_on:
+        raise BlisConfigError(
+            f"the trace's observed_kv_metrics were captured from the tiered KV-offload counters "
+            f"(source={go_quote(observed.source)}) but this replay has no offload config; replay "
+            "would produce a GPU-only hit-rate that calibrate cannot compare against the tiered "
+            "observation — pass --kv-offload-config <file> matching the observed deployment "
+            "(INV-13, never silent degradation)")
+    return observed
 
 
 def _int(text: str, what: str, row: int, path: str, minimum: int | None = None) -> int:

@@ -13,10 +13,20 @@ from itertools import repeat
 from pathlib import Path
 
 import numpy as np
+import yaml
 
+from blis_fast.config.strict_yaml import (
+    YamlContext,
+    as_float,
+    as_int,
+    as_str,
+    decode_struct,
+    is_null,
+)
 from blis_fast.files import OutputPlan
 from blis_fast.gofmt import go_f
 from blis_fast.workload.request_table import RequestTable
+from blis_fast.workload.yaml_writer import yaml_float, yaml_string
 
 TRACE_V2_COLUMNS = (
     "request_id",
@@ -62,6 +72,57 @@ class TraceOutcome:
     status: np.ndarray  # int8: 0 completed, 1 timed out, 2 anything else (incomplete, dropped)
     ttft_us: np.ndarray  # int64: time to first token (µs); -1 when no first token
     itl_sum_us: np.ndarray  # int64: sum of the request's inter-token latencies (µs)
+
+
+OBSERVED_KV_SOURCE_TIERED = "tiered"
+"""``observed_kv_metrics.source`` of a hit rate from vLLM's multi-tier offload counters."""
+OBSERVED_KV_SOURCE_GPU = "gpu-prefix-cache-fallback"
+"""``observed_kv_metrics.source`` of a hit rate from the GPU prefix cache alone (a weaker
+signal: no offload tier is seen)."""
+
+
+@dataclass(frozen=True)
+class ObservedKVMetrics:
+    """The ``observed_kv_metrics:`` key of an observed trace's header (KVO-11.3): the real
+    server's KV-cache hit rate over the observation window, from two scrapes of its
+    Prometheus ``/metrics``. ``blis calibrate`` holds it against the simulator's aggregate
+    ``cache_hit_rate``; ``blis replay --trace-output`` copies it unchanged, since a replay
+    cannot measure it again."""
+
+    source: str
+    hit_rate: float
+    block_hits: int = 0  # counter deltas over the window (summed over label sets)
+    block_queries: int = 0
+    read_time_total: float = 0.0  # tiered only: read/write time deltas (vLLM's seconds)
+    write_time_total: float = 0.0
+    vllm_commit: str = ""  # --vllm-commit, as given
+
+    def header_text(self) -> str:
+        """The key as yaml.v3 writes the reference's struct (indent 4, ``omitempty`` on the
+        times and the commit)."""
+        lines = ["observed_kv_metrics:", f"    source: {yaml_string(self.source)}",
+                 f"    hit_rate: {yaml_float(self.hit_rate)}",
+                 f"    block_hits: {int(self.block_hits)}",
+                 f"    block_queries: {int(self.block_queries)}"]
+        if self.read_time_total != 0:
+            lines.append(f"    read_time_total: {yaml_float(self.read_time_total)}")
+        if self.write_time_total != 0:
+            lines.append(f"    write_time_total: {yaml_float(self.write_time_total)}")
+        if self.vllm_commit:
+            lines.append(f"    vllm_commit: {yaml_string(self.vllm_commit)}")
+        return "\n".join(lines) + "\n"
+
+
+def decode_observed_kv_metrics(ctx: YamlContext, node: yaml.Node, what: str) -> ObservedKVMetrics | None:
+    """A trace header's ``observed_kv_metrics:`` key, strictly (an unknown sub-key is an
+    error naming it; absent ones are zero, as Go leaves them); None when null."""
+    if is_null(node):
+        return None
+    fields = {"source": as_str, "hit_rate": as_float, "block_hits": as_int,
+              "block_queries": as_int, "read_time_total": as_float,
+              "write_time_total": as_float, "vllm_commit": as_str}
+    values = decode_struct(ctx, node, what, fields)
+    return ObservedKVMetrics(**{"source": "", "hit_rate": 0.0, **values})
 
 
 # Unicode White_Space as Go's unicode.IsSpace sees it (Python's isspace() is broader).
@@ -221,14 +282,16 @@ def build_trace_csv(table: RequestTable, outcome: TraceOutcome,
     return header + "\n".join(rows) + "\n"
 
 
-def build_trace_header(seed: int | None, mode: str = "generated", kv_offload: str = "") -> str:
+def build_trace_header(seed: int | None, mode: str = "generated", kv_offload: str = "",
+                       observed_kv: ObservedKVMetrics | None = None) -> str:
     """The trace v2 YAML header of a run export (WL-9.5, DELTA-61), or of a replay export
     (``mode="replayed"``, no seed; DELTA-64); ``kv_offload`` is the ``kv_offload:`` key's text
-    of a run with the tier chain (``config.kv_offload.header_text``, KVO-11.1)."""
+    of a run with the tier chain (``config.kv_offload.header_text``, KVO-11.1);
+    ``observed_kv`` the replayed trace's ``observed_kv_metrics`` (KVO-11.3), copied last."""
     text = f"trace_version: 2\ntime_unit: microseconds\nmode: {mode}\nwarm_up_requests: 0\n"
     if seed is not None:
         text += f"workload_seed: {int(seed)}\n"
-    return text + kv_offload
+    return text + kv_offload + ("" if observed_kv is None else observed_kv.header_text())
 
 
 def export_trace_v2(prefix: str | Path, table: RequestTable, outcome: TraceOutcome,
@@ -241,11 +304,13 @@ def export_trace_v2(prefix: str | Path, table: RequestTable, outcome: TraceOutco
 
 
 def trace_v2_files(prefix: str | Path, table: RequestTable, outcome: TraceOutcome,
-                   replayed: bool = False, kv_offload: str = "") -> list[tuple[str, str]]:
+                   replayed: bool = False, kv_offload: str = "",
+                   observed_kv: ObservedKVMetrics | None = None) -> list[tuple[str, str]]:
     """``(path, text)`` of the two files of ``--trace-output <prefix>`` (header, then data);
-    ``kv_offload`` as :func:`build_trace_header` takes it."""
+    ``kv_offload`` and ``observed_kv`` as :func:`build_trace_header` takes them."""
     base = str(prefix)
     header = build_trace_header(None if replayed else table.seed,
-                                "replayed" if replayed else "generated", kv_offload)
+                                "replayed" if replayed else "generated", kv_offload,
+                                observed_kv)
     data = build_trace_csv(table, outcome, sort_by_arrival=not replayed)
     return [(base + ".yaml", header), (base + ".csv", data)]
