@@ -221,6 +221,35 @@ class RealClient:
                                   self._effective_max(req), rec.output_tokens)
         return rec
 
+    async def get_text(self, url: str, timeout_s: float) -> str:
+        """``GET url`` with the bearer key, the body as UTF-8 text (at most ``MAX_BODY_BYTES``
+        after decompression). Raises ``ValueError`` with a one-line reason for a transport
+        error, a timeout, a status other than 200, a body too long or not UTF-8."""
+        assert self._session is not None, "RealClient used outside 'async with'"
+        headers = {"Authorization": "Bearer " + self.api_key} if self.api_key else {}
+        parts = []
+        size = 0
+        try:
+            async with self._session.get(url, headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"GET {url}: HTTP {resp.status}")
+                async for piece in resp.content.iter_any():
+                    size += len(piece)
+                    if size > MAX_BODY_BYTES:
+                        resp.close()  # stop reading: the rest may be endless
+                        raise ValueError(f"GET {url}: body longer than {MAX_BODY_BYTES} bytes")
+                    parts.append(piece)
+        except TimeoutError:
+            raise ValueError(f"GET {url}: no complete answer within {timeout_s:g} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ValueError(f"GET {url}: {_describe(exc)}") from None
+        try:
+            return b"".join(parts).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"GET {url}: body is not UTF-8 text ({exc.reason} at byte "
+                             f"{exc.start})") from None
+
     async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
         """Non-streaming body (at most ``MAX_BODY_BYTES``, decompressed): first byte and end
         times, one chunk, then :func:`~blis_fast.observe.response.parse_whole` (OBS-6.3)."""

@@ -1,7 +1,8 @@
 """``blis observe``: send a generated workload to a real server and record a trace (OBS-1..8).
 
 Flags, their defaults and the order of the checks are the April reference's (``--min-tokens``,
-no prewarm/scrape/goodput flags). Every check runs before anything is sent or written; a
+no prewarm/goodput flags), plus the August reference's ``--scrape-kv-metrics`` family
+(KVO-11.3, ``observe.kv_metrics``). Every check runs before anything is sent or written; a
 refusal is one ``BlisConfigError``/``BlisInputError`` line (exit 2 from the CLI). The run
 itself never fails on server behaviour: failures become trace rows.
 """
@@ -30,6 +31,7 @@ from blis_fast.options import LOG_LEVELS, OPTIONS_BY_FIELD, OPTIONS_BY_FLAG, Opt
 if TYPE_CHECKING:  # the CLI imports this module at start-up: keep aiohttp/numba out of it
     from blis_fast.observe.client import RealClient
     from blis_fast.observe.orchestrator import DispatchResult, Job
+    from blis_fast.workload.trace_v2 import ObservedKVMetrics
 
 log = logging.getLogger("blis_fast.observe")
 
@@ -71,6 +73,16 @@ OBSERVE_OPTIONS: tuple[OptionSpec, ...] = (
     _own("itl-output", "str", "", "ITL CSV path [default: <trace-data minus .csv>.itl.csv]",
          file="output"),
     _own("output-dir", "str", "", "Also write observed_requests.parquet here", file="output"),
+    _own("scrape-kv-metrics", "bool", False,
+         "Read the server's Prometheus /metrics before and after the workload and record its "
+         "KV-cache hit rate over that window in the trace header (observed_kv_metrics, for "
+         "blis calibrate --sim-metrics); a failed scrape only warns"),
+    _own("vllm-commit", "str", "",
+         "The vLLM commit the server runs, recorded in observed_kv_metrics (with "
+         "--scrape-kv-metrics)"),
+    _own("kv-metrics-url", "str", "",
+         "Prometheus endpoint to scrape [default: <server-url>/metrics] (with "
+         "--scrape-kv-metrics)"),
     _own("quality-columns", "bool", False,
          "Append blis_fast's burst, not_streamed, client_late and client_lag_us columns to "
          "the trace CSV (the reference's 27 columns are unchanged without it)"),
@@ -147,6 +159,9 @@ class ObserveOptions:
     itl_output: str = observe_default("itl-output")
     output_dir: str = observe_default("output-dir")
     quality_columns: bool = observe_default("quality-columns")
+    scrape_kv_metrics: bool = observe_default("scrape-kv-metrics")
+    vllm_commit: str = observe_default("vllm-commit")
+    kv_metrics_url: str = observe_default("kv-metrics-url")
     drain_timeout: float = observe_default("drain-timeout")
     given: frozenset[str] = frozenset()
 
@@ -204,6 +219,7 @@ def validate_flags(o: ObserveOptions) -> None:
         _fail(f"--timeout must be between 1 and 86400 seconds (1 day), got {o.timeout}")
     if not (o.drain_timeout >= 0 and math.isfinite(o.drain_timeout)):
         _fail(f"--drain-timeout must be a finite value >= 0, got {o.drain_timeout:g}")
+    _check_kv_metrics_flags(o)
     if (o.min_tokens > 0 and not o.unconstrained_output and not o.workload_spec
             and not o.workload and o.is_given("output_tokens")
             and o.min_tokens > o.output_tokens):
@@ -211,6 +227,28 @@ def validate_flags(o: ObserveOptions) -> None:
               "min_tokens must be <= the output-token mean")
     # Project addition: refuse unwritable destinations now rather than after the run.
     _output_plan(o)
+
+
+def _check_kv_metrics_flags(o: ObserveOptions) -> None:
+    """``--kv-metrics-url`` must be an http(s) URL with a host (the reference would only warn
+    at the first scrape); ``--vllm-commit``/``--kv-metrics-url`` without
+    ``--scrape-kv-metrics`` do nothing, and say so."""
+    if o.kv_metrics_url:
+        from urllib.parse import urlsplit  # lazy: not for blis --help
+
+        try:
+            parts = urlsplit(o.kv_metrics_url)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:
+            ok = False
+        if not ok:
+            _fail(f"--kv-metrics-url must be an http:// or https:// URL with a host, got "
+                  f"{o.kv_metrics_url!r}")
+    unused = [f"--{flag}" for flag, value in (("vllm-commit", o.vllm_commit),
+                                              ("kv-metrics-url", o.kv_metrics_url)) if value]
+    if unused and not o.scrape_kv_metrics:
+        log.warning(f"{' and '.join(unused)} without --scrape-kv-metrics: ignored (nothing is "
+                    "scraped)")
 
 
 def _output_plan(o: ObserveOptions):
@@ -428,9 +466,11 @@ class ObserveResult:
     result: DispatchResult
     tokens_per_word: float
     wall_s: float
+    observed_kv: ObservedKVMetrics | None = None  # --scrape-kv-metrics' header block
 
 
 async def _observe(o: ObserveOptions, w: Workload) -> ObserveResult:
+    from blis_fast.observe import kv_metrics  # lazy: not for blis --help
     from blis_fast.observe.client import RealClient  # lazy: not for blis --help
     from blis_fast.observe.orchestrator import (  # lazy: not for blis --help
         DispatchConfig,
@@ -451,11 +491,20 @@ async def _observe(o: ObserveOptions, w: Workload) -> ObserveResult:
             record_itl=o.record_itl, tokens_per_word=tpw, prefixes=prefixes,
             prefix_lengths=w.group_lengths, grace_s=o.drain_timeout,
         )
+        url = kv_metrics.metrics_url(o.server_url, o.kv_metrics_url)
+        # KVO-11.3: the window opens after the token-ratio request, just before the workload
+        start = await kv_metrics.window_start(client, url) if o.scrape_kv_metrics else None
         t0 = time.perf_counter()
         res = await Dispatcher(client, w.jobs, cfg, w.driver, w.blueprint_jobs).run()
         wall = time.perf_counter() - t0
         log.info("Observation wall-clock time: %.3fs", wall)
-        return ObserveResult(res, tpw, wall)
+        if start is not None and res.interrupted:
+            log.warning("observe: --scrape-kv-metrics: the observation was interrupted, so the "
+                        "window has no end scrape; the trace header will have no "
+                        "observed_kv_metrics")
+            start = None
+        observed = await kv_metrics.window_end(client, url, start, o.vllm_commit)
+        return ObserveResult(res, tpw, wall, observed)
 
 
 def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
@@ -471,7 +520,8 @@ def write_outputs(o: ObserveOptions, w: Workload, r: ObserveResult) -> None:
     with _output_plan(o) as plan:  # all files renamed into place together, or none
         plan.stage_text(o.trace_header, "--trace-header",
                         trace_header(created, o.warmup_requests, w.seed, w.header_spec,
-                                     o.server_type, o.model, o.rtt_ms))
+                                     o.server_type, o.model, o.rtt_ms)
+                        + ("" if r.observed_kv is None else r.observed_kv.header_text()))
         plan.stage_text(o.trace_data, "--trace-data", trace_csv(r.result.observed,
                                                                  o.quality_columns))
         if o.record_itl:

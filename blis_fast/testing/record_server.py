@@ -18,6 +18,11 @@ Answers follow the protocol the parity cases were recorded with:
   ``usage``.
 * ``GET /v1/models`` one model; ``GET /metrics`` a few fixed ``vllm:*`` lines; other paths 404;
   a POST body that is not a JSON object 400.
+* ``--metrics-script FILE`` replaces the fixed ``/metrics`` answer with a script: a JSON list
+  whose k-th entry answers the k-th ``GET /metrics`` (the last one repeats), either a string
+  (the body, status 200) or ``{"status": int, "body": str, "delay_s": float}``. Counters that
+  go backwards, hits above queries, bodies that are not exposition text or that never end
+  before a timeout: faults a real server cannot be made to show on demand.
 ``--token-delay-ms`` (default 0) waits that long before each streamed token, to make streams
 take time; ``--buffer-stream`` still waits but holds the events back and writes the whole stream
 at its end, as a buffering proxy or a CPU-starved frontend does (issue 30). Standard library only (asyncio streams, HTTP/1.1 keep-alive for JSON answers).
@@ -52,7 +57,8 @@ METRICS = (
     'vllm:prefix_cache_queries_total{model_name="recorded"} 1000.0\n'
     'vllm:prefix_cache_hits_total{model_name="recorded"} 400.0\n'
 )
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error",
+            503: "Service Unavailable"}
 
 
 def count_prompt_tokens(body: dict, chat: bool) -> int:
@@ -121,10 +127,26 @@ class RecordServer:
     """The asyncio server; ``log_path`` receives one JSON line per request."""
 
     def __init__(self, log_path: str, token_delay_s: float = 0.0,
-                 buffer_stream: bool = False) -> None:
+                 buffer_stream: bool = False, metrics_script: list | None = None) -> None:
         self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.token_delay_s = token_delay_s
         self.buffer_stream = buffer_stream
+        self.metrics_script = metrics_script or []
+        self.metrics_served = 0
+
+    async def _metrics(self, writer: asyncio.StreamWriter, keep: bool) -> None:
+        """Answer ``GET /metrics``: the fixed text, or the script's next entry."""
+        if not self.metrics_script:
+            await self._reply(writer, 200, "text/plain; version=0.0.4", METRICS, keep)
+            return
+        entry = self.metrics_script[min(self.metrics_served, len(self.metrics_script) - 1)]
+        self.metrics_served += 1
+        if isinstance(entry, str):
+            entry = {"body": entry}
+        if entry.get("delay_s"):
+            await asyncio.sleep(float(entry["delay_s"]))
+        await self._reply(writer, int(entry.get("status", 200)), "text/plain; version=0.0.4",
+                          str(entry.get("body", "")), keep)
 
     def close(self) -> None:
         self.log.close()
@@ -167,7 +189,7 @@ class RecordServer:
                     {"id": "recorded", "object": "model", "owned_by": "record-server"}]}
                 await self._reply(writer, 200, "application/json", json.dumps(payload), keep)
             elif path == "/metrics":
-                await self._reply(writer, 200, "text/plain; version=0.0.4", METRICS, keep)
+                await self._metrics(writer, keep)
             else:
                 await self._reply(writer, 404, "text/plain", "not found", keep)
             return keep
@@ -224,9 +246,9 @@ class RecordServer:
 
 
 async def serve(log_path: str, port: int, token_delay_s: float,
-                buffer_stream: bool = False) -> None:
+                buffer_stream: bool = False, metrics_script: list | None = None) -> None:
     """Run until SIGTERM/SIGINT; print the bound port first."""
-    rec = RecordServer(log_path, token_delay_s, buffer_stream)
+    rec = RecordServer(log_path, token_delay_s, buffer_stream, metrics_script)
     server = await asyncio.start_server(rec.handle, "127.0.0.1", port, backlog=1024)
     print(server.sockets[0].getsockname()[1], flush=True)
     stop = asyncio.Event()
@@ -242,11 +264,13 @@ async def serve(log_path: str, port: int, token_delay_s: float,
 
 @contextlib.contextmanager
 def running_record_server(record_path: str | os.PathLike, token_delay_ms: float = 0.0,
-                          buffer_stream: bool = False) -> Iterator[str]:
+                          buffer_stream: bool = False,
+                          metrics_script: str | os.PathLike | None = None) -> Iterator[str]:
     """Run the server in a child process; yield its base URL; stop it with SIGTERM."""
     cmd = [sys.executable, "-m", "blis_fast.testing.record_server", "--port", "0",
            "--record", os.fspath(record_path), "--token-delay-ms", str(token_delay_ms),
-           *(["--buffer-stream"] if buffer_stream else [])]
+           *(["--buffer-stream"] if buffer_stream else []),
+           *(["--metrics-script", os.fspath(metrics_script)] if metrics_script else [])]
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -276,8 +300,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="pause before each streamed token")
     ap.add_argument("--buffer-stream", action="store_true",
                     help="hold a stream's events back and write them all at its end")
+    ap.add_argument("--metrics-script", default="",
+                    help="JSON list of /metrics answers, served in order (the last repeats)")
     a = ap.parse_args(argv)
-    asyncio.run(serve(a.record, a.port, a.token_delay_ms / 1000.0, a.buffer_stream))
+    script = None
+    if a.metrics_script:
+        script = json.loads(Path(a.metrics_script).read_text(encoding="utf-8"))
+        if not isinstance(script, list) or not script:
+            ap.error("--metrics-script: expected a non-empty JSON list")
+    asyncio.run(serve(a.record, a.port, a.token_delay_ms / 1000.0, a.buffer_stream, script))
     return 0
 
 
