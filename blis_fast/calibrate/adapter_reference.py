@@ -36,7 +36,7 @@ from blis_fast.output.stats import go_fixed
 
 __all__ = ["DEFAULT_MAPE_THRESHOLD", "BLISAggregate", "DTAggregate", "DTReference", "ape",
            "check_threshold", "compare", "load_blis_aggregate", "load_dt_reference",
-           "report_lines", "report_text"]
+           "load_sim_cache_hit_rate", "report_lines", "report_text"]
 
 DEFAULT_MAPE_THRESHOLD = 0.20
 """``--adapter-mape-threshold`` when not given (the reference's SC-007 target)."""
@@ -247,6 +247,20 @@ def load_blis_aggregate(path: str) -> BLISAggregate:
         bad = ("ttft_mean_ms", go_g(ttft)) if ttft < 0 else ("total_output_tokens", tokens)
         raise BlisInputError(f"sim metrics {path}: {bad[0]} must be >= 0, got {bad[1]}")
     return BLISAggregate(ttft, float(tokens) / duration)
+
+
+def load_sim_cache_hit_rate(path: str) -> float | None:
+    """The aggregate ``cache_hit_rate`` of a ``--metrics-path`` JSON file (``blis calibrate
+    --sim-metrics`` outside adapter mode, KVO-11.3); None when the key is absent or null (a
+    file from ``blis run`` without the tier chain, or from the April reference). Beyond the
+    reference, a rate outside [0, 1] is refused: no simulator writes one."""
+    values = _read_struct(path, MAX_TRACE_BYTES, _METRICS_FIELDS, f"read --sim-metrics {path}",
+                          f"parse --sim-metrics {path}")
+    rate = values.get("cache_hit_rate")
+    if rate is not None and not 0 <= rate <= 1:
+        raise BlisInputError(f"--sim-metrics {path}: cache_hit_rate must be a fraction in "
+                             f"[0, 1], got {go_g(rate)}")
+    return rate
 
 
 # ---------------------------------------------------------------------------- the comparison

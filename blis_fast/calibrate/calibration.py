@@ -5,6 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from blis_fast.calibrate.hit_rate import (
+    DEFAULT_HIT_RATE_TOLERANCE_PP,
+    DEFAULT_TTFT_MAPE_THRESHOLD,
+    check_tolerances,
+)
 from blis_fast.calibrate.inputs import (
     ObservedTrace,
     load_itl,
@@ -14,6 +19,7 @@ from blis_fast.calibrate.inputs import (
 from blis_fast.calibrate.pairing import CalibrationPairs, pair_requests
 from blis_fast.calibrate.report import build_report
 from blis_fast.errors import BlisConfigError, BlisInputError
+from blis_fast.workload.trace_v2 import ObservedKVMetrics
 
 __all__ = ["Calibration", "calibrate", "check_bandwidth", "resolve_rtt_us"]
 
@@ -39,6 +45,7 @@ class Calibration:
     report: dict
     warm_up: int
     rtt_us: int
+    observed_kv: ObservedKVMetrics | None = None  # the header's observed_kv_metrics
 
 
 def resolve_rtt_us(flag_rtt_us: int, trace: ObservedTrace) -> int:
@@ -56,11 +63,15 @@ def resolve_rtt_us(flag_rtt_us: int, trace: ObservedTrace) -> int:
 
 def calibrate(trace_header: str, trace_data: str, sim_results: str, *,
               warmup_requests: int = UNSET, network_rtt_us: int = UNSET,
-              network_bandwidth_mbps: float = 0.0, itl_data: str | None = None) -> Calibration:
+              network_bandwidth_mbps: float = 0.0, itl_data: str | None = None,
+              hit_rate_tolerance_pp: float = DEFAULT_HIT_RATE_TOLERANCE_PP,
+              ttft_mape_threshold: float = DEFAULT_TTFT_MAPE_THRESHOLD) -> Calibration:
     """Load the inputs, pair them and build the report, checking in the reference's order.
 
     ``warmup_requests`` / ``network_rtt_us`` of -1 take the header's ``warm_up_requests`` /
-    ``network.measured_rtt_ms``; any other warm-up (even negative) is used as given.
+    ``network.measured_rtt_ms``; any other warm-up (even negative) is used as given. The
+    verdict bounds (``--hit-rate-tolerance-pp``, ``--ttft-mape-threshold``) are checked here,
+    after the bandwidth, as the reference checks them; ``calibrate.hit_rate`` applies them.
     Raises ``BlisError`` naming the flag or file for every input the reference refuses.
     """
     trace = load_observed_trace(trace_header, trace_data)
@@ -71,6 +82,7 @@ def calibrate(trace_header: str, trace_data: str, sim_results: str, *,
     warm_up = trace.warm_up_requests if warmup_requests == UNSET else warmup_requests
     rtt_us = resolve_rtt_us(network_rtt_us, trace)
     check_bandwidth(network_bandwidth_mbps)
+    check_tolerances(hit_rate_tolerance_pp, ttft_mape_threshold)
     itl = load_itl(itl_data) if itl_data else None
     pairs = pair_requests(trace.records, sims, warm_up=warm_up, rtt_us=rtt_us,
                           bandwidth_mbps=network_bandwidth_mbps, itl=itl)
@@ -81,4 +93,5 @@ def calibrate(trace_header: str, trace_data: str, sim_results: str, *,
     if not pairs.ttft.real:
         raise BlisInputError(f"--trace-data {trace_data}: every matched row has a negative "
                              f"TTFT or E2E (corrupt timestamps?), no latency pairs left")
-    return Calibration(pairs, build_report(pairs), warm_up, rtt_us)
+    return Calibration(pairs, build_report(pairs), warm_up, rtt_us,
+                       trace.header.get("observed_kv_metrics"))

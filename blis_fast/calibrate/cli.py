@@ -1,4 +1,5 @@
-"""The ``blis calibrate`` command: flags of the reference (CAL-1.1, April) plus ``--plot``.
+"""The ``blis calibrate`` command: flags of the reference (CAL-1.1, April; the August
+reference's hit-rate loop and adapter mode) plus ``--plot``.
 
 The report goes to ``--report`` (nothing on stdout); the summary is logged on stderr after it.
 Errors are raised as ``BlisError`` and printed by ``blis_fast.cli`` (one line, exit 2); no
@@ -60,8 +61,16 @@ def _info_logging():
               "compare BLIS's aggregate TTFT and output throughput with it instead (the trace "
               "flags are then not used)")
 @click.option("--sim-metrics", default="", metavar="FILE",
-              help="BLIS metrics JSON (blis run/replay --metrics-path) of the adapter-aware run; "
-              "required with --adapter-reference")
+              help="BLIS metrics JSON (blis run/replay --metrics-path): with an observed trace "
+              "whose header has observed_kv_metrics, its cache_hit_rate is compared with the "
+              "real one (the report's hit_rate); with --adapter-reference, the adapter-aware "
+              "run (required there)")
+@click.option("--hit-rate-tolerance-pp", type=GO_FLOAT, default="5", metavar="FLOAT",
+              show_default=True,
+              help="Band of the KV hit-rate comparison in percentage points (|sim - real| x 100)")
+@click.option("--ttft-mape-threshold", type=GO_FLOAT, default="0.15", metavar="FLOAT",
+              show_default=True,
+              help="TTFT MAPE (fraction) at or below which the report's ttft_tolerance is within")
 @click.option("--sim-metrics-blind", default="", metavar="FILE",
               help="BLIS metrics JSON of the same workload without adapters: adds the "
               "aware/blind (delta-normalized) error to the --adapter-reference report")
@@ -73,6 +82,7 @@ def calibrate_command(ctx: click.Context, trace_header: str, trace_data: str, si
                       report: str, warmup_requests: int, network_rtt_us: int,
                       network_bandwidth_mbps: float, itl_data: str, plot_path: str,
                       exclude_flagged: bool, adapter_reference: str, sim_metrics: str,
+                      hit_rate_tolerance_pp: float, ttft_mape_threshold: float,
                       sim_metrics_blind: str, adapter_mape_threshold: float) -> None:
     """Compare the latencies of an observed trace with a replay's SimResults (or, with
     --adapter-reference, a LoRA run's aggregates with a Digital-Twin reference)."""
@@ -85,6 +95,45 @@ def calibrate_command(ctx: click.Context, trace_header: str, trace_data: str, si
     from blis_fast.calibrate.calibration import calibrate  # lazy: not for blis --help
     from blis_fast.calibrate.report import report_text, summary_lines  # lazy: not for blis --help
 
+    plan, plot_format = _output_plan(trace_header, trace_data, sim_results, report, itl_data,
+                                     sim_metrics, plot_path)
+    result = calibrate(trace_header, trace_data, sim_results, warmup_requests=warmup_requests,
+                       network_rtt_us=network_rtt_us,
+                       network_bandwidth_mbps=network_bandwidth_mbps,
+                       itl_data=itl_data or None, hit_rate_tolerance_pp=hit_rate_tolerance_pp,
+                       ttft_mape_threshold=ttft_mape_threshold)
+    from blis_fast.calibrate.inputs import load_itl  # lazy: not for blis --help
+    from blis_fast.calibrate.quality import quality_lines, regrade, trace_flags  # lazy: numpy
+    from blis_fast.workload.replay import load_trace_records  # lazy: not for blis --help
+
+    flags = trace_flags(load_trace_records(trace_data), trace_data, result.warm_up,
+                        load_itl(itl_data) if itl_data else None)
+    if exclude_flagged and flags.flagged:
+        result.report = regrade(result.report, result.pairs, flags, trace_data)
+    from blis_fast.calibrate.hit_rate import add_verdicts, verdict_lines  # lazy: not for --help
+
+    result.report = add_verdicts(result.report, result.observed_kv, trace_header, sim_metrics,
+                                 hit_rate_tolerance_pp, ttft_mape_threshold,
+                                 bool(_given(ctx, ("hit_rate_tolerance_pp",
+                                                   "ttft_mape_threshold"))))
+    _write(plan, report, report_text(result.report), plot_path, plot_format, result)
+    with _info_logging():
+        for line in result.pairs.warnings:
+            log.warning(line)
+        for line in quality_lines(flags, result.pairs, exclude_flagged):
+            log.warning(line)
+        for line in summary_lines(result.report, result.pairs, report):
+            log.info(line)
+        for level, line in verdict_lines(result.report):
+            log.log(level, line)
+        if plot_format is not None:
+            log.info(f"Plot written to {plot_path}")
+
+
+def _output_plan(trace_header: str, trace_data: str, sim_results: str, report: str,
+                 itl_data: str, sim_metrics: str, plot_path: str):
+    """The required flags checked, then the output paths (``files.OutputPlan``: no output
+    may be an input) and the ``--plot`` format (None without it)."""
     given = {"trace-header": trace_header, "trace-data": trace_data,
              "sim-results": sim_results, "report": report}
     for name in _REQUIRED:
@@ -94,7 +143,8 @@ def calibrate_command(ctx: click.Context, trace_header: str, trace_data: str, si
 
     plan = OutputPlan()
     plan.add_inputs([("--trace-header", trace_header), ("--trace-data", trace_data),
-                     ("--sim-results", sim_results), ("--itl-data", itl_data)])
+                     ("--sim-results", sim_results), ("--itl-data", itl_data),
+                     ("--sim-metrics", sim_metrics)])
     plan.check_file(report, "--report")
     plot_format = None
     if plot_path:
@@ -103,20 +153,13 @@ def calibrate_command(ctx: click.Context, trace_header: str, trace_data: str, si
 
         plot_format = check_plot_path(plot_path)
         plan.check_file(plot_path, "--plot")
-    result = calibrate(trace_header, trace_data, sim_results, warmup_requests=warmup_requests,
-                       network_rtt_us=network_rtt_us,
-                       network_bandwidth_mbps=network_bandwidth_mbps,
-                       itl_data=itl_data or None)
-    from blis_fast.calibrate.inputs import load_itl  # lazy: not for blis --help
-    from blis_fast.calibrate.quality import quality_lines, regrade, trace_flags  # lazy: numpy
-    from blis_fast.workload.replay import load_trace_records  # lazy: not for blis --help
+    return plan, plot_format
 
-    flags = trace_flags(load_trace_records(trace_data), trace_data, result.warm_up,
-                        load_itl(itl_data) if itl_data else None)
-    if exclude_flagged and flags.flagged:
-        result.report = regrade(result.report, result.pairs, flags, trace_data)
-    text = report_text(result.report)
-    with plan:  # the report and its asked-for plot are written together or not at all
+
+def _write(plan, report: str, text: str, plot_path: str, plot_format: str | None,
+           result) -> None:
+    """The report and its asked-for plot, written together or not at all."""
+    with plan:
         plan.stage_text(report, "--report", text)
         if plot_format is not None:
             # lazy: not for blis --help (polars)
@@ -125,29 +168,27 @@ def calibrate_command(ctx: click.Context, trace_header: str, trace_data: str, si
             image = render_plot(plot_calibration(result.pairs, result.report), plot_format)
             plan.stage(plot_path, "--plot", image)
         plan.commit()
-    with _info_logging():
-        for line in result.pairs.warnings:
-            log.warning(line)
-        for line in quality_lines(flags, result.pairs, exclude_flagged):
-            log.warning(line)
-        for line in summary_lines(result.report, result.pairs, report):
-            log.info(line)
-        if plot_format is not None:
-            log.info(f"Plot written to {plot_path}")
 
 
 _TRACE_FLAGS = ("trace_header", "trace_data", "sim_results", "warmup_requests", "network_rtt_us",
-                "network_bandwidth_mbps", "itl_data", "plot_path", "exclude_flagged")
-_ADAPTER_FLAGS = ("sim_metrics", "sim_metrics_blind", "adapter_mape_threshold")
+                "network_bandwidth_mbps", "itl_data", "plot_path", "exclude_flagged",
+                "hit_rate_tolerance_pp", "ttft_mape_threshold")
+_ADAPTER_FLAGS = ("sim_metrics_blind", "adapter_mape_threshold")
+"""Flags only adapter mode reads (``--sim-metrics`` serves both modes)."""
+
+
+def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
+    """The flags among ``names`` (parameter names) given on the command line."""
+    from click.core import ParameterSource
+
+    return [f"--{p.opts[0].lstrip('-')}" for p in ctx.command.params
+            if p.name in names and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
 
 
 def _warn_unused(ctx: click.Context, names: tuple[str, ...], mode: str) -> None:
     """One warning naming the given flags that the chosen mode does not read (the reference
     ignores them silently)."""
-    from click.core import ParameterSource
-
-    given = [f"--{p.opts[0].lstrip('-')}" for p in ctx.command.params
-             if p.name in names and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
+    given = _given(ctx, names)
     if given:
         log.warning(f"{', '.join(given)} not used {mode}: ignored")
 
