@@ -166,7 +166,9 @@ def register(group: click.Group) -> None:
         """Serve a simulated vLLM fleet in real time behind an OpenAI-compatible API."""
         given = {name: ",".join(v) if isinstance(v, tuple) else v for name, v in raw.items()
                  if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
-        options = build_options(given)
+        # no server-side deadline (run's --timeout is a client's): a client that gives up
+        # disconnects, and its request is aborted
+        options = build_options({**given, "timeout": "-1"})
         if serve_trace_output:
             plan = OutputPlan()
             for suffix in (".yaml", ".csv"):
