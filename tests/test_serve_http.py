@@ -15,6 +15,7 @@ import asyncio
 import csv
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -163,6 +164,19 @@ def test_whole_answers_and_default_length(served, tmp_path):
     # estimate: ceil(8/4) + ceil(2/4) + 4 per message
     assert body["usage"]["prompt_tokens"] == 2 + 1 + 8
     assert [int(r["output_tokens"]) for r in _rows(srv, sim, tmp_path)] == [7, 2]
+
+
+def test_default_length_drawn_per_request(tmp_path):
+    sim = _live()
+    srv = start_in_thread(sim, ServeConfig(model=MODEL, speed=SPEED, default_output_tokens=20,
+                                           default_output_stdev=5.0, seed=3))
+    base = f"http://127.0.0.1:{srv.port}"
+    reasons = [json.loads(_post(base, "/v1/completions", {"model": MODEL, "prompt": "hi"})[1])
+               ["choices"][0]["finish_reason"] for _ in range(6)]
+    rng = random.Random(3)  # the documented rule: normal(20, 5) per request, rounded, >= 1
+    expected = [max(1, round(rng.gauss(20, 5))) for _ in range(6)]
+    assert [int(r["output_tokens"]) for r in _rows(srv, sim, tmp_path)] == expected
+    assert len(set(expected)) > 1 and reasons == ["stop"] * 6
 
 
 def test_models_health_ready_version(served):
@@ -345,6 +359,8 @@ def test_per_instance_ports_route_and_scrape_their_own_instance():
     (["--speed", "nan"], "--speed"),
     (["--port", "70000"], "--port"),
     (["--default-output-tokens", "0"], "--default-output-tokens"),
+    (["--default-output-tokens", "5,x"], "--default-output-tokens"),
+    (["--default-output-tokens", "5,-1"], "--default-output-tokens"),
     (["--content", "poetry"], "--content"),
     (["--rate", "5"], "--rate"),
     (["--trace-output", "/nonexistent-folder/served"], "--trace-output"),

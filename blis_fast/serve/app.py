@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import json
 import math
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ CHARS_PER_TOKEN = 4
 OpenAI's rule of thumb for English text; a chat prompt is estimated on its messages' contents
 plus 4 tokens per message for the chat template's role markers."""
 CHAT_TOKENS_PER_MESSAGE = 4
+MAX_DRAWN_LENGTH = 1 << 24
 
 FILLER_WORDS = (
     "the", "simulated", "fleet", "answers", "with", "filler", "text", "while", "its", "timing",
@@ -69,6 +71,8 @@ class ServeConfig:
     model: str
     speed: float = 1.0
     default_output_tokens: int = 128
+    default_output_stdev: float = 0.0  # > 0: the default length is drawn, normal, per request
+    seed: int = 42  # of those draws (in arrival order)
     content: str = "words"  # "words" | "echo"
     block_size: int = 16
     external_routing: bool = False
@@ -178,6 +182,7 @@ class LiveServer:
         self.failed: asyncio.Event | None = None
         self.served = 0  # requests that ended with their last token
         self._enc_cache: dict[str, bytes] = {}
+        self._rng = random.Random(config.seed)
 
     # ----- the clock and the time loop -----
 
@@ -295,7 +300,7 @@ class LiveServer:
         out = parsed.max_tokens
         if out is None:  # the default, within max-model-len (0: unlimited)
             room = self.sim.max_model_len - parsed.prompt_tokens
-            out = self.config.default_output_tokens
+            out = self._default_length()
             out = min(out, max(1, room)) if self.sim.max_model_len > 0 else out
         rid = f"{next(self._ids)}"
         handle = self.sim.submit(now, parsed.prompt_tokens, out, instance=instance,
@@ -309,6 +314,14 @@ class LiveServer:
         if self._wake is not None:
             self._wake.set()
         return st
+
+    def _default_length(self) -> int:
+        """The output length of a request without max_tokens: ``--default-output-tokens``,
+        or a draw from the normal distribution it names (rounded, at least 1)."""
+        mean, stdev = self.config.default_output_tokens, self.config.default_output_stdev
+        if stdev <= 0:
+            return mean
+        return max(1, min(MAX_DRAWN_LENGTH, round(self._rng.gauss(mean, stdev))))
 
     def cancel(self, st: _Stream) -> None:
         """The client is gone: abort its request in the simulation (its KV is freed)."""

@@ -36,6 +36,21 @@ def _speed(ctx: click.Context, param: click.Parameter, value: float) -> float:
     return value
 
 
+def _default_length(ctx: click.Context, param: click.Parameter,
+                    value: str) -> tuple[int, float]:
+    parts = value.split(",")
+    try:
+        mean = int(parts[0])
+        stdev = float(parts[1]) if len(parts) == 2 else 0.0
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected N or N,STDEV") from None
+    if len(parts) > 2 or not 1 <= mean <= MAX_OUTPUT_TOKENS or not (
+            math.isfinite(stdev) and 0 <= stdev <= MAX_OUTPUT_TOKENS):
+        raise click.BadParameter(f"{value!r}: N must be in 1..{MAX_OUTPUT_TOKENS} and STDEV "
+                                 f"a finite number in 0..{MAX_OUTPUT_TOKENS}")
+    return mean, stdev
+
+
 def parse_instance_ports(text: str | None, num_instances: int) -> list[int]:
     """``--instance-ports``: ``BASE`` (instance i listens on BASE+i; 0 gives each a free port)
     or one port per instance, comma-separated. Raises BlisConfigError naming the flag."""
@@ -141,9 +156,11 @@ def _serve_options(func: Any) -> Any:
         click.option("--trace-output", "serve_trace_output", default="", metavar="PREFIX",
                      help="write what was served as a trace v2 (<prefix>.yaml + .csv) when "
                           "the server stops"),
-        click.option("--default-output-tokens", type=click.IntRange(1, MAX_OUTPUT_TOKENS),
-                     default=128, show_default=True,
-                     help="output length of a request that gives no max_tokens"),
+        click.option("--default-output-tokens", default="128", show_default=True,
+                     metavar="N[,STDEV]", callback=_default_length,
+                     help="output length of a request that gives no max_tokens; with a "
+                          "standard deviation, drawn per request (normal, rounded, >= 1, "
+                          "seeded by --seed)"),
         click.option("--content", type=click.Choice(["words", "echo"]), default="words",
                      show_default=True,
                      help="the filler text: fixed words, or the prompt's words echoed"),
@@ -161,7 +178,8 @@ def register(group: click.Group) -> None:
     @_serve_options
     @click.pass_context
     def serve_command(ctx: click.Context, host: str, port: int, instance_ports: str | None,
-                      speed: float, serve_trace_output: str, default_output_tokens: int,
+                      speed: float, serve_trace_output: str,
+                      default_output_tokens: tuple[int, float],
                       content: str, **raw: object) -> None:
         """Serve a simulated vLLM fleet in real time behind an OpenAI-compatible API."""
         given = {name: ",".join(v) if isinstance(v, tuple) else v for name, v in raw.items()
@@ -186,7 +204,9 @@ def register(group: click.Group) -> None:
         count, how = load_token_counter(options.model)
         sys.stderr.write(f"blis serve: prompt tokens {how}\n")
         config = ServeConfig(model=options.model, speed=speed,
-                             default_output_tokens=default_output_tokens, content=content,
+                             default_output_tokens=default_output_tokens[0],
+                             default_output_stdev=default_output_tokens[1],
+                             seed=int(options.seed), content=content,
                              block_size=int(options.block_size_in_tokens),
                              external_routing=bool(ports), count_tokens=count)
         sys.exit(run_serve(sim, config, host, port, ports, serve_trace_output))
