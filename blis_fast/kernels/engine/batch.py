@@ -103,6 +103,18 @@ def wq_remove(ins, rs, i, r):
     ins.wq[i, _LEN] -= 1
 
 
+@njit(cache=True, _nrt=False, error_model="numpy")
+def batch_remove(ins, i, r):
+    """Take request ``r`` out of instance ``i``'s running batch (the others keep their order)."""
+    keep = 0
+    for q in range(ins.batch_len[i]):
+        x = ins.batch[i, q]
+        if x != r:
+            ins.batch[i, keep] = x
+            keep += 1
+    ins.batch_len[i] = keep
+
+
 # ------------------------------------------------------------------ scheduling order
 
 

@@ -39,7 +39,13 @@ from blis_fast.kernels.cluster import routing as rtk
 from blis_fast.kernels.cluster.router_state import RouterCfg, RouterVar, SnapGroup
 from blis_fast.kernels.cluster.scorers import is_known_scorer
 from blis_fast.kernels.engine import lora as lk
-from blis_fast.kernels.engine.batch import Priority, Scheduler, wq_push_back, wq_remove
+from blis_fast.kernels.engine.batch import (
+    Priority,
+    Scheduler,
+    batch_remove,
+    wq_push_back,
+    wq_remove,
+)
 from blis_fast.kernels.engine.events import push_event as _push
 from blis_fast.kernels.engine.events import schedule_step as _schedule_step
 from blis_fast.kernels.engine.heap import (
@@ -320,13 +326,7 @@ def _on_timeout(cfg, inp, rs, ins, kv, rt, heap, sess, pd, lora, i, t, r):
     kvc.release(kv, i, r)
     rs.hot[r, HotField.COMPUTED] = 0
     if was_running:
-        keep = 0
-        for q in range(ins.batch_len[i]):
-            x = ins.batch[i, q]
-            if x != r:
-                ins.batch[i, keep] = x
-                keep += 1
-        ins.batch_len[i] = keep
+        batch_remove(ins, i, r)
     elif was_queued:
         wq_remove(ins, rs, i, r)
     if (ins.batch_len[i] == 0 and ins.cnt[i, InstanceCounter.STEP_PENDING] == 0

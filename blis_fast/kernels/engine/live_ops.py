@@ -14,7 +14,7 @@ rebuilt from the remaining events: their keys are unique, so the pop order is un
 from __future__ import annotations
 
 from blis_fast.kernels.cluster import admission as adm
-from blis_fast.kernels.engine.batch import wq_remove
+from blis_fast.kernels.engine.batch import batch_remove, wq_remove
 from blis_fast.kernels.engine.events import push_event
 from blis_fast.kernels.engine.heap import heap_push
 from blis_fast.kernels.engine.state import HotField, InstanceCounter, LoopSlot
@@ -54,18 +54,6 @@ def _drop_events(heap, r):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def _leave_batch(ins, i, r):
-    """Take request ``r`` out of instance ``i``'s running batch (order kept)."""
-    keep = 0
-    for q in range(ins.batch_len[i]):
-        x = ins.batch[i, q]
-        if x != r:
-            ins.batch[i, keep] = x
-            keep += 1
-    ins.batch_len[i] = keep
-
-
-@njit(cache=True, _nrt=False, error_model="numpy")
 def abort_request(rs, ins, kv, rt, heap, r):
     """Abort request ``r`` now; returns True when it was still in the simulation (then its
     state is ``RequestState.ABORTED``), False when it had already ended there (completed,
@@ -83,7 +71,7 @@ def abort_request(rs, ins, kv, rt, heap, r):
         if state == RequestState.QUEUED:
             wq_remove(ins, rs, i, r)
         elif state == RequestState.RUNNING:
-            _leave_batch(ins, i, r)
+            batch_remove(ins, i, r)
         kvc.release(kv, i, r)
         rs.hot[r, HotField.COMPUTED] = 0
         ins.cnt[i, InstanceCounter.IN_FLIGHT] -= 1
