@@ -19,7 +19,7 @@ import blis_fast
 from blis_fast.config.pd_mode import requested as pd_requested
 from blis_fast.engine.simulate import engine_variant, event_loop_arguments
 from blis_fast.engine.warmup import _one_request_run, compile_engine
-from blis_fast.kernels.engine.event_loop import PD_ARGUMENT, run_events
+from blis_fast.kernels.engine.event_loop import LORA_ARGUMENT, PD_ARGUMENT, run_events
 
 ROOT = Path(blis_fast.__file__).resolve().parents[1]
 QUICK_START = ROOT / "tests" / "reference_cases" / "cases" / "quickstart-llama31-8b"
@@ -72,9 +72,10 @@ def _signature(arguments: tuple) -> tuple:
 def test_event_loop_arguments_are_the_loops_first_call() -> None:
     compile_engine()  # the one-request run: its loop call is compiled (or loaded) here
     arguments = event_loop_arguments(*_one_request_run())
-    assert len(arguments) == 13
+    assert len(arguments) == 14
     assert _signature(arguments) in run_events.overloads
     assert arguments[PD_ARGUMENT] is None  # no P/D: its code is not compiled
+    assert arguments[LORA_ARGUMENT] is None  # nor LoRA's
 
 
 @pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaExperimentalFeatureWarning")

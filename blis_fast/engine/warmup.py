@@ -79,14 +79,14 @@ def compile_late_engine_parts(pd: bool = False) -> None:
         typeof = run_events.typeof_pyval
         i64 = types.int64  # times, rows, counts: the heap's and the config's int64 values
         if pd:  # as the loop calls them (kernels/engine/event_loop.py: _on_routing, run_events)
-            cfg, inp, rs, ins, kv, _lg, rt, heap, work, hooks, _sess, pds, _asc = (
+            cfg, inp, rs, ins, kv, _lg, rt, heap, work, hooks, _sess, pds, _asc, _lora = (
                 typeof(a) for a in arguments)
             pdk.route_decode_first.compile((cfg, inp, rs, ins, kv, rt, heap, hooks, pds, i64,
                                             i64))
             pdk.on_prefill_routing.compile((inp, rs, ins, kv, rt, heap, hooks, pds, i64, i64))
             pdk.on_transfer_start.compile((inp, rs, kv, heap, work, pds, i64, i64))
             pdk.on_transfer_done.compile((cfg, inp, rs, ins, rt, heap, pds, i64, i64))
-        cfg, inp, _rs, ins, kv, _lg, rt, _heap, work, hooks, _sess, _pd, _asc = arguments
+        cfg, inp, _rs, ins, kv, _lg, rt, _heap, work, hooks, _sess, _pd, _asc, _lora = arguments
         # as the loop calls them (kernels/engine/event_loop.py: _on_routing, _on_admission;
         # kernels/engine/step.py: run_step), the latest reached first
         rtk.route.compile((typeof(rt), typeof(kv), i64, typeof(inp.input_len[0]), i64,
