@@ -161,12 +161,36 @@ def test_preempted_requests_end_as_in_the_run():
             assert tokens[h][0] - table.arrival_us[k] == res.ttft_us[k]
 
 
-def test_growth_by_rebuild_changes_nothing(workload):
+def test_growth_changes_nothing(workload):
     table, res = workload
-    sim = _live(rows=16)  # every 16, 32, 64 rows the simulation is rebuilt bigger
+    sim = _live(rows=16)  # rows grow at 16, 32, 64
     handles, tokens, ends, _ = _drive(sim, table.arrival_us, table.input_len,
                                       table.output_len, [11_000])
     _check_against(table, res, handles, tokens, ends)
+
+
+def _stream(sim: LiveSimulation) -> list:
+    """300 requests, a few in flight at a time; everything told, in order."""
+    told = []
+    t = 0
+    for k in range(300):
+        sim.submit(t, 200 + k % 50, 30 + k % 11)
+        t += 37_000
+        told += sim.advance(t)
+    while (nxt := sim.next_event_us()) is not None:
+        t = max(t, nxt + 1)
+        told += sim.advance(t)
+    return told
+
+
+def test_step_log_stays_bounded_and_compaction_changes_nothing():
+    """The step log is compacted (what no request in flight refers to is dropped) instead of
+    growing with the server's age; every token time stays as without compaction."""
+    sim = _live({"num_instances": 1}, rows=16)  # a step log of 1024 entries at the start
+    told = _stream(sim)
+    assert sim._eng.room.rows >= 300 and sim._eng.compactions > 0
+    assert sim._eng.lg.time.shape[0] <= 2048  # 300 x ~35 steps were taken
+    assert told == _stream(_live({"num_instances": 1}))  # 16384 entries: never compacted
 
 
 def _shared_prefix_tokens(sim: LiveSimulation, forced_replay: bool, monkeypatch):

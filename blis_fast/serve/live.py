@@ -65,7 +65,9 @@ from blis_fast.kernels.engine.live_ops import abort_request, route_to
 from blis_fast.kernels.engine.state import (
     ConfigSlot,
     HotField,
+    InstanceCounter,
     InstanceSlot,
+    LogCursor,
     LoopSlot,
     OutcomeField,
     QueueField,
@@ -222,6 +224,7 @@ class _Engine:
         self.hooks = _kernel_hooks(cfg.hooks)
         self.entry = run_events
         self.tiered = bool(self.kv.cfg[KVConfig.TIERED] == 1)
+        self.compactions = 0  # of the step log (compact_log)
 
     def fits(self, row: _Row) -> bool:
         """Whether ``row`` fits the room left (else the simulation is rebuilt bigger)."""
@@ -266,9 +269,10 @@ class _Engine:
             route_to(self.rs, self.ins, self.rt, self.heap, k, row.instance, row.arrival)
         return k
 
-    def run_until(self, stop: int) -> None:
+    def run_until(self, stop: int, compact=None) -> None:
         """Process every event before tick ``stop`` (growing the heap and the step log). No
-        call when there is none: a call unboxes every state array (~0.1 ms)."""
+        call when there is none: a call unboxes every state array (~0.1 ms). ``compact``
+        (returns True when it made room) is tried before the step log grows."""
         heap = self.heap
         if heap.loop[LoopSlot.HEAP_SIZE] == 0 or heap.times[0] >= stop:
             return
@@ -285,6 +289,8 @@ class _Engine:
                     _check_growth(2 * sum(a.nbytes for a in self.heap[:4]), self.ins, self.lg)
                     self.heap = grow_event_heap(self.heap, 2 * self.heap.times.shape[0])
                 elif status == Status.GROW_LOG:
+                    if compact is not None and compact():
+                        continue
                     _check_growth(2 * sum(a.nbytes for a in self.lg[:-1]), self.ins, self.lg)
                     self.lg = grow_step_log(self.lg, 1, 2 * self.ins.batch.shape[1] + 1)
                 elif status in (Status.PAUSED, Status.OK):
@@ -295,6 +301,62 @@ class _Engine:
                 else:
                     raise_failure(status, failures)
         self.heap.loop[LoopSlot.STOP_AT] = INT64_MAX
+
+    def log_full(self) -> bool:
+        """Whether the step log or its ITL-run pool has no room for the next step (the loop's
+        own test before a step)."""
+        lg = self.lg
+        max_batch = self.ins.batch.shape[1]
+        return bool(lg.sizes[LogCursor.STEPS] + 1 > lg.time.shape[0]
+                    or lg.sizes[LogCursor.RUNS] + 2 * max_batch + 1 > lg.run_start.shape[0])
+
+    def compact_log(self, tracks: dict[int, _Track]) -> bool:
+        """Drop the step-log entries and ITL runs no request still in the simulation refers
+        to (every reference shifted: the request's runs and last decode step, the instances'
+        last entries, ``tracks``' cursors, whose walks are up to date); True when at least half
+        of the log and of the run pool was dropped and the loop has room again. Entries of
+        requests that ended are dropped with their marks (``blis serve`` reads no ITL counts)."""
+        lg, rs, hot = self.lg, self.rs, self.rs.hot
+        n_steps = int(lg.sizes[LogCursor.STEPS])
+        n_runs = int(lg.sizes[LogCursor.RUNS])
+        n = self.rows.n
+        state = rs.state[:n]
+        live = np.flatnonzero(((state == RequestState.QUEUED) | (state == RequestState.RUNNING))
+                              & (rs.run_head[:n] >= 0))
+        heads = rs.run_head[live]
+        step0 = int(lg.run_start[heads].min()) if live.shape[0] else n_steps
+        run0 = int(heads.min()) if live.shape[0] else n_runs
+        for track in tracks.values():
+            if track.end_us < 0 and track.run >= 0:
+                run0 = min(run0, track.run)
+                step0 = min(step0, track.step if track.step >= 0 else n_steps,
+                            int(lg.run_start[track.run]))
+        if 2 * step0 < n_steps or 2 * run0 < n_runs:
+            return False
+        for a in lg[:8]:  # the per-step arrays
+            a[: n_steps - step0] = a[step0:n_steps]
+        lg.next_same[: n_steps - step0] = np.where(lg.next_same[: n_steps - step0] >= step0,
+                                                   lg.next_same[: n_steps - step0] - step0, -1)
+        for a in (lg.run_start, lg.run_last, lg.run_next):
+            a[: n_runs - run0] = a[run0:n_runs]
+        lg.run_start[: n_runs - run0] -= step0
+        lg.run_last[: n_runs - run0] -= step0
+        lg.run_next[: n_runs - run0] = np.where(lg.run_next[: n_runs - run0] >= run0,
+                                                lg.run_next[: n_runs - run0] - run0, -1)
+        lg.sizes[LogCursor.STEPS] = n_steps - step0
+        lg.sizes[LogCursor.RUNS] = n_runs - run0
+        last = self.ins.cnt[:, InstanceCounter.LAST_STEP]
+        last[:] = np.where(last >= step0, last - step0, -1)
+        for col, base in ((HotField.LAST_DECODE, step0), (HotField.RUN_TAIL, run0)):
+            v = hot[:n, col]
+            hot[:n, col] = np.where(v >= base, v - base, -1)
+        rs.run_head[:n] = np.where(rs.run_head[:n] >= run0, rs.run_head[:n] - run0, -1)
+        for track in tracks.values():
+            if track.run >= 0:
+                track.run -= run0
+                track.step = track.step - step0 if track.step >= 0 else -1
+        self.compactions += 1
+        return not self.log_full()
 
     def _table(self) -> RequestTable:
         """The rows so far as a request table (for error messages naming a request)."""
@@ -539,8 +601,14 @@ class LiveSimulation:
 
     def _run_until(self, t: int) -> None:
         if t > self._now:
-            self._eng.run_until(t)
+            self._eng.run_until(t, self._compact)
             self._now = max(self._now, t)
+
+    def _compact(self) -> bool:
+        """Make room in the step log by dropping what no request needs any more (the
+        server's memory stays bounded by the requests in flight, not by its age)."""
+        self._refresh()
+        return self._eng.compact_log(self._tracks)
 
     def _rebuild(self, row: _Row) -> None:
         """A simulation with twice the room (and room for ``row``): the state copied into
@@ -787,9 +855,14 @@ def _carried(old: Any, new: Any) -> Any:
 
 
 def _copied_into(old: _Engine, new: _Engine) -> _Engine:
-    """``new`` (an engine with more room) holding ``old``'s state."""
-    for name in ("inp", "rs", "ins", "kv", "lg", "rt", "heap", "work", "sess", "sim_cfg"):
+    """``new`` (an engine with more room) holding ``old``'s state. The step log and the heap
+    are kept as they are: buffers the loop asks to grow (the log's size follows the requests
+    in flight, ``compact_log``, not the rows)."""
+    for name in ("inp", "rs", "ins", "kv", "rt", "work", "sess", "sim_cfg"):
         setattr(new, name, _carried(getattr(old, name), getattr(new, name)))
+    new.lg = old.lg
+    new.heap = old.heap
+    new.compactions = old.compactions
     new.rows = old.rows
     new.entry = old.entry
     return new
