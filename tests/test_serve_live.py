@@ -314,6 +314,12 @@ def test_pd_is_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
+def test_autoscaler_is_refused_in_one_line():
+    with pytest.raises(BlisConfigError, match="autoscaler") as err:
+        LiveSimulation(build_options({**BASE, "model_autoscaler_interval_us": 1_000_000}))
+    assert "\n" not in str(err.value)
+
+
 def test_unservable_request_is_dropped():
     sim = _live({"max_model_len": 1000})
     h = sim.submit(0, 990, 50)
