@@ -388,3 +388,43 @@ def test_the_whole_loop_on_the_scripted_server(tiered_trace, tmp_path):
     hit = json.loads((tmp_path / "rep.json").read_text())["hit_rate"]
     assert hit["real_hit_rate"] == 0.333 and hit["sim_hit_rate"] == sim
     assert hit["abs_error_pp"] == abs(sim - 0.333) * 100 and hit["source"] == "tiered"
+
+
+# ---- a real vLLM server (CPU build, tiny model; -m realserver) -------------------------------
+
+@pytest.mark.realserver
+def test_real_vllm_prefix_cache_counters_give_a_block(tmp_path):
+    """Released vLLM (0.32, V1 engine) names its counters vllm:prefix_cache_hits/_queries: the
+    reference's scrape finds nothing there, blis_fast's records them as the GPU fallback. Six
+    requests share a 320-token prefix (vLLM's CPU blocks hold 128 tokens), so later ones hit
+    the prefix cache."""
+    from blis_fast.testing.vllm_server import MODEL_NAME, VllmServer, VllmUnavailable
+
+    (tmp_path / "spec.yaml").write_text(
+        'version: "2"\nseed: 3\ncategory: language\naggregate_rate: 4.0\nnum_requests: 6\n'
+        "clients:\n  - id: c\n    rate_fraction: 1.0\n    prefix_group: sys\n"
+        "    prefix_length: 320\n    arrival:\n      process: constant\n"
+        "    input_distribution:\n      type: gaussian\n"
+        "      params: {mean: 20, std_dev: 0, min: 20, max: 20}\n"
+        "    output_distribution:\n      type: gaussian\n"
+        "      params: {mean: 4, std_dev: 0, min: 4, max: 4}\n")
+    server = VllmServer()
+    try:
+        server.start()
+    except VllmUnavailable as exc:
+        pytest.skip(f"real vLLM server unavailable: {exc}")
+    try:
+        res = run_observe(ObserveOptions(
+            server_url=server.url, model=MODEL_NAME, workload_spec=str(tmp_path / "spec.yaml"),
+            timeout=120, scrape_kv_metrics=True, vllm_commit="v0.32.0",
+            trace_header=str(tmp_path / "t.yaml"), trace_data=str(tmp_path / "t.csv"),
+            given=frozenset({"workload_spec", "timeout"})))
+    finally:
+        server.stop()
+    block = res.observed_kv
+    print(f"\nobserved_kv_metrics: {block}")
+    assert block is not None and block.source == "gpu-prefix-cache-fallback"
+    assert 0 < block.block_hits <= block.block_queries and block.hit_rate > 0
+    prompts = sum(o.record.server_input_tokens for o in res.result.observed)
+    assert block.block_queries >= prompts - len(res.result.observed)  # queried tokens
+    assert load_trace_header(str(tmp_path / "t.yaml"))["observed_kv_metrics"] == block
