@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,6 +193,33 @@ def test_a_failed_window_warns_and_writes_no_block(tmp_path, caplog, script, get
     assert len(warned) == 1 and message in warned[0], warned
     assert warned[0].endswith("the trace header will have no observed_kv_metrics")
     assert len((tmp_path / "t.csv").read_text().splitlines()) == 4  # the trace is whole
+
+
+def test_an_interrupted_window_writes_no_block(tmp_path):
+    """Ctrl-C ends the window early: the trace is written, the hit rate is not (no end
+    scrape: the counters would cover requests the trace shows as aborted)."""
+    record, script = tmp_path / "received.jsonl", tmp_path / "script.json"
+    script.write_text(json.dumps([TIERED_START, TIERED_END]))
+    with running_record_server(record, token_delay_ms=100, metrics_script=script) as url:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "blis_fast.cli", "observe", "--server-url", url, "--model",
+             "m", "--rate", "20", "--num-requests", "200", "--prompt-tokens", "20",
+             "--prompt-tokens-stdev", "5", "--output-tokens", "8", "--output-tokens-stdev", "2",
+             "--record-itl", "--drain-timeout", "0.2", "--scrape-kv-metrics",
+             "--trace-header", str(tmp_path / "t.yaml"), "--trace-data", str(tmp_path / "t.csv")],
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline and not (
+                record.exists() and len(record.read_text().splitlines()) >= 5):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "the observation was interrupted, so the window has no end scrape" in err
+    assert "observed_kv_metrics" not in (tmp_path / "t.yaml").read_text()
+    paths = [json.loads(line)["path"] for line in record.read_text().splitlines()]
+    assert paths.count("/metrics") == 1
 
 
 @pytest.mark.parametrize("url", ["ftp://host/metrics", "localhost:9090/metrics", "http://"])
