@@ -29,7 +29,6 @@ REL_TOL = 1e-9
 # Cases that wait for a later issue. The parity test marks them as strict expected failures,
 # so a family whose cases start passing must leave this table.
 PENDING_FAMILIES: dict[str, str] = {
-    "lora-": "LoRA multi-adapter serving is being built (issue 31)",
     "kvo-": "the August KV offload tier chain is not built yet (issue 32)",
 }
 """Case-id prefixes of families waiting for a feature (every case of the family except those
@@ -38,18 +37,6 @@ ADOPTED_EARLY: dict[str, tuple[str, ...]] = {}
 """Case-id prefixes, per pending family, of the cases that must already pass while the rest
 of the family waits (a feature built in steps)."""
 PASSING_IN_PENDING: frozenset[str] = frozenset({
-    "lora-1inst-3adapters-cap2-lru", "lora-2inst-round-robin-cap1-thrash",
-    "lora-4inst-affinity-weight2-queue-kv", "lora-affinity-default-profile-prefix",
-    "lora-affinity-only-scorer-random-ties", "lora-affinity-policy-bundle",
-    "lora-affinity-stale-snapshot-100ms", "lora-base-model-match",
-    "lora-calibrate-adapter-reference", "lora-cohorts-and-clients",
-    "lora-declared-no-capacity-inert", "lora-explicit-kv-blocks-no-reservation",
-    "lora-file-tiers-clamp-k6-default", "lora-flags-override-file-slow-loads",
-    "lora-hbm-reservation-kv-pressure", "lora-invalid-capacity-zero-flag",
-    "lora-invalid-reservation-exceeds-hbm", "lora-invalid-scorer-weight-twice",
-    "lora-invalid-unknown-adapter-in-workload", "lora-multiturn-sessions-cap1",
-    "lora-preempted-pin-stall-sjf", "lora-replay-trace-cap1-round-robin",
-    "lora-sjf-reorders-gated-head", "lora-timeouts-release-pins",
     "kvo-invalid-blocks-per-chunk-2-panics", "kvo-invalid-both-offload-models",
     "kvo-invalid-direct-io-missing", "kvo-invalid-obj-tier-type",
     "kvo-invalid-store-threshold-2"})
