@@ -369,8 +369,11 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     for msg in offload.warnings:
         log.warning(msg)
     if kv_offload is not None:
-        log.warning("--kv-offload-config: the tier chain is not simulated yet (issue 32): this "
-                    "run simulates the GPU KV cache alone")
+        log.warning("--kv-offload-config: CPU->GPU reloads cost no time, as in the August "
+                    "reference (KVO-D1; --kv-cpu-blocks charges them)")
+        if kv_offload.tiers:
+            log.warning("--kv-offload-config: secondary_tiers are not simulated yet (issue 32): "
+                        "this run simulates the GPU cache and the CPU tier only")
     no_capacity = no_capacity_warning(lora)
     if no_capacity is not None:
         log.warning(no_capacity)

@@ -210,15 +210,24 @@ def kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: Capacity):
                      np.uint64)
     block_size = opts.block_size_in_tokens
     reload_ticks = 0
-    if opts.kv_cpu_blocks > 0:
+    cpu_blocks = opts.kv_cpu_blocks
+    reload_first = opts.kv_cpu_reload == "always"
+    prompt_only = False
+    if cpu_blocks > 0:
         reload_ticks = opts.kv_transfer_base_latency + int(
             math.ceil(float(block_size) / opts.kv_transfer_bandwidth))
+    elif cfg.kv_offload is not None:
+        # the tier chain's CPU tier (KVO-3.2, KVO-5): consulted before every allocation,
+        # reloads free of charge (KVO-5.6, KVO-D1), prompt-only mirroring (KVO-8)
+        cpu_blocks = cfg.kv_offload.cpu_blocks
+        reload_first = True
+        prompt_only = cfg.kv_offload.offload_prompt_only
     return new_kv_state(opts.num_instances, cfg.kv_blocks_per_instance(), block_size, chunk_off,
-                        chunk_dig, inp.input_len, inp.output_len, opts.kv_cpu_blocks,
+                        chunk_dig, inp.input_len, inp.output_len, cpu_blocks,
                         reload_ticks, cfg.hash_decode_blocks,
                         log_changes=_delayed_cache_signal(cfg), pool_extra=room.pool,
                         chunk_capacity=chunk_dig.shape[0],
-                        reload_first=opts.kv_cpu_reload == "always")
+                        reload_first=reload_first, prompt_only_mirror=prompt_only)
 
 
 def with_prefill_rows(table):

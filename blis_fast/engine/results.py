@@ -349,6 +349,10 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
         mirrors = kv.cpu_meta[:, CpuMeta.MIRRORS]
         thrash = np.where(mirrors > 0, kv.cpu_meta[:, CpuMeta.EVICTIONS]
                           / np.maximum(mirrors, 1), 0.0)
+        if cfg.kv_offload is not None:
+            # the chain's KV Thrashing Rate is refused / attempted promotions (KVO-10.2,
+            # KVO-D6): no promotion without a secondary tier
+            thrash = np.zeros(kv.cpu_meta.shape[0])
     steps = int(lg.sizes[LogCursor.STEPS])
     used = slice(0, n_used)
     completed = rs.state[used] == RequestState.COMPLETED

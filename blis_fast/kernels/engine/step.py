@@ -219,7 +219,7 @@ def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority, lora
     if used > ins.cnt[i, InstanceCounter.PEAK_KV]:
         ins.cnt[i, InstanceCounter.PEAK_KV] = used
     ins.kv_integral[i] += np.float64(used) * np.float64(d)
-    kvc.mirror_to_cpu(kv, i, ins.batch[i], ins.batch_len[i])  # MirrorToCPU
+    kvc.mirror_to_cpu(kv, i, ins.batch[i], ins.batch_len[i], inp.input_len)  # MirrorToCPU
     return d
 
 

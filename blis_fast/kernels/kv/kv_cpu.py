@@ -72,16 +72,22 @@ def _cpu_store(kv, i, h):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def mirror_to_cpu(kv, i, batch_reqs, n):
-    """Copy every full, hashed block of the batch's requests to the CPU tier (ENG-5.9)."""
+def mirror_to_cpu(kv, i, batch_reqs, n, input_len):
+    """Copy every full, hashed block of the batch's requests to the CPU tier (ENG-5.9); with
+    ``KVConfig.PROMPT_ONLY`` (the tier chain's ``offload_prompt_only``, KVO-8.1) only the
+    blocks that lie wholly inside the request's prompt (``input_len[r]`` tokens)."""
     if kv.cfg[KVConfig.TIERED] == 0:
         return
     bs = kv.cfg[KVConfig.BLOCK_SIZE]
+    prompt_only = kv.cfg[KVConfig.PROMPT_ONLY] == 1
     for q in range(n):
         r = batch_reqs[q]
         off = kv.req[r, BlockList.OFFSET]
         sync_last(kv, i, r)
-        for k in range(kv.req[r, BlockList.COUNT]):
+        count = kv.req[r, BlockList.COUNT]
+        if prompt_only:
+            count = min(count * bs, input_len[r]) // bs
+        for k in range(count):
             b = kv.pool[off + k]
             h = get_block_hash(kv, i, b)
             if h == 0 or kv.blk[i, b, BlockField.TOKENS] < bs:

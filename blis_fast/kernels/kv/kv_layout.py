@@ -128,6 +128,8 @@ class KVConfigT(NamedTuple):
     HASH_DECODE: int = 5  # register blocks filled by output tokens
     LOG_CHANGES: int = 6  # log prefix-table changes for the router's delayed copy
     RELOAD_FIRST: int = 7  # tiered: consult the CPU tier before every GPU allocation (KVO-9.1)
+    # tier chain (--kv-offload-config): mirror only the blocks inside the prompt (KVO-8.1)
+    PROMPT_ONLY: int = 8
 
 
 KVConfig = KVConfigT()
@@ -175,6 +177,7 @@ def new_kv_state(
     pool_extra: int = 0,
     chunk_capacity: int | None = None,
     reload_first: bool = False,
+    prompt_only_mirror: bool = False,
 ) -> KVState:
     """Allocate an empty cache for every instance, sized from the workload.
 
@@ -196,6 +199,10 @@ def new_kv_state(
     ``reload_first`` selects the August reference's CPU-tier rule (KVO-9.1, #1586: the tier is
     consulted before every GPU allocation) over April's (only after a failed one); it matters
     only with a CPU tier.
+
+    ``prompt_only_mirror`` clamps each step's mirroring to the blocks inside the request's
+    prompt (the tier chain's ``offload_prompt_only``, KVO-8.1); April's tier mirrors every
+    full hashed block.
     """
     per_instance = np.broadcast_to(np.asarray(total_blocks, dtype=np.int64), (n_instances,))
     n_req = len(input_len)
@@ -235,7 +242,8 @@ def new_kv_state(
     cpu_free[:] = np.arange(cpu_cap - 1, -1, -1, dtype=np.int32)
     cfg = np.array([block_size, total_blocks, 1 if tiered else 0, cpu_cap, reload_ticks,
                     1 if (tiered or hash_decode_blocks) else 0, 1 if log_changes else 0,
-                    1 if (tiered and reload_first) else 0],
+                    1 if (tiered and reload_first) else 0,
+                    1 if (tiered and prompt_only_mirror) else 0],
                    dtype=np.int64)
     return KVState(
         blk=blk,
