@@ -154,6 +154,18 @@ class RunResult:
         table = self.pools_table()
         return None if table is None else pl.from_arrow(table)
 
+    def adapters_table(self):
+        """A LoRA run's per-adapter figures as a pyarrow Table (schema
+        ``schemas/adapters.json``, the rows of ``adapters.parquet``); None when no request
+        carries an adapter."""
+        if "adapters" not in self.summary:
+            return None
+        from blis_fast.output.adapters import adapter_rows, adapters_table  # lazy: pyarrow
+        from blis_fast.output.provenance import with_provenance  # lazy: pyarrow, tables only
+
+        return with_provenance(adapters_table(adapter_rows([*self.per_instance, self.summary])),
+                               self.provenance("adapters"))
+
     def requests_table(self):
         """Per-request results as a pyarrow Table (schema ``schemas/requests.json``)."""
         from blis_fast.output.parquet import requests_table  # lazy: pyarrow, tables only

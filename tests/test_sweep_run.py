@@ -68,6 +68,8 @@ def test_rows_carry_typed_config_columns_and_the_run_summary(reference):
     assert row["completed_requests"] == 300 and row["ttft_p99_ms"] > 0
     plan = load_sweep_plan(spec)
     assert frame["config_id"].to_list() == [c.config_id for c in plan.configs]
+    # no request carries a LoRA adapter: no adapters partitions (tests/test_examples.py has them)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "summary"]
 
 
 def test_same_spec_gives_byte_identical_summary_files(reference, tmp_path):

@@ -6,6 +6,8 @@ Layout under ``--out DIR``::
     summary/part-<first config id>.parquet         one row per configuration of a chunk
     requests/config_id=<id>/requests.parquet       per-request rows (``--requests``)
     pools/config_id=<id>/pools.parquet             a P/D configuration's pools (``--requests``)
+    adapters/config_id=<id>/adapters.parquet       a LoRA configuration's per-adapter figures
+                                                   (always: a few rows per configuration)
 
 Every summary file has the same Arrow schema (:func:`summary_schema`): ``config_id``, the
 configuration's option columns (typed from the options table), the metric columns of
@@ -75,6 +77,7 @@ class SweepStore:
         self.summary_dir = self.root / "summary"
         self.requests_dir = self.root / "requests"
         self.pools_dir = self.root / "pools"
+        self.adapters_dir = self.root / "adapters"
         self.manifest_path = self.root / "manifest.json"
         self._values = {c.config_id: c.values for c in plan.configs}
         self._manifest: dict[str, Any] = {}
@@ -155,11 +158,12 @@ class SweepStore:
                           flag="--out")
 
     def write(self, results: list[ConfigResult]) -> None:
-        """Write a chunk's requests (and P/D pools) files, then its summary rows (which mark
-        it done)."""
+        """Write a chunk's requests (P/D pools, LoRA adapters) files, then its summary rows
+        (which mark it done; a rerun after a crash overwrites the per-configuration files)."""
         for res in results:
             for folder, name, table in ((self.requests_dir, "requests.parquet", res.requests),
-                                        (self.pools_dir, "pools.parquet", res.pools)):
+                                        (self.pools_dir, "pools.parquet", res.pools),
+                                        (self.adapters_dir, "adapters.parquet", res.adapters)):
                 if table is not None:
                     part = folder / f"config_id={res.config_id}"
                     part.mkdir(parents=True, exist_ok=True)

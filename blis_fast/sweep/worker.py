@@ -30,6 +30,7 @@ class ConfigResult:
     error: str | None = None
     requests: pa.Table | None = None
     pools: pa.Table | None = None  # a P/D configuration's pools.parquet (with the requests)
+    adapters: pa.Table | None = None  # a LoRA configuration's adapters.parquet (always)
 
 
 @dataclass
@@ -87,7 +88,8 @@ def run_chunk(task: ChunkTask) -> list[ConfigResult]:
         del metrics["instance_id"]
         results.append(ConfigResult(config_id, metrics, None,
                                     run.requests_table() if task.with_requests else None,
-                                    run.pools_table() if task.with_requests else None))
+                                    run.pools_table() if task.with_requests else None,
+                                    run.adapters_table()))
     return results
 
 
