@@ -31,7 +31,8 @@ SINGLE_TURN_SPECS = ("inference-perf-shared-prefix.yaml", "prefix-affinity-demo.
                      "regression_workload_load_spikes.yaml", "servegen-language.yaml")
 MULTI_TURN_SPECS = ("multiturn-chat-demo.yaml", "regression_workload_multiturn.yaml")
 SCRIPTS = ("custom_scorer.py", "evolve_scorer.py", "pd_split.py", "routing_comparison.py")
-SWEEPS = ("sweep.yaml",)
+SWEEPS = ("sweep.yaml", "lora-sweep.yaml")
+LORA = ("lora-adapters.yaml", "lora-workload.yaml")  # the files lora-sweep.yaml runs
 AUTOSCALE = ("autoscale-spike.yaml", "autoscale-fast.yaml", "autoscale-slow.yaml")
 # run on a real sweep by tests/test_sweep_run.py (test_example_questions_script_answers_from_the_sweep)
 SWEEP_SCRIPTS = ("sweep_questions.py",)
@@ -70,7 +71,7 @@ def _routed(result: RunResult, rows: np.ndarray | None = None) -> np.ndarray:
 def test_every_example_is_covered():
     present = {p.name for p in EXAMPLES.iterdir() if p.is_file()}
     covered = set(BUNDLES + SINGLE_TURN_SPECS + MULTI_TURN_SPECS + SCRIPTS + SWEEPS
-                  + SWEEP_SCRIPTS + AUTOSCALE)
+                  + SWEEP_SCRIPTS + AUTOSCALE + LORA)
     assert present - covered == set(), "examples without a test in tests/test_examples.py"
     assert covered - present == set(), "tests for examples that no longer exist"
 
@@ -285,6 +286,69 @@ def test_sweep_example_expands_and_validates():
     one = plan.configs[0]
     res = blis_fast.run(**{**plan.run_kwargs(one), "num_requests": 50, "log": "error"})
     assert res.summary["completed_requests"] == 50
+
+
+def test_lora_sweep_example_varies_capacity_and_bandwidth_and_writes_adapters(tmp_path):
+    """``examples/lora-sweep.yaml``: capacity 1..8 x two load bandwidths x 2 seeds, all valid;
+    shrunk to capacities 1 and 8 (200 requests), its per-adapter files obey the LoRA rules
+    and match a single run's ``adapters.parquet``, and one slot for eight adapters costs TTFT."""
+    import polars as pl
+    import pyarrow.parquet as pq
+    import yaml
+
+    from blis_fast.sweep.run import run_sweep
+    from blis_fast.sweep.spec import load_sweep_plan
+
+    plan = load_sweep_plan(EXAMPLES / "lora-sweep.yaml")
+    assert len(plan.configs) == 32
+    values = [c.values for c in plan.configs]
+    assert sorted({v["lora_adapter_capacity"] for v in values}) == list(range(1, 9))
+    assert {v["lora_load_bandwidth_bytes_us"] for v in values} == {2.0e3, 2.0e4}
+
+    spec = yaml.safe_load((EXAMPLES / "lora-sweep.yaml").read_text())
+    for key in ("workload_spec", "lora_config"):
+        spec["base"][key] = _example(spec["base"][key])
+    spec["base"]["num_requests"] = SMALL
+    spec["grid"] = {"lora_load_bandwidth_bytes_us": [2.0e3], "lora_adapter_capacity": [1, 8]}
+    del spec["seeds"]
+    small = tmp_path / "lora-sweep.yaml"
+    small.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    run_sweep(small, out, workers=1)
+    rows = pl.read_parquet(str(out / "summary" / "*.parquet")).sort("lora_adapter_capacity")
+    assert rows["completed_requests"].to_list() == [SMALL, SMALL]
+    one_slot, all_slots = rows["config_id"].to_list()
+    parts = sorted(p.name for p in (out / "adapters").iterdir())
+    assert parts == sorted(f"config_id={c}" for c in (one_slot, all_slots))
+    adapters = pl.read_parquet(str(out / "adapters" / "*" / "*.parquet"),
+                               hive_partitioning=True)
+    names = [f"a{k}" for k in range(8)]
+    for cid in (one_slot, all_slots):
+        mine = adapters.filter(pl.col("config_id") == cid)
+        cluster = mine.filter(pl.col("instance_id") == "cluster").sort("adapter")
+        assert cluster["adapter"].to_list() == names
+        per_instance = (mine.filter(pl.col("instance_id") != "cluster")
+                        .group_by("adapter").agg(pl.col("load_count", "eviction_count").sum())
+                        .sort("adapter"))
+        assert per_instance["load_count"].to_list() == cluster["load_count"].to_list()
+        assert per_instance["eviction_count"].to_list() == cluster["eviction_count"].to_list()
+    inst = adapters.filter(pl.col("instance_id") != "cluster")
+    full = inst.filter(pl.col("config_id") == all_slots)
+    assert full["load_count"].max() == 1 and full["eviction_count"].sum() == 0  # all resident
+    single = (inst.filter(pl.col("config_id") == one_slot).group_by("instance_id")
+              .agg(pl.col("load_count", "eviction_count").sum()))
+    # one slot: every load after an instance's first evicts the adapter before it
+    assert (single["load_count"] == single["eviction_count"] + 1).all()
+    assert single["load_count"].sum() > 10 * full["load_count"].sum()
+    ttft = rows["ttft_p99_ms"].to_list()
+    assert ttft[0] > 10 * ttft[1]
+    # the sweep's file is the one blis run --output-dir writes for the same configuration
+    config = next(c for c in plan.configs if c.values["lora_adapter_capacity"] == 1)
+    blis_fast.run(**{**plan.run_kwargs(config), "lora_load_bandwidth_bytes_us": 2.0e3,
+                     "num_requests": SMALL, "seed": 42, "output_dir": str(tmp_path / "run")})
+    single_run = pq.read_table(tmp_path / "run" / "adapters.parquet")
+    swept = pq.read_table(out / "adapters" / f"config_id={one_slot}" / "adapters.parquet")
+    assert swept.equals(single_run)
 
 
 def test_pd_split_finds_a_split_by_goodput(tmp_path, capsys):
