@@ -1,0 +1,266 @@
+"""The August KV offload tier chain in the engine (issue 32; spec kv-offload.md KVO-3..KVO-10).
+
+What is built so far is the chain's CPU tier: sized in bytes (KVO-3.2), consulted before every
+GPU allocation (KVO-5.1/5.2), reloads free of charge (KVO-5.6, defect KVO-D1, warned),
+mirroring clamped to the prompt (KVO-8), ``KV Thrashing Rate`` 0 without promotions (KVO-10.2).
+The parity cases ``kvo-cpu-only-*`` and ``kvo-cpu-bytes-not-block-multiple`` check it against
+the reference; these tests check its invariants on random inputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numba
+import numpy as np
+from _cli import invoke
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import blis_fast
+from blis_fast.kernels.hashing import chain_hash
+from blis_fast.kernels.kv import kvcache as kvc
+from blis_fast.kernels.kv.hashtable import table_get
+from blis_fast.kernels.kv.kv_layout import BlockField, CpuMeta, KVConfig
+
+MODEL = "meta-llama/llama-3.1-8b-instruct"
+BLOCK_BYTES = 2_097_152  # llama-3.1-8b, TP 1, 16-token blocks (KVO-3.2)
+BS = 16
+
+
+# kernels the engine links without a Python wrapper, called through small jitted shims
+@numba.njit
+def _mirror(kv, i, batch, n, input_len):
+    kvc.mirror_to_cpu(kv, i, batch, n, input_len)
+
+
+@numba.njit
+def _block_hash(kv, i, b):
+    return kvc.get_block_hash(kv, i, b)
+
+
+@numba.njit
+def _get(table, i, h):
+    return table_get(table, i, h)
+
+
+@numba.njit
+def _pending(kv, i):
+    return kvc.consume_pending_transfer(kv, i)
+
+
+# ------------------------------------------------------------------ kernel-level invariants
+
+
+def _cache(lengths: list[int], shared: int, gpu: int, cpu: int, prompt_only: bool):
+    """One instance's chain-mode cache (reload first, free reloads) for requests of the given
+    input lengths whose first ``shared`` blocks are one common prefix."""
+    n_blocks = [n // BS for n in lengths]
+    digests = []
+    for r, n in enumerate(n_blocks):
+        digests += [1000 + k if k < shared else 10_000 * (r + 1) + k for k in range(n)]
+    offsets = np.concatenate([[0], np.cumsum(n_blocks)]).astype(np.int64)
+    return kvc.new_kv_state(1, gpu, BS, offsets, np.array(digests, np.uint64) * np.uint64(7919),
+                            np.array(lengths, np.int64), np.zeros(len(lengths), np.int64),
+                            cpu_blocks=cpu, reload_ticks=0, reload_first=True,
+                            prompt_only_mirror=prompt_only)
+
+
+def _prompt_hashes(kv, r: int, n: int) -> list[int]:
+    """The chain hashes of request ``r``'s first ``n`` input blocks."""
+    out, prev = [], np.uint64(0)
+    for k in range(n):
+        prev = np.uint64(chain_hash(np.uint64(prev), kv.chunk_dig[kv.chunk_off[r] + k]))
+        out.append(int(prev))
+    return out
+
+
+def _cpu_lru(kv) -> list[int]:
+    """The CPU tier's slots in LRU order (oldest first)."""
+    slots, s = [], int(kv.cpu_meta[0, CpuMeta.HEAD])
+    while s >= 0:
+        slots.append(s)
+        s = int(kv.cpu_nxt[0, s])
+    return slots
+
+
+def _check(kv, allowed: set[int]) -> None:
+    cap = int(kv.cfg[KVConfig.CPU_CAPACITY])
+    lru = _cpu_lru(kv)
+    used = int(kv.cpu_meta[0, CpuMeta.USED])
+    # every CPU-resident block is ready and evictable (no pins without a secondary tier,
+    # KVO-4.2): all of them are on the LRU list, each once, within the budget
+    assert len(lru) == len(set(lru)) == used <= cap
+    hashes = [int(kv.cpu_hash[0, s]) for s in lru]
+    assert len(set(hashes)) == used
+    for s, h in zip(lru, hashes, strict=True):
+        assert _get(kv.cpu_ht, 0, np.uint64(h)) == s
+    # only prompt blocks the mirror was allowed to offer reach the CPU tier (KVO-8.1)
+    assert set(hashes) <= allowed
+    # a block is on the GPU once: the prefix table maps each hash to one block holding it,
+    # so a reload never duplicates a block the GPU already has (KVO-5.2)
+    on_gpu = [b for b in range(kv.blk.shape[1])
+              if (h := int(_block_hash(kv, 0, b))) != 0
+              and _get(kv.ht, 0, np.uint64(h)) == b]
+    gpu_hashes = [int(_block_hash(kv, 0, b)) for b in on_gpu]
+    assert len(gpu_hashes) == len(set(gpu_hashes))
+    assert kv.cpu_meta[0, CpuMeta.PENDING] == 0  # reloads are free (KVO-5.6, KVO-D1)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(lengths=st.lists(st.integers(BS, 12 * BS), min_size=2, max_size=6),
+       shared=st.integers(0, 4), gpu=st.integers(14, 40), cpu=st.integers(1, 12),
+       clamp=st.lists(st.integers(0, 12 * BS), min_size=6, max_size=6),
+       order=st.lists(st.integers(0, 5), min_size=1, max_size=20),
+       prompt_only=st.booleans())
+def test_cpu_tier_stays_consistent_and_mirrors_only_the_prompt(lengths, shared, gpu, cpu,
+                                                               clamp, order, prompt_only):
+    """Requests admitted one at a time (allocation consults the CPU tier first, KVO-5.1),
+    mirrored after their step with a prompt length ``clamp`` (KVO-8.1), then released: the
+    CPU tier stays a consistent LRU store within its budget, holds only blocks inside the
+    clamped prompts (all full blocks without the clamp), and the GPU never holds a block
+    twice."""
+    kv = _cache(lengths, shared, gpu, cpu, prompt_only)
+    mirror_len = np.array([min(c, n) if prompt_only else n for c, n in zip(clamp, lengths, strict=False)],
+                          np.int64)
+    allowed: set[int] = set()
+    scratch = np.zeros(16, np.int64)
+    cached = np.zeros(16, np.int64)
+    batch = np.zeros(1, np.int64)
+    for q in order:
+        r = q % len(lengths)
+        n_in = lengths[r]
+        n_cached = kvc.cached_blocks(kv, 0, r, n_in, cached)
+        start = n_cached * BS
+        if start >= n_in:
+            continue
+        if not kvc.allocate(kv, 0, r, start, n_in, True, n_in, cached, n_cached, scratch):
+            kvc.release(kv, 0, r)
+            _check(kv, allowed)
+            continue
+        batch[0] = r
+        allowed |= set(_prompt_hashes(kv, r, int(mirror_len[r]) // BS))
+        _mirror(kv, 0, batch, 1, mirror_len)
+        _check(kv, allowed)
+        kvc.release(kv, 0, r)
+        _check(kv, allowed)
+
+
+def test_a_prefix_evicted_from_the_gpu_comes_back_from_the_cpu_tier_for_free():
+    """KVO-5.2: request 1 shares request 0's 4-block prefix; request 0's blocks were taken
+    over on the GPU, so request 1's allocation reloads the prefix from the CPU tier into free
+    GPU blocks and counts them as GPU hits, with no transfer time charged (KVO-D1)."""
+    kv = _cache([4 * BS, 4 * BS, 8 * BS], shared=4, gpu=8, cpu=8, prompt_only=True)
+    scratch, cached = np.zeros(16, np.int64), np.zeros(16, np.int64)
+    lens = np.array([4 * BS, 4 * BS, 8 * BS], np.int64)
+    assert kvc.allocate(kv, 0, 0, 0, 4 * BS, True, 4 * BS, cached, 0, scratch)
+    _mirror(kv, 0, np.array([0], np.int64), 1, lens)
+    kvc.release(kv, 0, 0)
+    assert kv.cpu_meta[0, CpuMeta.USED] == 4
+    # request 2 (its own 8 blocks) takes every GPU block, the prefix's too
+    assert kvc.allocate(kv, 0, 2, 0, 8 * BS, True, 8 * BS, cached, 0, scratch)
+    kvc.release(kv, 0, 2)
+    assert kvc.cached_blocks(kv, 0, 1, 4 * BS, cached) == 0
+    hits = kv.meta[0, kvc.KVMeta.HITS]
+    assert kvc.allocate(kv, 0, 1, 0, 4 * BS, True, 4 * BS, cached, 0, scratch)
+    assert kv.meta[0, kvc.KVMeta.HITS] - hits == 4
+    assert kv.cpu_meta[0, CpuMeta.HITS] == 4 and kv.cpu_meta[0, CpuMeta.PENDING] == 0
+    assert _pending(kv, 0) == 0
+    refs = [int(kv.blk[0, b, BlockField.REF]) for b in range(8)]
+    assert sorted(refs) == [0] * 4 + [1] * 4
+
+
+# ------------------------------------------------------------------ runs
+
+
+def _spec(path: Path, groups: int, prefix: int, rate: float, seed: int) -> str:
+    lines = ['version: "2"', f"seed: {seed}", "category: language", f"aggregate_rate: {rate}",
+             "num_requests: 40", "clients:"]
+    for g in range(groups):
+        lines += [f'  - id: "g{g}"', f"    rate_fraction: {1 / groups}",
+                  "    arrival: {process: poisson}",
+                  "    input_distribution: {type: gaussian, params: {mean: 128, std_dev: 32, "
+                  "min: 16, max: 256}}",
+                  "    output_distribution: {type: gaussian, params: {mean: 16, std_dev: 4, "
+                  "min: 1, max: 32}}",
+                  f'    prefix_group: "p{g}"', f"    prefix_length: {prefix}"]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _offload(path: Path, cpu_blocks: int, prompt_only: bool = True) -> str:
+    path.write_text(f"kv_offload:\n  cpu_bytes_to_use: {cpu_blocks * BLOCK_BYTES}\n"
+                    f"  offload_prompt_only: {'true' if prompt_only else 'false'}\n")
+    return str(path)
+
+
+def _run(spec: str, gpu: int, offload: str | None):
+    extra = {} if offload is None else {"kv_offload_config": offload}
+    # roofline: the chain's block size in bytes comes from the model's config.json (KVO-3.1)
+    return blis_fast.run(model=MODEL, latency_model="roofline", workload_spec=spec,
+                         total_kv_blocks=gpu, log="error", **extra)
+
+
+DRAWS = dict(seed=st.integers(0, 10_000), groups=st.integers(2, 4),
+             prefix=st.sampled_from([128, 256]), cpu=st.integers(1, 300),
+             rate=st.floats(2.0, 30.0))
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(**DRAWS)
+def test_while_the_gpu_never_evicts_the_chain_changes_nothing(tmp_path, seed, groups, prefix,
+                                                              cpu, rate):
+    """With room for every block, no block leaves the GPU, so the CPU tier never serves one:
+    the run prints exactly what the run without ``--kv-offload-config`` prints."""
+    spec = _spec(tmp_path / "wl.yaml", groups, prefix, rate, seed)
+    offload = _offload(tmp_path / "off.yaml", cpu)
+    assert _run(spec, 100_000, offload).stdout == _run(spec, 100_000, None).stdout
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(gpu=st.integers(60, 160), prompt_only=st.booleans(), **DRAWS)
+def test_cpu_only_chain_runs_account_for_every_request(tmp_path, seed, groups, prefix, cpu,
+                                                       rate, gpu, prompt_only):
+    """Random CPU-only chain runs under GPU pressure: every request ends, the run repeats
+    exactly, and KV Thrashing Rate is 0 (no promotions without a secondary tier, KVO-10.2)."""
+    spec = _spec(tmp_path / "wl.yaml", groups, prefix, rate, seed)
+    offload = _offload(tmp_path / "off.yaml", cpu, prompt_only)
+    a = _run(spec, gpu, offload)
+    assert _run(spec, gpu, offload).stdout == a.stdout
+    s = a.summary
+    assert s["still_queued"] == 0 and s["still_running"] == 0
+    assert (s["completed_requests"] + s["dropped_unservable"] + s["timed_out_requests"]
+            == s["injected_requests"] == 40)
+    assert "KV Thrashing Rate: 0.0000" in a.stdout or "KV Thrashing Rate" not in a.stdout
+
+
+def _hit_rate(stdout: str) -> float:
+    return float(stdout.split("Cache Hit Rate: ")[1].split()[0])
+
+
+def test_prefixes_the_gpu_lost_come_back_as_hits(tmp_path):
+    """Three 256-token prefix groups on an 80-block GPU: with a 200-block CPU tier the
+    prefixes the GPU evicted are reloaded at admission (KVO-5.2) and count as GPU hits
+    (KVO-5.5), so the hit rate rises above the GPU-only run's."""
+    spec = _spec(tmp_path / "wl.yaml", 3, 256, 20.0, 5)
+    chain = _run(spec, 80, _offload(tmp_path / "off.yaml", 200)).stdout
+    assert _hit_rate(chain) > _hit_rate(_run(spec, 80, None).stdout)
+    assert "KV Thrashing Rate: 0.0000" in chain
+
+
+def test_the_zero_cost_reload_is_warned_once(tmp_path):
+    """KVO-D1 is reproduced and said once on stderr; a secondary tier is announced as not
+    simulated yet."""
+    off = _offload(tmp_path / "off.yaml", 50)
+    res = invoke(["run", "--model", MODEL, "--num-requests", "5", "--kv-offload-config", off])
+    assert res.code == 0
+    assert res.stderr.count("CPU->GPU reloads cost no time") == 1
+    assert "secondary_tiers are not simulated yet" not in res.stderr
+    (tmp_path / "tier.yaml").write_text(
+        f"kv_offload:\n  cpu_bytes_to_use: {50 * BLOCK_BYTES}\n  secondary_tiers:\n"
+        "    - {type: fs, root_dir: /mnt/kv, direct_io: true, device_class: nvme_gen4}\n")
+    res = invoke(["run", "--model", MODEL, "--num-requests", "5", "--kv-offload-config",
+                  str(tmp_path / "tier.yaml")])
+    assert res.code == 0 and res.stderr.count("secondary_tiers are not simulated yet") == 1
