@@ -382,3 +382,32 @@ def test_cli_warns_about_inert_keys_and_the_cpu_tiers_transfer_flags(tmp_path):
     assert "tokens_per_hash only recorded in the trace header" in res.stderr
     assert ("--kv-transfer-bandwidth applies to the --kv-cpu-blocks tier only: the "
             "--kv-offload-config chain takes its figures from the file") in res.stderr
+
+
+VALID_KVO = sorted(p.name for p in CASES.glob("kvo-*") if (p / "offload.yaml").is_file()
+                   and not p.name.startswith("kvo-invalid-"))
+
+
+@pytest.mark.parametrize("case_id", VALID_KVO)
+def test_every_valid_case_configuration_resolves_and_can_be_built(case_id):
+    """The reference ran each valid kvo case: its file resolves (with the case's own
+    defaults.yaml where it brings one) and passes what the chain needs to be built; the CPU
+    tier holds cpu_bytes_to_use // 2 097 152 blocks (KVO-3.2)."""
+    case = CASES / case_id
+    devices = DEVICES
+    if (case / "defaults.yaml").is_file():
+        devices = load_defaults(case / "defaults.yaml").kv_offload_devices
+    cfg, _ = resolve_flag(str(case / "offload.yaml"), devices, 16)
+    cfg = with_block_bytes(cfg, LLAMA_8B, 1, 16, "roofline")
+    check_buildable(cfg)
+    assert cfg.cpu_blocks == cfg.cpu_bytes_to_use // 2097152 >= 40
+    if case_id == "kvo-cpu-bytes-not-block-multiple":
+        assert cfg.cpu_blocks == 300
+    if case_id == "kvo-ramp-custom-device":
+        t = cfg.tiers[0]
+        assert (t.read_bandwidth, t.saturation_queue_depth, t.single_transfer_fraction) == (
+            4000.0, 8, 0.25)
+    if case_id == "kvo-class-with-latency-override":
+        t = cfg.tiers[0]  # nvme_gen3's bandwidths, the file's latency and read servers
+        assert (t.read_bandwidth, t.write_bandwidth, t.base_latency, t.n_read_threads,
+                t.n_write_threads) == (3500.0, 3000.0, 5000.0, 4, 16)

@@ -24,6 +24,7 @@ import yaml
 
 from blis_fast.config.strict_yaml import (
     YamlContext,
+    as_bool,
     as_str,
     decode_struct,
     is_null,
@@ -150,8 +151,6 @@ def _opt_str(ctx: YamlContext, node: yaml.Node, what: str) -> str | None:
 
 
 def _opt_bool(ctx: YamlContext, node: yaml.Node, what: str) -> bool | None:
-    from blis_fast.config.strict_yaml import as_bool
-
     return None if is_null(node) else as_bool(ctx, node, what)
 
 
@@ -538,8 +537,6 @@ def _int(ctx: YamlContext, node: yaml.Node, what: str) -> int:
 
 
 def _bool(ctx: YamlContext, node: yaml.Node, what: str) -> bool:
-    from blis_fast.config.strict_yaml import as_bool
-
     return as_bool(ctx, node, what)
 
 
