@@ -20,7 +20,6 @@ from blis_fast.config.kv_offload import (
     KVOffloadDevice,
     KVOffloadTier,
     check_buildable,
-    header_text,
     inert_keys,
     reconcile_replay,
     resolve_flag,
@@ -31,6 +30,7 @@ from blis_fast.config.model_config import ModelConfig
 from blis_fast.data import data_path
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.workload.replay import load_trace_header
+from blis_fast.workload.trace_v2 import kv_offload_header_text
 
 MODEL = "meta-llama/llama-3.1-8b-instruct"
 DEVICES = load_defaults(data_path("defaults.yaml")).kv_offload_devices
@@ -280,8 +280,8 @@ def test_header_key_is_the_references_text():
     cfg, _ = resolve_flag(str(case / "offload.yaml"), DEVICES, 16)
     cfg = with_block_bytes(cfg, LLAMA_8B, 1, 16, "roofline")
     recorded = (case / "trace.yaml").read_text()
-    assert header_text(cfg) == recorded[recorded.index("kv_offload:"):]
-    assert header_text(None) == ""
+    assert kv_offload_header_text(cfg) == recorded[recorded.index("kv_offload:"):]
+    assert kv_offload_header_text(None) == ""
 
 
 def test_header_round_trip(tmp_path):
@@ -293,7 +293,7 @@ def test_header_round_trip(tmp_path):
     cfg, _ = _resolve(tmp_path, body)
     cfg = replace(cfg, per_block_bytes=123)
     header = tmp_path / "h.yaml"
-    header.write_text("trace_version: 2\nmode: generated\n" + header_text(cfg))
+    header.write_text("trace_version: 2\nmode: generated\n" + kv_offload_header_text(cfg))
     assert load_trace_header(str(header))["kv_offload"] == cfg
 
 

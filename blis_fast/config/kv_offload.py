@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from blis_fast.config.kv_capacity import kv_bytes_per_token
 from blis_fast.config.strict_yaml import (
     YamlContext,
     as_bool,
@@ -34,6 +35,7 @@ from blis_fast.config.strict_yaml import (
 from blis_fast.config.strict_yaml import _v3_number as _number
 from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.files import read_input_text
+from blis_fast.gofmt import go_g, go_quote
 
 FLAG = "--kv-offload-config"
 DEFAULT_THREADS = 16
@@ -236,7 +238,6 @@ def resolve_kv_offload(block: dict[str, Any] | None, devices: dict[str, KVOffloa
     """The resolved configuration of a parsed ``kv_offload:`` block (None: the file had none),
     defaults applied and device classes resolved; the first failure is raised as a
     BlisConfigError ``kv_offload: <reason>`` in the reference's words and order."""
-    from blis_fast.gofmt import go_quote
 
     def fail(msg: str) -> BlisConfigError:
         return BlisConfigError(f"kv_offload: {msg}")
@@ -344,7 +345,6 @@ def validation_error(cfg: KVOffloadConfig) -> str | None:
     """The reference's check of a resolved configuration (KVO-2.5 step 7 and the block's own
     figures), as ``kv_offload: <reason>``; None when it passes. ``per_block_bytes`` is not
     checked here (it is derived later)."""
-    from blis_fast.gofmt import go_g, go_quote
 
     if cfg.cpu_bytes_to_use <= 0:
         return ("kv_offload: cpu_bytes_to_use must be > 0 when offload is enabled, got "
@@ -422,7 +422,6 @@ def resolve_flag(path: str, devices: dict[str, KVOffloadDevice], gpu_block_token
     """The configuration of the ``--kv-offload-config`` file ``path`` (KVO-2.1) and its
     inert-key warning; a resolution failure names the flag and the file as the reference
     does (``--kv-offload-config "PATH": kv_offload: ...``)."""
-    from blis_fast.gofmt import go_quote
 
     block = load_kv_offload_file(path)
     try:
@@ -441,7 +440,6 @@ def with_block_bytes(cfg: KVOffloadConfig, model_config: Any, tp: int, block_tok
     """``cfg`` with ``per_block_bytes = int(KV bytes per token per TP rank x block_tokens)``,
     the August rule (an explicit ``head_dim`` in config.json is used, KVO-3.1); a model the
     figure cannot be derived from is refused."""
-    from blis_fast.config.kv_capacity import kv_bytes_per_token
 
     prefix = "kv_offload: cannot derive per_block_bytes from the model: "
     if model_config is None:
@@ -471,7 +469,6 @@ def check_buildable(cfg: KVOffloadConfig) -> None:
             "not supported: offload works block by block (blocks_per_chunk 1; the reference "
             "panics on any other value)")
     if cfg.eviction_policy != "lru":
-        from blis_fast.gofmt import go_quote
 
         raise BlisConfigError(
             f"{prefix}eviction_policy {go_quote(cfg.eviction_policy)} is not supported: only "
@@ -481,51 +478,6 @@ def check_buildable(cfg: KVOffloadConfig) -> None:
             f"{prefix}cpu_bytes_to_use ({cfg.cpu_bytes_to_use}) is smaller than one KV block "
             f"({cfg.per_block_bytes} bytes for this model and TP): the CPU tier would hold no "
             "block (the reference panics)")
-
-
-# ---------------------------------------------------------------------------------------------
-# The trace header's kv_offload: key (KVO-11.1, KVO-11.2)
-
-
-def header_text(cfg: KVOffloadConfig | None) -> str:
-    """The ``kv_offload:`` key of a trace header as the reference writes it (yaml.v3, indent
-    4); "" without a configuration."""
-    if cfg is None:
-        return ""
-    from blis_fast.workload.yaml_writer import yaml_float, yaml_string
-
-    def b(v: bool) -> str:
-        return "true" if v else "false"
-
-    lines = ["kv_offload:",
-             f"    cpu_bytes_to_use: {cfg.cpu_bytes_to_use}",
-             f"    per_block_bytes: {cfg.per_block_bytes}",
-             f"    block_size: {cfg.block_size}",
-             f"    blocks_per_chunk: {cfg.blocks_per_chunk}",
-             f"    tokens_per_hash: {cfg.tokens_per_hash}",
-             f"    eviction_policy: {yaml_string(cfg.eviction_policy)}",
-             f"    offload_prompt_only: {b(cfg.offload_prompt_only)}",
-             f"    self_describing_kv_events: {b(cfg.self_describing_kv_events)}"]
-    if cfg.tiers:
-        lines.append("    secondary_tiers:")
-    for t in cfg.tiers:
-        pairs = [("type", yaml_string(t.type)), ("root_dir", yaml_string(t.root_dir)),
-                 ("n_read_threads", str(t.n_read_threads)),
-                 ("n_write_threads", str(t.n_write_threads))]
-        if t.locality:
-            pairs.append(("locality", yaml_string(t.locality)))
-        pairs += [("enable_kv_events", b(t.enable_kv_events)), ("direct_io", b(t.direct_io))]
-        if t.device_class:
-            pairs.append(("device_class", yaml_string(t.device_class)))
-        pairs += [("read_bandwidth", yaml_float(t.read_bandwidth)),
-                  ("write_bandwidth", yaml_float(t.write_bandwidth)),
-                  ("base_latency", yaml_float(t.base_latency)),
-                  ("saturation_queue_depth", str(t.saturation_queue_depth)),
-                  ("single_transfer_fraction", yaml_float(t.single_transfer_fraction)),
-                  ("latency_jitter_stddev", yaml_float(t.latency_jitter_stddev))]
-        for n, (key, value) in enumerate(pairs):
-            lines.append(f"        {'- ' if n == 0 else '  '}{key}: {value}")
-    return "\n".join(lines) + "\n"
 
 
 def _str(ctx: YamlContext, node: yaml.Node, what: str) -> str:

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from blis_fast.config.kv_offload import header_text as kv_offload_header
 from blis_fast.engine.results import SimulationResult
 from blis_fast.errors import BlisConfigError
 from blis_fast.files import OutputPlan
@@ -41,7 +40,12 @@ from blis_fast.output.summary import (
     results_text,
 )
 from blis_fast.workload.request_table import RequestTable
-from blis_fast.workload.trace_v2 import ObservedKVMetrics, TraceOutcome, trace_v2_files
+from blis_fast.workload.trace_v2 import (
+    ObservedKVMetrics,
+    TraceOutcome,
+    kv_offload_header_text,
+    trace_v2_files,
+)
 
 
 @dataclass
@@ -256,7 +260,7 @@ def metrics_file_head(outputs: RunOutputs, hit_rate: bool) -> dict:
 def _stage(plan: OutputPlan, opts: Any, replay: bool, injected: RequestTable,
            res: SimulationResult, outputs: RunOutputs,
            observed_kv: ObservedKVMetrics | None = None) -> None:
-    offload = kv_offload_header(res.config.kv_offload)  # KVO-11.1: "" without the chain
+    offload = kv_offload_header_text(res.config.kv_offload)  # KVO-11.1: "" without the chain
     if opts.trace_output and replay:
         # a replay exports the requests it injected, in injection order (DELTA-64/65), and
         # keeps the trace's observed hit rate (KVO-11.3: a replay cannot measure it again)

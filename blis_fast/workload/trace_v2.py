@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from blis_fast.config.kv_offload import KVOffloadConfig
 from blis_fast.config.strict_yaml import (
     YamlContext,
     as_float,
@@ -286,7 +287,7 @@ def build_trace_header(seed: int | None, mode: str = "generated", kv_offload: st
                        observed_kv: ObservedKVMetrics | None = None) -> str:
     """The trace v2 YAML header of a run export (WL-9.5, DELTA-61), or of a replay export
     (``mode="replayed"``, no seed; DELTA-64); ``kv_offload`` is the ``kv_offload:`` key's text
-    of a run with the tier chain (``config.kv_offload.header_text``, KVO-11.1);
+    of a run with the tier chain (``kv_offload_header_text``, KVO-11.1);
     ``observed_kv`` the replayed trace's ``observed_kv_metrics`` (KVO-11.3), copied last."""
     text = f"trace_version: 2\ntime_unit: microseconds\nmode: {mode}\nwarm_up_requests: 0\n"
     if seed is not None:
@@ -314,3 +315,46 @@ def trace_v2_files(prefix: str | Path, table: RequestTable, outcome: TraceOutcom
                                 observed_kv)
     data = build_trace_csv(table, outcome, sort_by_arrival=not replayed)
     return [(base + ".yaml", header), (base + ".csv", data)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The trace header's kv_offload: key (KVO-11.1, KVO-11.2)
+
+
+def kv_offload_header_text(cfg: KVOffloadConfig | None) -> str:
+    """The ``kv_offload:`` key of a trace header as the reference writes it (yaml.v3, indent
+    4); "" without a configuration."""
+    if cfg is None:
+        return ""
+    def b(v: bool) -> str:
+        return "true" if v else "false"
+
+    lines = ["kv_offload:",
+             f"    cpu_bytes_to_use: {cfg.cpu_bytes_to_use}",
+             f"    per_block_bytes: {cfg.per_block_bytes}",
+             f"    block_size: {cfg.block_size}",
+             f"    blocks_per_chunk: {cfg.blocks_per_chunk}",
+             f"    tokens_per_hash: {cfg.tokens_per_hash}",
+             f"    eviction_policy: {yaml_string(cfg.eviction_policy)}",
+             f"    offload_prompt_only: {b(cfg.offload_prompt_only)}",
+             f"    self_describing_kv_events: {b(cfg.self_describing_kv_events)}"]
+    if cfg.tiers:
+        lines.append("    secondary_tiers:")
+    for t in cfg.tiers:
+        pairs = [("type", yaml_string(t.type)), ("root_dir", yaml_string(t.root_dir)),
+                 ("n_read_threads", str(t.n_read_threads)),
+                 ("n_write_threads", str(t.n_write_threads))]
+        if t.locality:
+            pairs.append(("locality", yaml_string(t.locality)))
+        pairs += [("enable_kv_events", b(t.enable_kv_events)), ("direct_io", b(t.direct_io))]
+        if t.device_class:
+            pairs.append(("device_class", yaml_string(t.device_class)))
+        pairs += [("read_bandwidth", yaml_float(t.read_bandwidth)),
+                  ("write_bandwidth", yaml_float(t.write_bandwidth)),
+                  ("base_latency", yaml_float(t.base_latency)),
+                  ("saturation_queue_depth", str(t.saturation_queue_depth)),
+                  ("single_transfer_fraction", yaml_float(t.single_transfer_fraction)),
+                  ("latency_jitter_stddev", yaml_float(t.latency_jitter_stddev))]
+        for n, (key, value) in enumerate(pairs):
+            lines.append(f"        {'- ' if n == 0 else '  '}{key}: {value}")
+    return "\n".join(lines) + "\n"
