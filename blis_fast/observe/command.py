@@ -286,6 +286,15 @@ class Workload:
     header_spec: str
 
 
+def _warn_adapters_ignored(spec) -> None:
+    """LORA-1.12: observe sends no adapter id; a spec that names adapters is told so."""
+    if any(c.adapter for c in (*spec.clients, *spec.cohorts)):
+        log.warning("workload spec declares LoRA adapter fields, but `blis observe` does not model "
+                    "the LoRA control plane (the target server manages adapter loading); adapter "
+                    "ids are ignored here. Use `blis run`/`blis replay` with --lora-config for "
+                    "adapter-aware simulation.")
+
+
 def build_workload(o: ObserveOptions) -> Workload:
     """Workload from a spec, a preset, or the distribution/concurrency flags (OBS-2)."""
     import numpy as np
@@ -346,11 +355,7 @@ def build_workload(o: ObserveOptions) -> Workload:
                                           num_requests=o.num_requests, seed=o.seed)
         else:
             spec = synthesize_from_distribution(params, seed=o.seed)
-    if any(c.adapter for c in (*spec.clients, *spec.cohorts)):  # LORA-1.12: ids not sent
-        log.warning("workload spec declares LoRA adapter fields, but `blis observe` does not model "
-                    "the LoRA control plane (the target server manages adapter loading); adapter "
-                    "ids are ignored here. Use `blis run`/`blis replay` with --lora-config for "
-                    "adapter-aware simulation.")
+    _warn_adapters_ignored(spec)
     horizon = INT64_MAX
     if o.is_given("horizon") and o.horizon > 0:
         horizon = o.horizon
