@@ -357,6 +357,8 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
     pd = replace(pd, warnings=pd.warnings + tuple(config_warnings(opts, pd, latency.backend)))
     check_workload_adapters(lora, adapter_refs)  # LORA-1.8: after every other check
     kv_offload = _offload_for_engine(offload.config, opts, latency, replay)
+    if pd.on and kv_offload is not None:  # as --kv-cpu-blocks: the P/D kernels run no CPU tier
+        _fail("--kv-offload-config is not supported yet with P/D disaggregation")
     resolved = replace(opts, horizon=horizon, total_kv_blocks=total_blocks, max_model_len=max_len,
                        counterfactual_k=min(opts.counterfactual_k, opts.num_instances))
     engine = EngineConfig(

@@ -259,3 +259,16 @@ def test_the_zero_cost_reload_is_warned_once(tmp_path):
     res = invoke(["run", "--model", MODEL, "--num-requests", "5", "--kv-offload-config",
                   str(tmp_path / "tier.yaml")])
     assert res.code == 0 and res.stderr.count("secondary_tiers are not simulated yet") == 1
+
+
+def test_pd_runs_refuse_the_chain(tmp_path):
+    """The P/D kernels run no CPU tier (as --kv-cpu-blocks): refused in one line, exit 2,
+    no output file."""
+    off = _offload(tmp_path / "off.yaml", 50)
+    out = tmp_path / "m.json"
+    res = invoke(["run", "--model", MODEL, "--num-requests", "5", "--num-instances", "2",
+                  "--prefill-instances", "1", "--decode-instances", "1",
+                  "--kv-offload-config", off, "--metrics-path", str(out), "--log", "error"])
+    assert res.code == 2 and res.stdout == "" and not out.exists()
+    assert res.stderr.strip().splitlines()[-1] == (
+        "blis: error: --kv-offload-config is not supported yet with P/D disaggregation")

@@ -409,8 +409,9 @@ class LiveSimulation:
         rows = max(int(rows), int(opts.max_num_running_reqs), 16)
         # digest room of at least the blocks (GPU and CPU): the prefix tables are sized by
         # the smaller of the two, so they keep their layout when the room grows
+        offload = self._cfg.kv_offload  # the tier chain's CPU tier (issue 32)
         chunks = max(rows * _SLOTS_PER_ROW, int(np.max(self._cfg.kv_blocks_per_instance())) + 1,
-                     int(opts.kv_cpu_blocks) + 1)
+                     int(opts.kv_cpu_blocks) + 1, offload.cpu_blocks + 1 if offload else 0)
         self._eng = self._new_engine(Capacity(rows, chunks, rows * _SLOTS_PER_ROW, max_chunks))
         self._warm(max_chunks)
 
