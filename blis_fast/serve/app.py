@@ -40,6 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
+from blis_fast.observe.prompts import VOCABULARY
 from blis_fast.serve.metrics import CONTENT_TYPE, ServeMetrics, snapshot_from_gauges
 from blis_fast.version import __version__
 
@@ -56,6 +57,11 @@ FILLER_WORDS = (
     "under", "load", "so", "routers", "and", "autoscalers", "see", "what", "they", "would",
     "see", "in", "production")
 """Word mode's text: token k of a request is word k of this list, cyclically."""
+
+TIMER_SLACK_S = 0.0015
+"""The time loop wakes this long before the next simulated event's wall time and yields to
+the other tasks until it is due: asyncio's timers fire up to a millisecond late (the selector's
+timeout is rounded up to whole milliseconds), which the tokens' pacing would inherit."""
 
 FINISHED_OK = ("completed",)
 REJECTED = "rejected"
@@ -80,8 +86,31 @@ class ServeConfig:
 
 
 def estimate_tokens(text: str) -> int:
-    """The documented estimate of a text's token count (:data:`CHARS_PER_TOKEN`)."""
+    """The documented estimate of a text's token count: one token per vocabulary word when
+    the text is made of ``blis observe``'s prompt words alone (:func:`vocabulary_words`), else
+    one per :data:`CHARS_PER_TOKEN` characters."""
+    words = vocabulary_words(text)
+    if words:
+        return words
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN)) if text else 0
+
+
+_OBSERVE_WORDS = frozenset(VOCABULARY)
+
+
+def vocabulary_words(text: str) -> int:
+    """The number of words of ``text`` if every one is a word of ``blis observe``'s prompt
+    vocabulary (``observe.prompts.VOCABULARY``), else 0.
+
+    Why: observe writes a prompt of ``n`` intended tokens as ``round(n / ratio)`` such words,
+    ``ratio`` being the tokens per word it measured on this server with its probe of the 100
+    words. Counting them one token each makes that ratio 1, so the server simulates exactly
+    the ``input_tokens`` observe records, and ``blis replay`` of the observed trace feeds the
+    simulation the same lengths the server did."""
+    words = text.split()
+    if not words or not _OBSERVE_WORDS.issuperset(words):
+        return 0
+    return len(words)
 
 
 def load_token_counter(model: str) -> tuple[Callable[[str], int], str]:
@@ -183,6 +212,7 @@ class LiveServer:
         self.served = 0  # requests that ended with their last token
         self._enc_cache: dict[str, bytes] = {}
         self._rng = random.Random(config.seed)
+        self._unanswered: set[int] = set()  # streams whose headers wait for admission
 
     # ----- the clock and the time loop -----
 
@@ -225,17 +255,37 @@ class LiveServer:
                 emitted = self.sim.advance(now)
                 self._advanced = now
                 self._dispatch(emitted)
+                if self._unanswered:
+                    self._answer_admitted()
             nxt = self.sim.next_event_us()
             self._wake.clear()
             if nxt is None:
                 await self._wake.wait()
                 continue
-            delay = max(0.0, self.wall_of(nxt) - time.monotonic())
-            timer = loop.call_later(delay, self._wake.set)
+            delay = self.wall_of(nxt) - time.monotonic()
+            if delay <= TIMER_SLACK_S:
+                # the last stretch is yielded away, not slept: a timer would wake up to a
+                # millisecond late (epoll rounds its timeout up to whole ms)
+                await asyncio.sleep(0)
+                continue
+            timer = loop.call_later(delay - TIMER_SLACK_S, self._wake.set)
             try:
                 await self._wake.wait()
             finally:
                 timer.cancel()
+
+    def _answer_admitted(self) -> None:
+        """Tell each waiting stream whose request the simulation took (its arrival is past
+        and it is running) to send its response headers now, as vLLM does on acceptance: the
+        client then has them in hand before the first token, whose chunk alone is timed."""
+        status = getattr(self.sim, "status", None)
+        for handle in list(self._unanswered):
+            st = self._streams.get(handle)
+            if st is None or st.done or status is None:
+                self._unanswered.discard(handle)
+            elif self._advanced > st.arrival_us and status(handle) == "running":
+                self._unanswered.discard(handle)
+                st.queue.put_nowait(_News(0, False, "running"))
 
     def _dispatch(self, emitted: list) -> None:
         for e in emitted:
@@ -294,9 +344,15 @@ class LiveServer:
 
     # ----- requests -----
 
-    def submit(self, parsed: _Parsed, instance: int | None) -> _Stream:
-        """Put a validated request into the simulation now; returns its stream."""
+    def submit(self, parsed: _Parsed, instance: int | None,
+               arrived_us: int | None = None) -> _Stream:
+        """Put a validated request into the simulation; returns its stream. ``arrived_us``:
+        the simulated instant its handler started (before the body was read and parsed), so
+        the server's own parsing time is not counted as the client's; never before a time the
+        simulation was already told."""
         now = self.sim_now_us()
+        if arrived_us is not None:
+            now = max(arrived_us, self._advanced, int(getattr(self.sim, "now_us", 0)))
         out = parsed.max_tokens
         if out is None:  # the default, within max-model-len (0: unlimited)
             room = self.sim.max_model_len - parsed.prompt_tokens
@@ -442,6 +498,8 @@ class LiveServer:
             parts.append(content)
         text = "\n".join(parts)
         if self.count_tokens is estimate_tokens:
+            if all(vocabulary_words(p) for p in parts):  # observe's words: no template tokens
+                return text, sum(vocabulary_words(p) for p in parts)
             return text, sum(estimate_tokens(p) for p in parts) + CHAT_TOKENS_PER_MESSAGE * len(
                 parts)
         return text, self.count_tokens(text)
@@ -511,6 +569,7 @@ class LiveServer:
             return error_response(RequestError(
                 400, "this fleet is routed externally (--instance-ports): send the request "
                 "to an instance's port", "BadRequestError"))
+        arrived = self.sim_now_us()
         try:
             raw = await request.read()
             try:
@@ -521,7 +580,7 @@ class LiveServer:
         except RequestError as err:
             return error_response(err)
         try:
-            st = self.submit(parsed, instance)
+            st = self.submit(parsed, instance, arrived)
         except Exception as exc:  # the simulation refused it: a server error, one line
             return error_response(RequestError(500, f"the simulation could not take the "
                                                f"request: {exc}", "InternalServerError"))
@@ -596,7 +655,9 @@ class LiveServer:
 
     async def _stream(self, request: web.Request, st: _Stream, parsed: _Parsed,
                       chat: bool) -> web.StreamResponse:
+        self._unanswered.add(st.handle)
         e = await self._next(st)
+        self._unanswered.discard(st.handle)
         if not e.count and e.finished:
             err = self._refusal(e)
             if err is not None:
