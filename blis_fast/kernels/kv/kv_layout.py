@@ -205,41 +205,17 @@ def new_kv_state(
     full hashed block.
     """
     per_instance = np.broadcast_to(np.asarray(total_blocks, dtype=np.int64), (n_instances,))
-    n_req = len(input_len)
     total_blocks = int(per_instance.max(initial=0))
     total_chunks = int(chunk_offsets[-1]) if len(chunk_offsets) else 0
     if chunk_capacity is not None:
         total_chunks = max(total_chunks, int(chunk_capacity))
-    table_entries = max(1, min(total_blocks, total_chunks + 1))
-    table_size = 16
-    while table_size < 2 * table_entries:
-        table_size *= 2
-    per_req = pool_slots(input_len, output_len, block_size, cpu_blocks > 0)
-    req = np.zeros((n_req, BlockList.SIZE), dtype=np.int64)
-    if n_req:
-        req[1:, BlockList.OFFSET] = np.cumsum(per_req)[:-1]
-    pool = np.zeros(int(per_req.sum()) + int(pool_extra) + 1, dtype=np.int64)
-    blk = np.zeros((n_instances, total_blocks, 8), dtype=np.int32)
-    ring_size = 16
-    while ring_size < 2 * total_blocks:
-        ring_size *= 2
-    free_ring = np.zeros((n_instances, ring_size), dtype=np.int32)
-    free_slot = np.full((n_instances, ring_size), -1, dtype=np.int32)
-    meta = np.zeros((n_instances, len(KVMeta)), dtype=np.int64)
-    for i in range(n_instances):
-        _empty_instance(blk, free_ring, meta, i, int(per_instance[i]))
+    table_size = _pow2_at_least(2 * max(1, min(total_blocks, total_chunks + 1)))
+    req, pool = _block_lists(input_len, output_len, block_size, cpu_blocks > 0, pool_extra)
+    blk, free_ring, meta = _gpu_blocks(n_instances, per_instance, total_blocks)
     tiered = cpu_blocks > 0
     cpu_cap = cpu_blocks if tiered else 1
-    cpu_entries = max(1, min(cpu_cap, total_chunks + 1))
-    cpu_table = 16
-    while cpu_table < 2 * cpu_entries:
-        cpu_table *= 2
-    cpu_meta = np.zeros((n_instances, 12), dtype=np.int64)
-    cpu_meta[:, CpuMeta.HEAD] = -1
-    cpu_meta[:, CpuMeta.TAIL] = -1
-    cpu_meta[:, CpuMeta.FREE_TOP] = cpu_cap
-    cpu_free = np.empty((n_instances, cpu_cap), dtype=np.int32)
-    cpu_free[:] = np.arange(cpu_cap - 1, -1, -1, dtype=np.int32)
+    cpu_table = _pow2_at_least(2 * max(1, min(cpu_cap, total_chunks + 1)))
+    cpu_meta, cpu_free = _cpu_lru(n_instances, cpu_cap)
     cfg = np.array([block_size, total_blocks, 1 if tiered else 0, cpu_cap, reload_ticks,
                     1 if (tiered or hash_decode_blocks) else 0, 1 if log_changes else 0,
                     1 if (tiered and reload_first) else 0,
@@ -262,5 +238,48 @@ def new_kv_state(
         cpu_meta=cpu_meta,
         cfg=cfg,
         free_ring=free_ring,
-        free_slot=free_slot,
+        free_slot=np.full(free_ring.shape, -1, dtype=np.int32),
     )
+
+
+def _pow2_at_least(n: int) -> int:
+    """The smallest power of two >= ``n`` and >= 16 (hash-table and ring sizes)."""
+    size = 16
+    while size < n:
+        size *= 2
+    return size
+
+
+def _block_lists(input_len: np.ndarray, output_len: np.ndarray, block_size: int, tiered: bool,
+                 pool_extra: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's block-list slice (``req``) in one shared ``pool``, plus ``pool_extra``
+    slots for requests added while the simulation runs."""
+    n_req = len(input_len)
+    per_req = pool_slots(input_len, output_len, block_size, tiered)
+    req = np.zeros((n_req, BlockList.SIZE), dtype=np.int64)
+    if n_req:
+        req[1:, BlockList.OFFSET] = np.cumsum(per_req)[:-1]
+    pool = np.zeros(int(per_req.sum()) + int(pool_extra) + 1, dtype=np.int64)
+    return req, pool
+
+
+def _gpu_blocks(n_instances: int, per_instance: np.ndarray,
+                total_blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every instance's GPU block records, free ring and metadata, all blocks free."""
+    blk = np.zeros((n_instances, total_blocks, 8), dtype=np.int32)
+    free_ring = np.zeros((n_instances, _pow2_at_least(2 * total_blocks)), dtype=np.int32)
+    meta = np.zeros((n_instances, len(KVMeta)), dtype=np.int64)
+    for i in range(n_instances):
+        _empty_instance(blk, free_ring, meta, i, int(per_instance[i]))
+    return blk, free_ring, meta
+
+
+def _cpu_lru(n_instances: int, cpu_cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU tier's metadata (empty LRU list) and free-slot stack per instance."""
+    cpu_meta = np.zeros((n_instances, 12), dtype=np.int64)
+    cpu_meta[:, CpuMeta.HEAD] = -1
+    cpu_meta[:, CpuMeta.TAIL] = -1
+    cpu_meta[:, CpuMeta.FREE_TOP] = cpu_cap
+    cpu_free = np.empty((n_instances, cpu_cap), dtype=np.int32)
+    cpu_free[:] = np.arange(cpu_cap - 1, -1, -1, dtype=np.int32)
+    return cpu_meta, cpu_free

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from blis_fast.kernels.go.gomath import go_round
-from blis_fast.kernels.go.gorand import norm_float64
+from blis_fast.kernels.go.gorand import new_source, norm_float64
 from blis_fast.kernels.jit import njit
 
 READ, WRITE = 0, 1
@@ -138,8 +138,6 @@ def new_station(n_instances: int, n_read: list[int], n_write: list[int],
     ``rng_seed`` seeds every instance's jitter stream alike (the reference builds each
     instance's generator from the same run seed, KVO-6.6 / KVO-D5): pass
     ``subsystem_seed(seed, "kv-offload")``."""
-    from blis_fast.kernels.go.gorand import new_source
-
     n_tiers = len(n_read)
     tier_int = np.zeros((max(n_tiers, 1), TierInt.SIZE), np.int64)
     tier_f = np.zeros((max(n_tiers, 1), TierFloat.SIZE), np.float64)
