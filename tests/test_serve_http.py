@@ -455,3 +455,31 @@ def test_ctrl_c_ends_streams_cleanly_and_writes_the_trace(tmp_path):
         (row,) = list(csv.DictReader(fh))  # the one request, whole, marked incomplete
     assert int(row["output_tokens"]) == 1000 and row["status"] != "ok"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staged leftovers
+
+
+def test_token_gaps_folded_late_equal_each_observed():
+    """The inter-token gaps kept unfolded until a read (or PENDING_GAPS of them) land in the
+    same buckets and the same sum as one ``observe`` each, bucket edges included."""
+    from blis_fast.serve.metrics import (
+        PENDING_GAPS,
+        TOKEN_LATENCY_BUCKETS,
+        GaugeSnapshot,
+        ServeMetrics,
+        _Histogram,
+    )
+
+    edges = [round(b * 1e6) for b in TOKEN_LATENCY_BUCKETS]
+    values = [(k * 7919) % 3_000_000 for k in range(3000)] + edges + [e + 1 for e in edges]
+    one = _Histogram("h", "d", TOKEN_LATENCY_BUCKETS, "m", 1)
+    for v in values:
+        one.observe(0, v / 1e6)
+    metrics = ServeMetrics("m", 1, lambda: GaugeSnapshot([0], [0], [0.0], [0], [0]))
+    for k in range(0, len(values), 7):
+        metrics.tokens(0, 7, values[k:k + 7])
+    metrics.flush()
+    assert metrics._itl.counts == one.counts and metrics._itl.sums == one.sums
+    assert metrics._tpot.counts == one.counts
+    assert metrics._generation_of[0]._value.get() == 7 * len(range(0, len(values), 7))
+    metrics.tokens(0, 1, [1000] * (PENDING_GAPS + 5))  # no scraper: folded at the bound
+    assert metrics._new_gaps[0] == []
+    assert sum(metrics._itl.counts[0]) == len(values) + PENDING_GAPS + 5

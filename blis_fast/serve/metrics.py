@@ -21,12 +21,15 @@ exposes only its own instance's series (:func:`instance_registry`).
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import reduce
 from itertools import accumulate
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -112,6 +115,10 @@ class _SchedulerCollector(Collector):
         yield from (running, waiting, kv, queries, hits)
 
 
+PENDING_GAPS = 8192
+"""Inter-token gaps an instance keeps unfolded before they go into its histograms."""
+
+
 class _Histogram(Collector):
     """A histogram family with one series per instance, kept as plain bucket counts and
     exposed through prometheus_client's ``HistogramMetricFamily`` at scrape time.
@@ -131,6 +138,16 @@ class _Histogram(Collector):
     def observe(self, instance: int, value: float) -> None:
         self.counts[instance][bisect_left(self.bounds, value)] += 1
         self.sums[instance] += value
+
+    def observe_many(self, instance: int, values_us: list[int]) -> None:
+        """Observe each of ``values_us`` (µs, observed in seconds) as :meth:`observe` would,
+        in one vectorised pass (the same buckets; the sum added value by value, in order)."""
+        seconds = np.asarray(values_us, dtype=np.int64) / 1e6
+        idx = np.searchsorted(np.asarray(self.bounds), seconds, side="left")
+        counts = self.counts[instance]
+        for k, c in enumerate(np.bincount(idx, minlength=len(counts)).tolist()):
+            counts[k] += c
+        self.sums[instance] = reduce(operator.add, seconds.tolist(), self.sums[instance])
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.doc, labels=LABELS)
@@ -189,6 +206,8 @@ class ServeMetrics:
         self._prompt_of = [self._prompt.labels(model, str(i)) for i in range(num_instances)]
         self._generation_of = [self._generation.labels(model, str(i))
                                for i in range(num_instances)]
+        self._new_tokens = [0] * num_instances  # told, not yet in their series (flush)
+        self._new_gaps: list[list[int]] = [[] for _ in range(num_instances)]
 
     @staticmethod
     def _index(instance: int) -> int:
@@ -201,13 +220,31 @@ class ServeMetrics:
         self._prompt_of[self._index(instance)].inc(prompt_tokens)
 
     def tokens(self, instance: int, count: int, gaps_us: Iterable[int]) -> None:
-        """``count`` new output tokens and the inter-token gaps among them."""
+        """``count`` new output tokens and the inter-token gaps among them. Kept as plain
+        numbers and folded into the counter and the two histograms when they are read
+        (:meth:`flush`): per token, the prometheus counter's lock and a ``bisect`` per
+        histogram were a sixth of the server's time under 500 streams."""
         i = self._index(instance)
-        if count:
-            self._generation_of[i].inc(count)
-        for gap in gaps_us:
-            self._itl.observe(i, gap / 1e6)
-            self._tpot.observe(i, gap / 1e6)
+        self._new_tokens[i] += count
+        gaps = self._new_gaps[i]
+        gaps.extend(gaps_us)
+        if len(gaps) >= PENDING_GAPS:  # memory stays bounded without a scraper
+            self._flush(i)
+
+    def flush(self) -> None:
+        """Fold the tokens and gaps told since the last read into their series."""
+        for i in range(self.num_instances):
+            self._flush(i)
+
+    def _flush(self, i: int) -> None:
+        if self._new_tokens[i]:
+            self._generation_of[i].inc(self._new_tokens[i])
+            self._new_tokens[i] = 0
+        gaps = self._new_gaps[i]
+        if gaps:
+            self._itl.observe_many(i, gaps)
+            self._tpot.observe_many(i, gaps)
+            self._new_gaps[i] = []
 
     def finished(self, instance: int, reason: str, e2e_us: int, decode_us: int,
                  output_tokens: int, queue_us: int | None) -> None:
@@ -223,6 +260,7 @@ class ServeMetrics:
 
     def exposition(self, instance: int | None = None) -> bytes:
         """The Prometheus text of every instance, or of one instance only (its port)."""
+        self.flush()
         if instance is None:
             return generate_latest(self.registry)
         return generate_latest(instance_registry(self.registry, instance))
