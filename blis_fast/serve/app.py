@@ -58,8 +58,8 @@ FILLER_WORDS = (
     "see", "in", "production")
 """Word mode's text: token k of a request is word k of this list, cyclically."""
 
-TIMER_SLACK_S = 0.0015
-"""The time loop wakes this long before the next simulated event's wall time and yields to
+TIMER_SLACK_S = 0.001
+"""The time loop's timer fires this long before the next simulated event's wall time and yields to
 the other tasks until it is due: asyncio's timers fire up to a millisecond late (the selector's
 timeout is rounded up to whole milliseconds), which the tokens' pacing would inherit."""
 
@@ -205,6 +205,7 @@ class LiveServer:
         self._start = time.monotonic()
         self._advanced = 0
         self._wake: asyncio.Event | None = None
+        self._poked = False  # told something since the loop last looked (poke)
         self._task: asyncio.Task | None = None
         self.closing = False
         self.failure: BaseException | None = None  # what stopped the time loop, if anything
@@ -262,17 +263,32 @@ class LiveServer:
             if nxt is None:
                 await self._wake.wait()
                 continue
-            delay = self.wall_of(nxt) - time.monotonic()
-            if delay <= TIMER_SLACK_S:
-                # the last stretch is yielded away, not slept: a timer would wake up to a
-                # millisecond late (epoll rounds its timeout up to whole ms)
+            target = self.wall_of(nxt)
+            delay = target - time.monotonic()
+            if delay > TIMER_SLACK_S:
+                timer = loop.call_later(delay - TIMER_SLACK_S, self._tick)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+            # the last stretch is yielded away, not slept (a timer would fire up to a
+            # millisecond late: epoll rounds its timeout up to whole ms); a new request or
+            # a cancellation ends it at once
+            while not self._poked and time.monotonic() < target:
                 await asyncio.sleep(0)
-                continue
-            timer = loop.call_later(delay - TIMER_SLACK_S, self._wake.set)
-            try:
-                await self._wake.wait()
-            finally:
-                timer.cancel()
+            self._poked = False
+
+    def _tick(self) -> None:
+        """The time loop's timer: wake it for the last stretch before the next event."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def poke(self) -> None:
+        """Wake the time loop now: the simulation was told something (a submission, a
+        cancellation), so its next event may be earlier."""
+        self._poked = True
+        if self._wake is not None:
+            self._wake.set()
 
     def _answer_admitted(self) -> None:
         """Tell each waiting stream whose request the simulation took (its arrival is past
@@ -367,8 +383,7 @@ class LiveServer:
                      prompt_tokens=parsed.prompt_tokens, output_tokens=out,
                      length_limited=parsed.max_tokens is not None, words=words)
         self._streams[handle] = st
-        if self._wake is not None:
-            self._wake.set()
+        self.poke()
         return st
 
     def _default_length(self) -> int:
@@ -392,8 +407,7 @@ class LiveServer:
             end = st.last_us if st.last_us is not None else st.first_us
             self.metrics.finished(st.instance, "abort", end - st.arrival_us,
                                   end - st.first_us, st.seen, None)
-        if self._wake is not None:
-            self._wake.set()
+        self.poke()
 
     def _encoded(self, text: str) -> bytes:
         """``text`` as a JSON string (bytes), cached: the filler has few distinct words."""
