@@ -41,7 +41,10 @@ class KVState(NamedTuple):
     cpu_prv: np.ndarray  # int32 LRU links
     cpu_nxt: np.ndarray
     cpu_free: np.ndarray  # int32 free-slot stack
-    cpu_meta: np.ndarray  # int64 [n_instances, 12]: CpuMeta
+    # int32 [n_instances, cpu_blocks]: the tier chain's reference state of a slot (KVO-4.2):
+    # -1 promotion in flight, 0 ready (on the LRU list), n > 0 pinned by n writes (off it)
+    cpu_ref: np.ndarray
+    cpu_meta: np.ndarray  # int64 [n_instances, CPU_META_COLS]: CpuMeta
     cfg: np.ndarray  # int64 KVConfig
     # the free list in LRU order, per instance a ring (int32 [n_instances, 2^k]) of block ids
     # between positions KVMeta.HEAD and KVMeta.TAIL; an entry is live iff its block is free and
@@ -96,9 +99,15 @@ class CpuMetaT(NamedTuple):
     HITS: int = 6
     MISSES: int = 7
     PENDING: int = 8  # transfer latency the next step pays
+    EVICTABLE: int = 9  # slots on the LRU list (reference state 0)
+    MIRROR_SKIPPED: int = 10  # mirrors refused: tier full, nothing evictable (KVO-4.3)
+    PROMO_FIRED: int = 11  # promotion runs granted / refused by the evictable gate (KVO-4.6)
+    PROMO_FAILED: int = 12
 
 
 CpuMeta = CpuMetaT()
+CPU_META_COLS = 16
+"""Width of ``cpu_meta`` (room beyond CpuMeta's columns)."""
 
 
 class BlockListT(NamedTuple):
@@ -235,6 +244,7 @@ def new_kv_state(
         cpu_prv=np.full((n_instances, cpu_cap), -1, dtype=np.int32),
         cpu_nxt=np.full((n_instances, cpu_cap), -1, dtype=np.int32),
         cpu_free=cpu_free,
+        cpu_ref=np.zeros((n_instances, cpu_cap), dtype=np.int32),
         cpu_meta=cpu_meta,
         cfg=cfg,
         free_ring=free_ring,
@@ -276,7 +286,7 @@ def _gpu_blocks(n_instances: int, per_instance: np.ndarray,
 
 def _cpu_lru(n_instances: int, cpu_cap: int) -> tuple[np.ndarray, np.ndarray]:
     """The CPU tier's metadata (empty LRU list) and free-slot stack per instance."""
-    cpu_meta = np.zeros((n_instances, 12), dtype=np.int64)
+    cpu_meta = np.zeros((n_instances, CPU_META_COLS), dtype=np.int64)
     cpu_meta[:, CpuMeta.HEAD] = -1
     cpu_meta[:, CpuMeta.TAIL] = -1
     cpu_meta[:, CpuMeta.FREE_TOP] = cpu_cap
