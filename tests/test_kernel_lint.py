@@ -272,6 +272,12 @@ def outside_references(paths: list[Path]) -> dict[tuple[str, str], set[str]]:
     for path in paths:
         tree = ast.parse(path.read_text(), filename=str(path))
         aliases = {}
+        # a jitted shim (a test's ``@numba.njit`` function) calls kernels from a kernel
+        jitted = {id(inner) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
+                  and any("jit" in ast.unparse(d) for d in fn.decorator_list)
+                  for inner in ast.walk(fn)}
+        used_outside = {node.id for node in ast.walk(tree)
+                        if isinstance(node, ast.Name) and id(node) not in jitted}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module in KERNEL_PACKAGES:
                 aliases.update({a.asname or a.name: a.name for a in node.names})
@@ -279,7 +285,10 @@ def outside_references(paths: list[Path]) -> dict[tuple[str, str], set[str]]:
                     "blis_fast.kernels."):
                 module = node.module.split(".")[-1]
                 for a in node.names:
-                    refs.setdefault((module, a.name), set()).add(path.name)
+                    name = a.asname or a.name
+                    if name in used_outside or not any(
+                            isinstance(n, ast.Name) and n.id == name for n in ast.walk(tree)):
+                        refs.setdefault((module, a.name), set()).add(path.name)
             elif isinstance(node, ast.Import):
                 aliases.update({a.asname: a.name.split(".")[-1] for a in node.names
                                 if a.asname and a.name.startswith("blis_fast.kernels.")})
@@ -288,7 +297,8 @@ def outside_references(paths: list[Path]) -> dict[tuple[str, str], set[str]]:
                            if isinstance(node, ast.Attribute)}
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in aliases and id(node) not in dispatcher_uses):
+                    and node.value.id in aliases and id(node) not in dispatcher_uses
+                    and id(node) not in jitted):
                 refs.setdefault((aliases[node.value.id], node.attr), set()).add(path.name)
     return refs
 
