@@ -483,3 +483,47 @@ def test_token_gaps_folded_late_equal_each_observed():
     metrics.tokens(0, 1, [1000] * (PENDING_GAPS + 5))  # no scraper: folded at the bound
     assert metrics._new_gaps[0] == []
     assert sum(metrics._itl.counts[0]) == len(values) + PENDING_GAPS + 5
+
+
+class _AlwaysDue:
+    """A stand-in simulation whose next event is always already due (for its first
+    ``turns`` looks), as a loaded server's is: nothing else in it."""
+
+    num_instances = 1
+    max_model_len = 0
+
+    def __init__(self, turns: int) -> None:
+        self.turns = turns
+        self.looks = 0
+
+    def advance(self, until_us: int) -> list:
+        return []
+
+    def gauges(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(running=[0], waiting=[0], kv_usage=[0.0], prefix_queries=[0],
+                               prefix_hits=[0])
+
+    def next_event_us(self) -> int | None:
+        self.looks += 1
+        return 0 if self.looks <= self.turns else None
+
+
+def test_a_time_loop_behind_its_events_still_lets_handlers_run():
+    """Every turn of the time loop yields to the other tasks, even when its next event is
+    already due: a loop that is behind (under load) once kept the handlers waiting for
+    their last chunk until it caught up."""
+    from blis_fast.serve.app import LiveServer
+
+    sim = _AlwaysDue(turns=1000)
+    server = LiveServer(sim, ServeConfig(model="m"))
+
+    async def main() -> int:
+        await server.start()
+        await asyncio.sleep(0)  # the loop's first turn
+        seen = sim.looks
+        server._task.cancel()
+        return seen
+
+    assert asyncio.run(main()) <= 3
