@@ -527,3 +527,22 @@ def test_a_time_loop_behind_its_events_still_lets_handlers_run():
         return seen
 
     assert asyncio.run(main()) <= 3
+
+
+def test_observe_vocabulary_prompts_count_one_token_per_word(served):
+    """A prompt made only of ``blis observe``'s vocabulary words is one token a word (a chat
+    message too, with no template tokens), so observe's ratio probe measures exactly 1.0;
+    any other word brings the 4-characters estimate back."""
+    from blis_fast.observe.prompts import RATIO_PROMPT, build_prompt
+
+    base = served[2]
+    assert estimate_tokens(RATIO_PROMPT) == 100
+    prompt = build_prompt(list(range(37, 37 + 250)), "", {}, {}, 1.0)
+    assert estimate_tokens(prompt) == 250
+    assert estimate_tokens(prompt + "hello") == -(-len(prompt + "hello") // 4)
+    for path, body in (("/v1/completions", {"prompt": prompt}),
+                       ("/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": prompt}]})):
+        status, raw = _post(base, path, {"model": MODEL, "max_tokens": 1, **body})
+        assert status == 200
+        assert json.loads(raw)["usage"]["prompt_tokens"] == 250
