@@ -38,7 +38,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runner",),
     ("api",),
     (ROOT,),
-    ("sweep", "observe", "serve"),
+    ("sweep", "observe"),
+    ("serve",),  # a live fleet: it reads observe's prompt vocabulary
     ("calibrate", "profiling"),
     ("fit", "evolve", "testing"),
     ("cli",),

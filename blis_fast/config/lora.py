@@ -253,7 +253,10 @@ def resolve_lora(opts: Any, defaults_lora: Any = None) -> LoRAConfig:
              "footprint_bytes_per_rank": "lora_footprint_bytes_per_rank"}
     raw = replace(raw, **{key: getattr(opts, field) for key, field in flags.items()
                           if opts.given(field)})
-    validate_raw(raw)
+    try:
+        validate_raw(raw)
+    except BlisConfigError as exc:  # the reference's words, plus the flag that set the value
+        raise BlisConfigError(_naming_flag(str(exc), opts, flags)) from None
     cfg = LoRAConfig(
         capacity=raw.capacity,
         load_base_latency_us=raw.load_base_latency_us,
@@ -273,6 +276,16 @@ def _first(*values: float | None) -> float | None:
 
 def _bad(v: float, *, zero_ok: bool) -> bool:
     return math.isnan(v) or math.isinf(v) or (v < 0 if zero_ok else v <= 0)
+
+
+def _naming_flag(message: str, opts: Any, flags: dict[str, str]) -> str:
+    """``message`` with the ``--lora-*`` flag that set the refused value, when a flag did (the
+    reference's message names only the config key)."""
+    for key, field in flags.items():
+        name = "adapter_capacity" if key == "capacity" else key
+        if opts.given(field) and f": {name} must" in message:
+            return f"{message} (set by --{field.replace('_', '-')})"
+    return message
 
 
 def validate_raw(raw: _Raw) -> None:
