@@ -147,10 +147,10 @@ def maybe_promote(kv, i, r, input_len, first, h):
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def chain_poll(kv, i, now):
-    """SetClock at a step start (KVO-6.7): the store's clock becomes ``now`` and every
-    transfer completed by then is applied in completion order: a write's tier records the
-    key and its CPU block is unpinned; a read's promoted blocks become ready at the CPU
-    tier's LRU tail."""
+    """SetClock (KVO-6.7): the store's clock becomes ``now`` and every transfer completed by
+    then is applied in completion order (the engine calls it through :func:`chain_sync`): a
+    write's tier records the key and its CPU block is unpinned; a read's promoted blocks
+    become ready at the CPU tier's LRU tail."""
     kv.cpu_meta[i, CpuMeta.CLOCK] = now
     if kv.cfg[KVConfig.N_TIERS] == 0:
         return
@@ -175,6 +175,17 @@ def chain_poll(kv, i, now):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
+def chain_sync(kv, i):
+    """Apply the transfers finished by the store's clock (``CpuMeta.CLOCK``, set at each step
+    start) before the chain is read or changed. Applying them at the step's first use of the
+    chain rather than at its start changes nothing (nothing reads the chain in between, and
+    the station completes jobs in the same order whenever it is polled), and keeps the call
+    out of the step of runs without secondary tiers."""
+    if kv.cfg[KVConfig.N_TIERS] > 0:
+        chain_poll(kv, i, kv.cpu_meta[i, CpuMeta.CLOCK])
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
 def reload_prefix(kv, i, r, input_len, first, prev):
     """reloadPrefixFromCPU (ENG-5.10; KVO-9.1): from input block ``first``, whose predecessor's
     hash is ``prev`` (0 at block 0), put each block the GPU lacks and the CPU tier holds into a
@@ -182,6 +193,7 @@ def reload_prefix(kv, i, r, input_len, first, prev):
     next step; stops at the first block neither tier holds, or whose promotion is still in
     flight. With secondary tiers a CPU miss first fires the promotion of the run a secondary
     tier holds (KVO-5.4), which a later call finds. True when any block came back."""
+    chain_sync(kv, i)
     bs = kv.cfg[KVConfig.BLOCK_SIZE]
     n = input_len // bs
     max_reloads = kv.meta[i, KVMeta.FREE]
@@ -226,6 +238,7 @@ def mirror_to_cpu(kv, i, batch_reqs, n, input_len):
     blocks that lie wholly inside the request's prompt (``input_len[r]`` tokens)."""
     if kv.cfg[KVConfig.TIERED] == 0:
         return
+    chain_sync(kv, i)
     bs = kv.cfg[KVConfig.BLOCK_SIZE]
     prompt_only = kv.cfg[KVConfig.PROMPT_ONLY] == 1
     for q in range(n):
