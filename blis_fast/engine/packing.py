@@ -16,7 +16,6 @@ from blis_fast.kernels.engine.lora import LoraState, new_lora_state
 from blis_fast.kernels.engine.state import ConfigSlot, InstanceSlot, RequestInputs
 from blis_fast.kernels.go.gorand import new_source, subsystem_seed
 from blis_fast.kernels.kv.kv_layout import new_kv_state
-from blis_fast.kernels.kv.kv_station import new_station
 from blis_fast.policies.deciders import DECIDERS
 from blis_fast.policies.priority import DEFAULT_SLO_PRIORITY, SLO_PRIORITIES
 from blis_fast.policies.routing import ROUTING
@@ -214,7 +213,6 @@ def kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: Capacity):
     cpu_blocks = opts.kv_cpu_blocks
     reload_first = opts.kv_cpu_reload == "always"
     prompt_only = False
-    station, n_tiers, block_bytes = None, 0, 0
     if cpu_blocks > 0:
         reload_ticks = opts.kv_transfer_base_latency + int(
             math.ceil(float(block_size) / opts.kv_transfer_bandwidth))
@@ -224,30 +222,12 @@ def kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: Capacity):
         cpu_blocks = cfg.kv_offload.cpu_blocks
         reload_first = True
         prompt_only = cfg.kv_offload.offload_prompt_only
-        n_tiers = len(cfg.kv_offload.tiers)
-        block_bytes = cfg.kv_offload.per_block_bytes
-        if n_tiers:
-            station = _station(cfg.kv_offload, opts.num_instances, opts.seed)
     return new_kv_state(opts.num_instances, cfg.kv_blocks_per_instance(), block_size, chunk_off,
                         chunk_dig, inp.input_len, inp.output_len, cpu_blocks,
                         reload_ticks, cfg.hash_decode_blocks,
                         log_changes=_delayed_cache_signal(cfg), pool_extra=room.pool,
                         chunk_capacity=chunk_dig.shape[0],
-                        reload_first=reload_first, prompt_only_mirror=prompt_only,
-                        station=station, n_tiers=n_tiers, block_bytes=block_bytes)
-
-
-def _station(offload, n_instances: int, seed: int):
-    """Every instance's transfer station for the chain's secondary tiers (KVO-6): rows for
-    every job that can be in flight (a write per pinned CPU block and tier, a read per
-    promoting block), jitter streams seeded from ``--seed`` (KVO-6.6)."""
-    tiers = offload.tiers
-    return new_station(
-        n_instances, [t.n_read_threads for t in tiers], [t.n_write_threads for t in tiers],
-        [t.base_latency for t in tiers], [t.read_bandwidth for t in tiers],
-        [t.write_bandwidth for t in tiers], [t.saturation_queue_depth for t in tiers],
-        [t.single_transfer_fraction for t in tiers], [t.latency_jitter_stddev for t in tiers],
-        offload.cpu_blocks * (len(tiers) + 1), subsystem_seed(seed, "kv-offload"))
+                        reload_first=reload_first, prompt_only_mirror=prompt_only)
 
 
 def with_prefill_rows(table):

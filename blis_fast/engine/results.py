@@ -351,13 +351,8 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
                           / np.maximum(mirrors, 1), 0.0)
         if cfg.kv_offload is not None:
             # the chain's KV Thrashing Rate is refused / attempted promotions (KVO-10.2,
-            # KVO-D6): 0 without a promotion (always without a secondary tier)
-            fired = kv.cpu_meta[:, CpuMeta.PROMO_FIRED]
-            failed = kv.cpu_meta[:, CpuMeta.PROMO_FAILED]
-            thrash = np.where(fired + failed > 0, failed / np.maximum(fired + failed, 1), 0.0)
-        if kv.cpu_meta[:, CpuMeta.OVERFLOW].any():
-            raise BlisRuntimeError("KV offload chain: the secondary tiers' key table or the "
-                                   "transfer station's job rows ran out of room")
+            # KVO-D6): no promotion without a secondary tier
+            thrash = np.zeros(kv.cpu_meta.shape[0])
     steps = int(lg.sizes[LogCursor.STEPS])
     used = slice(0, n_used)
     completed = rs.state[used] == RequestState.COMPLETED

@@ -196,9 +196,6 @@ def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority, lora
         ins.cnt[i, InstanceCounter.STEP_PENDING] = 0
         return np.int64(-1)
     ins.cnt[i, InstanceCounter.STEPS] += 1
-    # the KV store's SetClock (KVO-6.7): the tier chain applies the transfers finished by now
-    # on its first use in the step (kv_chain.chain_sync)
-    kv.cpu_meta[i, kvc.CpuMeta.CLOCK] = now
     order_wait_queue(cfg.ints, ins, rs, inp, i, now, work, key_fn, slo_priority)
     if lora is not None:
         lk.maybe_start_load(lora, ins, inp, rs, i, now)

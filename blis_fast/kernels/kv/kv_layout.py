@@ -14,8 +14,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from blis_fast.kernels.kv.kv_station import StationState, new_station
-
 
 class KVState(NamedTuple):
     """Every instance's KV cache (allocated by :func:`new_kv_state`)."""
@@ -48,15 +46,6 @@ class KVState(NamedTuple):
     cpu_ref: np.ndarray
     cpu_meta: np.ndarray  # int64 [n_instances, CPU_META_COLS]: CpuMeta
     cfg: np.ndarray  # int64 KVConfig
-    # the tier chain's secondary tiers (KVConfig.N_TIERS > 0; 1-slot arrays otherwise): the
-    # keys any instance's tier holds, one shared table (uint64 [1, size, 2]: key -> its own
-    # slot, never deleted: tiers have no eviction, KVO-4.5), and per slot the holders, bit
-    # ``i * N_TIERS + t`` of ``sec_bits[slot, word]`` (uint64 [size, words])
-    sec_ht: np.ndarray
-    sec_bits: np.ndarray
-    # scratch of a promotion run's keys (uint64 [2, n]: the run, and its fresh keys)
-    chain_keys: np.ndarray
-    station: StationState  # every instance's transfer station (kernels/kv/kv_station.py)
     # the free list in LRU order, per instance a ring (int32 [n_instances, 2^k]) of block ids
     # between positions KVMeta.HEAD and KVMeta.TAIL; an entry is live iff its block is free and
     # its BlockField.POS is that position (a block taken off the list mid-way just leaves a stale
@@ -114,9 +103,6 @@ class CpuMetaT(NamedTuple):
     MIRROR_SKIPPED: int = 10  # mirrors refused: tier full, nothing evictable (KVO-4.3)
     PROMO_FIRED: int = 11  # promotion runs granted / refused by the evictable gate (KVO-4.6)
     PROMO_FAILED: int = 12
-    CLOCK: int = 13  # the store's clock: the start tick of the instance's current step
-    OVERFLOW: int = 14  # a secondary key set or the station's job rows ran out of room
-    SEC_KEYS: int = 15  # row 0 only: keys in the shared secondary-tier table
 
 
 CpuMeta = CpuMetaT()
@@ -153,8 +139,6 @@ class KVConfigT(NamedTuple):
     RELOAD_FIRST: int = 7  # tiered: consult the CPU tier before every GPU allocation (KVO-9.1)
     # tier chain (--kv-offload-config): mirror only the blocks inside the prompt (KVO-8.1)
     PROMPT_ONLY: int = 8
-    N_TIERS: int = 9  # tier chain: secondary tiers (0: none)
-    BLOCK_BYTES: int = 10  # tier chain: bytes of one block (a transfer's size per block)
 
 
 KVConfig = KVConfigT()
@@ -203,9 +187,6 @@ def new_kv_state(
     chunk_capacity: int | None = None,
     reload_first: bool = False,
     prompt_only_mirror: bool = False,
-    station: StationState | None = None,
-    n_tiers: int = 0,
-    block_bytes: int = 0,
 ) -> KVState:
     """Allocate an empty cache for every instance, sized from the workload.
 
@@ -231,9 +212,6 @@ def new_kv_state(
     ``prompt_only_mirror`` clamps each step's mirroring to the blocks inside the request's
     prompt (the tier chain's ``offload_prompt_only``, KVO-8.1); April's tier mirrors every
     full hashed block.
-
-    ``station`` (built by ``kv_station.new_station``) carries the tier chain's ``n_tiers``
-    secondary tiers, which move ``block_bytes`` per block (KVO-4.4, KVO-6).
     """
     per_instance = np.broadcast_to(np.asarray(total_blocks, dtype=np.int64), (n_instances,))
     total_blocks = int(per_instance.max(initial=0))
@@ -250,14 +228,8 @@ def new_kv_state(
     cfg = np.array([block_size, total_blocks, 1 if tiered else 0, cpu_cap, reload_ticks,
                     1 if (tiered or hash_decode_blocks) else 0, 1 if log_changes else 0,
                     1 if (tiered and reload_first) else 0,
-                    1 if (tiered and prompt_only_mirror) else 0,
-                    n_tiers if tiered else 0, block_bytes],
+                    1 if (tiered and prompt_only_mirror) else 0],
                    dtype=np.int64)
-    chain = tiered and n_tiers > 0
-    sec_size = _pow2_at_least(2 * (total_chunks + 1)) if chain else 1
-    words = (n_instances * n_tiers + 63) // 64 if chain else 1
-    if station is None:
-        station = new_station(n_instances, [], [], [], [], [], [], [], [], 1, 0)
     return KVState(
         blk=blk,
         meta=meta,
@@ -275,10 +247,6 @@ def new_kv_state(
         cpu_ref=np.zeros((n_instances, cpu_cap), dtype=np.int32),
         cpu_meta=cpu_meta,
         cfg=cfg,
-        sec_ht=np.zeros((1, sec_size, 2), dtype=np.uint64),
-        sec_bits=np.zeros((sec_size, words), dtype=np.uint64),
-        chain_keys=np.zeros((2, total_chunks + 1 if chain else 1), dtype=np.uint64),
-        station=station,
         free_ring=free_ring,
         free_slot=np.full(free_ring.shape, -1, dtype=np.int32),
     )

@@ -28,7 +28,7 @@ from blis_fast.kernels.kv.kv_blocks import (
     sync_frozen_copy,
     sync_last,
 )
-from blis_fast.kernels.kv.kv_chain import chain_poll, mirror_to_cpu, reload_prefix
+from blis_fast.kernels.kv.kv_cpu import mirror_to_cpu, reload_prefix
 from blis_fast.kernels.kv.kv_layout import (
     LOOK_HASH,
     LOOK_RECORD,
@@ -47,7 +47,7 @@ from blis_fast.kernels.prefetch import prefetch
 __all__ = [
     "POS_MASK", "BlockField", "BlockList", "CpuMeta", "KVConfig", "KVMeta", "KVState", "allocate",
     "append_decode_token_fast", "cached_blocks", "consume_pending_transfer", "free_blocks",
-    "chain_poll", "hit_rate", "list_overflowed", "mirror_to_cpu", "new_kv_state", "pool_slots", "release",
+    "hit_rate", "list_overflowed", "mirror_to_cpu", "new_kv_state", "pool_slots", "release",
     "reset_instance_blocks", "sync_frozen_copy", "thrashing_rate", "used_blocks",
 ]
 
