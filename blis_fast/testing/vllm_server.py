@@ -226,9 +226,9 @@ class VllmServer:
         deadline = t0 + self.start_timeout_s
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
-                tail = self._log_tail()
-                self.stop()
-                raise VllmUnavailable(f"vLLM exited with {self.proc.returncode}: {tail}")
+                code, tail = self.proc.returncode, self._log_tail()
+                self.stop()  # forgets the process: read its exit code first
+                raise VllmUnavailable(f"vLLM exited with {code}: {tail}")
             try:
                 with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r:
                     if r.status == 200 and MODEL_NAME in r.read().decode():
