@@ -16,6 +16,7 @@ import numpy as np
 from _cli import invoke
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_kv_cpu_reload import _spec  # the prefix-group workload both files run
 
 import blis_fast
 from blis_fast.kernels.kv import kvcache as kvc
@@ -166,21 +167,6 @@ def test_a_prefix_evicted_from_the_gpu_comes_back_from_the_cpu_tier_for_free():
 
 
 # ------------------------------------------------------------------ runs
-
-
-def _spec(path: Path, groups: int, prefix: int, rate: float, seed: int) -> str:
-    lines = ['version: "2"', f"seed: {seed}", "category: language", f"aggregate_rate: {rate}",
-             "num_requests: 40", "clients:"]
-    for g in range(groups):
-        lines += [f'  - id: "g{g}"', f"    rate_fraction: {1 / groups}",
-                  "    arrival: {process: poisson}",
-                  "    input_distribution: {type: gaussian, params: {mean: 128, std_dev: 32, "
-                  "min: 16, max: 256}}",
-                  "    output_distribution: {type: gaussian, params: {mean: 16, std_dev: 4, "
-                  "min: 1, max: 32}}",
-                  f'    prefix_group: "p{g}"', f"    prefix_length: {prefix}"]
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
 
 
 def _offload(path: Path, cpu_blocks: int, prompt_only: bool = True) -> str:
