@@ -354,6 +354,22 @@ def test_cached_vllm_venv_is_built_in_place_so_its_scripts_run(tmp_path):
     assert vs.ensure_venv(tmp_path, install=lambda python, run: pytest.fail("rebuilt")) == py
 
 
+def test_bundled_server_keeps_the_last_cpu_for_the_client():
+    """The server's CPUs leave the last allowed one to the client, a child started inside the
+    confinement inherits it, and the launching thread gets its own affinity back."""
+    from blis_fast.testing import vllm_server as vs
+
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = vs.server_cpus()
+    assert cpus == (set(allowed[:-1]) if len(allowed) > 1 else set(allowed))
+    with vs._thread_affinity(cpus):
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted("
+                                "os.sched_getaffinity(0)))"], capture_output=True, text=True,
+                               timeout=60)
+    assert child.stdout.strip() == str(sorted(cpus)), child.stderr
+    assert sorted(os.sched_getaffinity(0)) == allowed
+
+
 # -------------------------------------------- property: mutated responses through the parser
 
 
