@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
 import pytest
 from _cli import invoke
+
+from blis_fast.testing.serve_child import ServeStartError, start_serve
 
 MODEL = "qwen/qwen3-14b"
 SPEED = 20.0
@@ -55,17 +54,9 @@ def _client(base: str, out: list, at: float, words: int, max_tokens: int) -> Non
 def test_served_timings_replay_exactly(tmp_path):
     pytest.importorskip("openai", reason="the openai SDK is a dev dependency")
     prefix = str(tmp_path / "served")
-    proc = subprocess.Popen([sys.executable, "-m", "blis_fast.cli", "serve", *FLAGS,
-                             "--port", "0", "--speed", str(SPEED), "--trace-output", prefix],
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        for line in proc.stderr:
-            if "listening on " in line:
-                base = line.split("listening on ")[1].split(" ")[0]
-                break
-        else:
-            pytest.fail("blis serve ended before listening")
+    with start_serve([*FLAGS, "--port", "0", "--speed", str(SPEED), "--trace-output",
+                      prefix]) as server:
+        base = server.url
         results: list = []
         start = time.monotonic() + 1.0
         threads = [threading.Thread(target=_client, args=(base, results, start + at, w, mt))
@@ -74,12 +65,8 @@ def test_served_timings_replay_exactly(tmp_path):
             t.start()
         for t in threads:
             t.join(60)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
-        rest = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        code, rest = server.interrupt()
+    assert code == 0, rest
     assert "Traceback" not in rest and "trace written to" in rest
     assert len(results) == len(REQUESTS)
     assert all(chunks == mt for *_, chunks, mt in results)
@@ -105,3 +92,46 @@ def test_served_timings_replay_exactly(tmp_path):
     print(f"wall lag behind the simulated instants: median {statistics.median(lags) * 1e3:.2f}"
           f" ms, max {max(lags) * 1e3:.2f} ms")
     assert statistics.median(lags) < 0.1
+
+
+FAKE_SERVE = """
+import signal, sys, time
+def stop(*_):
+    sys.stderr.write("blis serve: stopped\\n")
+    sys.exit(0)
+signal.signal(signal.SIGINT, stop)
+say = sys.stderr.write
+say("blis serve: prompt tokens estimated\\n")
+say("blis serve: listening on http://127.0.0.1:1234 (model m, 2 instance(s), speed 1x)\\n")
+sys.stderr.flush()
+time.sleep(0.2)
+say("blis serve: instance 0 on http://127.0.0.1:1235\\n")
+sys.stderr.flush()
+time.sleep(0.2)
+say("blis serve: instance 1 on http://127.0.0.1:1236\\nlater\\n")
+sys.stderr.flush()
+time.sleep(60)
+"""
+"""A stand-in for ``blis serve``'s start-up lines: the instance lines come after a pause."""
+
+
+def test_start_serve_waits_for_every_instance_line_then_hands_over_the_rest():
+    with start_serve(["--instance-ports", "0"],
+                     python=[sys.executable, "-c", FAKE_SERVE]) as child:
+        assert child.url == "http://127.0.0.1:1234"
+        assert child.instance_urls == ["http://127.0.0.1:1235", "http://127.0.0.1:1236"]
+        assert child.startup.startswith("blis serve: prompt tokens estimated\n")
+        code, rest = child.interrupt(10)
+    assert code == 0
+    assert rest == "later\nblis serve: stopped\n"
+
+
+def test_start_serve_reports_a_server_that_never_listens():
+    with pytest.raises(ServeStartError, match=r"exit 2\) before listening: .*bad flag"):
+        start_serve([], python=[sys.executable, "-c",
+                                "import sys; sys.stderr.write('bad flag\\n'); sys.exit(2)"])
+    started = time.monotonic()
+    with pytest.raises(ServeStartError, match="did not listen within 0.5 s"):
+        start_serve([], python=[sys.executable, "-c", "import time; time.sleep(60)"],
+                    timeout_s=0.5)
+    assert time.monotonic() - started < 10  # the silent child was killed, not waited for

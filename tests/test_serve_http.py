@@ -14,11 +14,8 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +30,7 @@ from blis_fast.options import build_options
 from blis_fast.serve.app import ServeConfig, estimate_tokens, start_in_thread
 from blis_fast.serve.live import LiveSimulation
 from blis_fast.serve.metrics import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
+from blis_fast.testing.serve_child import start_serve
 
 MODEL = "qwen/qwen3-14b"
 SPEED = 50.0
@@ -415,21 +413,12 @@ def test_a_failing_simulation_ends_the_streams_and_the_server():
 
 def test_ctrl_c_ends_streams_cleanly_and_writes_the_trace(tmp_path):
     prefix = str(tmp_path / "served")
-    proc = subprocess.Popen([sys.executable, "-m", "blis_fast.cli", "serve", "--model", MODEL,
-                             "--log", "error", "--port", "0", "--trace-output", prefix],
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        for line in proc.stderr:
-            if "listening on " in line:
-                base = line.split("listening on ")[1].split(" ")[0]
-                break
-        else:
-            pytest.fail("blis serve ended before listening")
+    with start_serve(["--model", MODEL, "--log", "error", "--port", "0", "--trace-output",
+                      prefix]) as server:
 
         async def scenario():
             async with aiohttp.ClientSession() as session:
-                resp = await session.post(base + "/v1/completions", json={
+                resp = await session.post(server.url + "/v1/completions", json={
                     "model": MODEL, "prompt": "a", "max_tokens": 1000, "stream": True})
                 lines = []
                 async for raw in resp.content:
@@ -437,15 +426,12 @@ def test_ctrl_c_ends_streams_cleanly_and_writes_the_trace(tmp_path):
                         continue
                     lines.append(raw.decode().strip())
                     if len(lines) == 2:
-                        proc.send_signal(signal.SIGINT)  # Ctrl-C with the stream in flight
+                        server.proc.send_signal(signal.SIGINT)  # Ctrl-C, a stream in flight
                 return lines
 
         lines = asyncio.run(scenario())
-        assert proc.wait(30) == 0
-        rest = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        code, rest = server.wait_exit(30)
+    assert code == 0, rest
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2][len("data: "):])
     assert last["choices"][0]["finish_reason"] == "abort"

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,6 +30,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from blis_fast.testing.serve_child import start_serve
 from blis_fast.testing.vllm_server import _cache_lock, cache_root
 
 pytestmark = pytest.mark.realserver
@@ -83,18 +82,9 @@ def _aiperf() -> tuple[Path, Path]:
 def test_aiperf_medians_agree_with_the_simulation(tmp_path):
     aiperf, tokenizer = _aiperf()
     prefix = str(tmp_path / "served")
-    server = subprocess.Popen([sys.executable, "-m", "blis_fast.cli", "serve", "--model", MODEL,
-                               "--num-instances", "2", "--port", "0", "--speed", str(SPEED),
-                               "--log", "error", "--trace-output", prefix],
-                              stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        for line in server.stderr:
-            if "listening on " in line:
-                base = line.split("listening on ")[1].split(" ")[0]
-                break
-        else:
-            pytest.fail("blis serve ended before listening")
+    with start_serve(["--model", MODEL, "--num-instances", "2", "--port", "0", "--speed",
+                      str(SPEED), "--log", "error", "--trace-output", prefix]) as server:
+        base = server.url
         run = subprocess.run(
             [str(aiperf), "profile", "--model", MODEL, "--url", base, "--endpoint-type",
              "completions", "--streaming", "--use-server-token-count", "--tokenizer",
@@ -108,11 +98,8 @@ def test_aiperf_medians_agree_with_the_simulation(tmp_path):
         assert run.returncode == 0, run.stdout[-2000:]
         with urllib.request.urlopen(base + "/metrics", timeout=30) as resp:
             text = resp.read().decode()
-        server.send_signal(signal.SIGINT)
-        assert server.wait(60) == 0
-    finally:
-        if server.poll() is None:
-            server.kill()
+        code, rest = server.interrupt()
+    assert code == 0, rest
     report = json.loads((tmp_path / "aiperf" / "profile_export_aiperf.json").read_text())
     with open(prefix + ".csv") as fh:
         rows = [r for r in csv.DictReader(fh) if int(r["output_tokens"]) > 1]
