@@ -4,9 +4,12 @@ A configuration is a dict ``{"id": str, "args": [flag, value, ...], "files": {na
 ``args`` omit the output flags (the runner adds them) and name files by their bare name (the
 runner writes ``files`` into the run folder). Only flags and values the reference accepts are
 drawn, except in the deliberately invalid configurations (``"invalid": true``), which both sides
-must refuse; ``tests/test_differential_tool.py`` checks that blis_fast accepts every valid one and
-refuses every invalid one with exit code 2. Three families: 'april' (flags of the April reference),
-'august' (P/D pools and the autoscaler) and 'lora' (LoRA adapters), both for the August reference.
+must refuse; ``tests/test_differential_tool.py`` (and ``test_differential_offload.py``) check that
+blis_fast accepts every valid one and refuses every invalid one with exit code 2. Four families:
+'april' (flags of the April reference), 'august' (P/D pools and the autoscaler), 'lora' (LoRA
+adapters) and 'offload' (the KV offload tier chain), the last three for the August reference. A
+configuration may carry ``"blis_fast_args"``: flags only blis_fast is given (an opt-in that selects
+the August rule the reference applies unasked).
 """
 
 from __future__ import annotations
@@ -177,10 +180,11 @@ def workload_spec(rng: random.Random, max_requests: int = 200,
     return spec
 
 
-FAMILIES = ("april", "august", "lora")
+FAMILIES = ("april", "august", "lora", "offload")
 """Configuration families: 'april' (flags of the April reference ``b563c440``), 'august' (P/D
-pools and the autoscaler, flags and bundle keys of the August reference ``f90a1e3a``) and 'lora'
-(LoRA multi-adapter serving, also for the August reference)."""
+pools and the autoscaler, flags and bundle keys of the August reference ``f90a1e3a``), 'lora'
+(LoRA multi-adapter serving) and 'offload' (the KV offload tier chain), the last two also for
+the August reference."""
 INVALID_SHARE = 0.06
 """Share of April-family configurations that are deliberately invalid (both sides must refuse)."""
 FITNESS_KEYS = ("throughput", "tokens_per_sec", "p99_ttft", "p50_ttft", "mean_ttft", "p99_e2e",
@@ -682,12 +686,385 @@ def lora_config(rng: random.Random, config_id: str, max_requests: int = 200,
             **({"invalid": True, "invalid_kind": invalid} if invalid else {})}
 
 
+# ---------------------------------------------------------------------------------------------
+# The offload family (issue 32, spec kv-offload.md): the August reference's tier chain
+
+
+OFFLOAD_MODELS: tuple[tuple[str, tuple[int, ...], int], ...] = (
+    ("meta-llama/llama-3.1-8b-instruct", (1, 1, 2), 131_072),
+    ("meta-llama/llama-3.1-8b-instruct", (1, 2), 131_072),
+    ("qwen/qwen3-14b", (1, 2), 163_840),
+    ("mistralai/mistral-nemo-instruct-2407", (1, 2), 163_840),
+    ("qwen/qwen2.5-7b-instruct", (1, 2), 57_344))
+"""(model, TP choices, KV bytes per token at TP 1) of the offload family: dense models whose KV
+heads split evenly at TP 2, two of them with an explicit ``head_dim`` (the August rule, KVO-3.1:
+mistral-nemo's 128 where April's hidden/heads gives 160). The byte figures are checked against
+blis_fast's derivation by tests/test_differential_offload.py."""
+OFFLOAD_TIER_MODES = ("all", "cpu")
+"""``--offload-tiers``: 'all' draws secondary tiers in about half the chain configurations,
+'cpu' never (the chain's CPU tier only, what blis_fast simulates today)."""
+OFFLOAD_DEVICE_CLASSES = ("nvme_gen4", "nvme_gen3", "sata_ssd", "cpu_dram", "s3")
+"""defaults.yaml's shipped ``kv_offload_devices:`` classes (KVO-2.4)."""
+CUSTOM_DEVICES_CASE = "kvo-ramp-custom-device"
+"""The parity case whose defaults.yaml, config.json and hardware_config.json a configuration
+with custom device classes (ramp, jitter, buffered twins) copies, its device table redrawn."""
+OFFLOAD_INVALID_SHARE = 0.07
+OFFLOAD_INVALID_KINDS = (
+    "cpu-below-one-block", "blocks-per-chunk-2", "block-size-two-blocks", "arc",
+    "store-threshold-2", "store-threshold-negative", "both-models", "block-size-not-multiple",
+    "block-size-and-chunk", "cpu-bytes-missing", "cpu-bytes-zero", "tokens-per-hash-zero",
+    "eviction-unknown", "unknown-key", "null-block")
+"""Invalid offload configurations both references refuse (KVO-1.3, KVO-2, KVO-3.2/3.3: the
+reference panics, exit 2, on the last three of KVO-D3; blis_fast refuses them in one line)."""
+OFFLOAD_TIER_INVALID_KINDS = (
+    "tier-obj", "tier-no-type", "tier-direct-io-missing", "tier-unknown-class",
+    "tier-no-triple", "tier-root-missing", "tier-threads-zero", "tier-bad-locality",
+    "tier-bandwidth-zero")
+"""Invalid secondary tiers (KVO-2.5), drawn only with ``--offload-tiers all``."""
+
+
+def offload_block_bytes(model: str, tp: int, block_tokens: int = 16) -> int:
+    """KV bytes of one GPU block on one TP rank for an OFFLOAD_MODELS model (KVO-3.1)."""
+    per_token = next(b for m, _, b in OFFLOAD_MODELS if m == model)
+    return per_token // tp * block_tokens
+
+
+def _bounded(rng: random.Random, lo: int, hi: int) -> tuple[dict[str, Any], int]:
+    """A length distribution with a hard maximum (gaussian within [min, max] or constant), so
+    that every request fits the GPU cache; returns it and its maximum."""
+    mean = rng.randint(lo, hi)
+    if rng.random() < 0.2:
+        return {"type": "constant", "params": {"value": mean}}, mean
+    top = 2 * mean
+    return ({"type": "gaussian", "params": {"mean": mean, "std_dev": rng.randint(0, mean // 2),
+                                            "min": max(1, mean // 4), "max": top}}, top)
+
+
+def _offload_workload(rng: random.Random, max_requests: int) -> tuple[dict[str, Any], int]:
+    """A v2 workload spec where offload matters: clients sharing prefix groups, multi-turn
+    sessions that accumulate their context (closed loop: the August build times open-loop
+    rounds differently), plain clients, sometimes closed-loop virtual users; every length
+    bounded. Returns the spec and the most tokens one request can need (input + output)."""
+    spec: dict[str, Any] = {"version": "2", "seed": rng.randint(1, 10_000),
+                            "num_requests": rng.randint(20, max(20, max_requests))}
+    need = 0
+    if rng.random() < 0.1:  # closed-loop virtual users
+        spec["clients"] = []
+        for i in range(rng.randint(1, 3)):
+            inp, in_max = _bounded(rng, 32, 768)
+            out, out_max = _bounded(rng, 4, 128)
+            spec["clients"].append({"id": f"users-{i}", "concurrency": rng.randint(1, 8),
+                                    "think_time_us": rng.choice((0, 50_000, 300_000)),
+                                    "input_distribution": inp, "output_distribution": out})
+            need = max(need, in_max + out_max)
+        return spec, need
+    spec["aggregate_rate"] = round(rng.uniform(1.0, 40.0), 1)
+    groups = [f"p{g}" for g in range(rng.randint(1, 4))]
+    clients = []
+    for i in range(rng.choice((1, 2, 3, 3, 4, 5, 6))):
+        kind = rng.choice(("prefix", "prefix", "prefix", "session", "session", "plain"))
+        inp, in_max = _bounded(rng, 16, 512 if kind == "session" else 1024)
+        out, out_max = _bounded(rng, 4, 128)
+        client: dict[str, Any] = {
+            "id": f"c{i}", "rate_fraction": round(rng.uniform(0.1, 1.0), 2),
+            "arrival": _arrival(rng), "input_distribution": inp, "output_distribution": out}
+        tokens = in_max + out_max
+        if kind == "prefix":
+            client["prefix_group"] = rng.choice(groups)
+            length = rng.choice((64, 128, 256, 512, 1024))
+            client["prefix_length"] = length
+            tokens += length
+        elif kind == "session":
+            rounds = rng.randint(2, 5)
+            growth = rng.choice(("accumulate", "accumulate", ""))
+            client["reasoning"] = {
+                "reason_ratio_distribution": {"type": "constant", "params": {"value": 0}},
+                "multi_turn": {"max_rounds": rounds,
+                               "think_time_us": rng.choice((0, 100_000, 400_000)),
+                               "context_growth": growth}}
+            if rng.random() < 0.5:  # closed loop is the default
+                client["closed_loop"] = True
+            if growth == "accumulate":
+                tokens = rounds * (in_max + out_max)
+        if rng.random() < 0.3:
+            client["streaming"] = rng.random() < 0.5
+        clients.append(client)
+        need = max(need, tokens)
+    spec["clients"] = clients
+    if rng.random() < 0.15:
+        spec["horizon"] = rng.randint(5_000_000, 60_000_000)
+    return spec, need
+
+
+def _offload_tier(rng: random.Random, classes: tuple[str, ...]) -> dict[str, Any]:
+    """One secondary ``fs`` tier (KVO-2.5): a device class (sometimes with an explicit figure
+    over it) or an explicit triple; O_DIRECT or buffered; sometimes thread counts and the inert
+    ``locality`` / ``enable_kv_events``."""
+    tier: dict[str, Any] = {"type": "fs", "root_dir": rng.choice(("/mnt/kv", "/mnt/nvme0", "s3"))}
+    tier["direct_io"] = rng.random() < 0.6
+    if rng.random() < 0.75:
+        tier["device_class"] = rng.choice(classes)
+        if rng.random() < 0.2:
+            key = rng.choice(("read_bandwidth", "write_bandwidth", "base_latency"))
+            tier[key] = rng.choice((100.0, 800.0, 2500.0)) if key != "base_latency" else 40.0
+    else:
+        tier["read_bandwidth"] = rng.choice((300.0, 1000.0, 3500.0, 7000.0, 20000.0))
+        tier["write_bandwidth"] = rng.choice((250.0, 1000.0, 3000.0, 5000.0))
+        tier["base_latency"] = rng.choice((0.0, 1.0, 80.0, 150.0, 30000.0))
+    if rng.random() < 0.3:
+        tier["n_read_threads"] = rng.choice((1, 2, 4, 16))
+        tier["n_write_threads"] = rng.choice((1, 2, 4, 16))
+    if rng.random() < 0.1:
+        tier["locality"] = rng.choice(("LOCAL", "REMOTE"))
+    if rng.random() < 0.1:
+        tier["enable_kv_events"] = rng.random() < 0.5
+    return tier
+
+
+def _custom_devices(rng: random.Random) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Files of a run with custom device classes (queue-depth ramp, seeded jitter, buffered
+    twins): the CUSTOM_DEVICES_CASE parity case's defaults.yaml with a redrawn
+    ``kv_offload_devices:`` table, its config.json and hardware_config.json; and the classes."""
+    from pathlib import Path
+
+    case = Path(__file__).resolve().parents[1] / "reference_cases" / "cases" / CUSTOM_DEVICES_CASE
+    text = (case / "defaults.yaml").read_text()
+    head, _, tail = text.partition("kv_offload_devices:")
+    version = tail[tail.index("\nversion:"):]
+    lines = ["kv_offload_devices:",
+             "  nvme_gen4: {read_bandwidth: 7.0e3, write_bandwidth: 5.0e3, base_latency: 80.0}",
+             "  sata_ssd: {read_bandwidth: 5.5e2, write_bandwidth: 5.0e2, base_latency: 150.0}"]
+    names = ["nvme_gen4", "sata_ssd"]
+    for n in range(rng.randint(1, 3)):
+        fields = {"read_bandwidth": rng.choice((500.0, 2000.0, 4000.0, 7000.0)),
+                  "write_bandwidth": rng.choice((400.0, 1500.0, 3000.0)),
+                  "base_latency": rng.choice((1.0, 90.0, 200.0, 5000.0))}
+        if rng.random() < 0.5:
+            fields["saturation_queue_depth"] = rng.choice((0, 1, 2, 4, 8, 16))
+            fields["single_transfer_fraction"] = rng.choice((0.1, 0.25, 0.5, 1.0))
+        if rng.random() < 0.4:
+            fields["latency_jitter_stddev"] = rng.choice((0.05, 0.2, 0.4, 1.0))
+        if rng.random() < 0.4:
+            for key in rng.sample(("read_bandwidth", "write_bandwidth", "base_latency",
+                                   "saturation_queue_depth", "single_transfer_fraction",
+                                   "latency_jitter_stddev"), rng.randint(1, 3)):
+                value = fields.get(key, 4 if key == "saturation_queue_depth" else 0.3)
+                fields[f"buffered_{key}"] = (value if key == "saturation_queue_depth"
+                                             else round(float(value) * rng.choice((0.5, 2.0)), 3))
+        name = f"dev{n}"
+        names.append(name)
+        lines.append(f"  {name}: {{{', '.join(f'{k}: {v}' for k, v in fields.items())}}}")
+    files = {"defaults.yaml": head + "\n".join(lines) + version,
+             "config.json": (case / "config.json").read_text(),
+             "hardware_config.json": (case / "hardware_config.json").read_text()}
+    return files, tuple(names)
+
+
+def _offload_invalid(rng: random.Random, kind: str, block: dict[str, Any], args: list[str],
+                     per_block: int, gpu_block: int) -> dict[str, Any] | None:
+    """Make a valid offload configuration invalid by ``kind``; returns the new ``kv_offload``
+    block (None: the file's block is null)."""
+    tiers = block.get("secondary_tiers") or []
+    if kind.startswith("tier-") and not tiers:
+        tiers = block["secondary_tiers"] = [{"type": "fs", "root_dir": "/mnt/kv",
+                                             "direct_io": True, "device_class": "nvme_gen4"}]
+    tier = tiers[rng.randrange(len(tiers))] if tiers else {}
+    if kind in ("blocks-per-chunk-2", "block-size-two-blocks", "block-size-not-multiple",
+                "block-size-and-chunk"):
+        block.pop("block_size", None)
+        block.pop("blocks_per_chunk", None)
+    if kind == "cpu-below-one-block":
+        block["cpu_bytes_to_use"] = rng.choice((1, per_block // 2, per_block - 1))
+    elif kind == "blocks-per-chunk-2":
+        block["blocks_per_chunk"] = rng.choice((2, 4))
+    elif kind == "block-size-two-blocks":
+        block["block_size"] = 2 * gpu_block
+    elif kind == "arc":
+        block["eviction_policy"] = "arc"
+    elif kind == "store-threshold-2":
+        block["store_threshold"] = rng.choice((2, 3))
+    elif kind == "store-threshold-negative":
+        block["store_threshold"] = -1
+    elif kind == "both-models":
+        _flag(args, "kv-cpu-blocks", rng.choice((50, 400)))
+    elif kind == "block-size-not-multiple":
+        block["block_size"] = gpu_block + gpu_block // 2
+    elif kind == "block-size-and-chunk":
+        block["block_size"], block["blocks_per_chunk"] = gpu_block, 1
+    elif kind == "cpu-bytes-missing":
+        del block["cpu_bytes_to_use"]
+    elif kind == "cpu-bytes-zero":
+        block["cpu_bytes_to_use"] = rng.choice((0, -per_block))
+    elif kind == "tokens-per-hash-zero":
+        block["tokens_per_hash"] = 0
+    elif kind == "eviction-unknown":
+        block["eviction_policy"] = "fifo"
+    elif kind == "unknown-key":
+        block["cpu_bytes"] = block["cpu_bytes_to_use"]
+    elif kind == "null-block":
+        return None
+    elif kind == "tier-obj":
+        tier["type"] = "obj"
+    elif kind == "tier-no-type":
+        del tier["type"]
+    elif kind == "tier-direct-io-missing":
+        del tier["direct_io"]
+    elif kind == "tier-unknown-class":
+        tier["device_class"] = "optane"
+    elif kind == "tier-no-triple":
+        for key in ("device_class", "write_bandwidth", "base_latency"):
+            tier.pop(key, None)
+        tier["read_bandwidth"] = 1000.0
+    elif kind == "tier-root-missing":
+        tier["root_dir"] = ""
+    elif kind == "tier-threads-zero":
+        tier[rng.choice(("n_read_threads", "n_write_threads"))] = 0
+    elif kind == "tier-bad-locality":
+        tier["locality"] = "NEAR"
+    elif kind == "tier-bandwidth-zero":
+        tier[rng.choice(("read_bandwidth", "write_bandwidth"))] = 0.0
+    return block
+
+
+def offload_config(rng: random.Random, config_id: str, max_requests: int = 200,
+                   tiers: str = "all", invalid: str | None = None) -> dict[str, Any]:
+    """A KV offload configuration for the August reference (spec kv-offload.md): mostly a
+    ``--kv-offload-config`` file (a CPU budget in bytes, whole blocks or not, down to one block;
+    ``offload_prompt_only`` on/off; the inert and the accepted-but-fixed keys; with ``tiers``
+    'all' also 1-3 secondary ``fs`` tiers of shipped or custom device classes), in about one
+    draw in seven the ``--kv-cpu-blocks`` tier with the August reload rule, which blis_fast
+    takes as the ``--kv-cpu-reload always`` opt-in (``blis_fast_args``); a workload with shared
+    prefixes and multi-turn sessions, a GPU cache small enough to evict, 1-4 instances with
+    prefix-aware or other routing, an explicit snapshot refresh, FCFS or SJF, roofline or
+    trained-physics named explicitly. About 7 % are invalid (OFFLOAD_INVALID_KINDS, with 'all'
+    also OFFLOAD_TIER_INVALID_KINDS): both sides must refuse them; ``invalid`` names the kind
+    (``""``: a valid one), None draws."""
+    if tiers not in OFFLOAD_TIER_MODES:
+        raise ValueError(f"unknown offload tier mode {tiers!r}; valid: "
+                         f"{', '.join(OFFLOAD_TIER_MODES)}")
+    kinds = OFFLOAD_INVALID_KINDS + (OFFLOAD_TIER_INVALID_KINDS if tiers == "all" else ())
+    if invalid is None:
+        invalid = rng.choice(kinds) if rng.random() < OFFLOAD_INVALID_SHARE else ""
+    args: list[str] = []
+    files: dict[str, str] = {}
+    blis_fast_args: list[str] = []
+    model, tps, _ = rng.choice(OFFLOAD_MODELS)
+    tp = rng.choice(tps)
+    legacy = not invalid and rng.random() < 0.15
+    custom = (tiers == "all" and not legacy and model == OFFLOAD_MODELS[0][0]
+              and rng.random() < 0.1)
+    _flag(args, "model", model)
+    _flag(args, "latency-model", rng.choice(("roofline", "roofline", "trained-physics")))
+    _flag(args, "hardware", "H100")
+    _flag(args, "tp", tp)
+    _flag(args, "seed", rng.randint(1, 100_000))
+    classes = OFFLOAD_DEVICE_CLASSES
+    if custom:
+        device_files, classes = _custom_devices(rng)
+        files.update(device_files)
+        args += ["--defaults-filepath", "defaults.yaml", "--model-config-folder", ".",
+                 "--hardware-config", "hardware_config.json"]
+    instances = rng.choice((1, 1, 2, 2, 3, 4))
+    if instances > 1 or rng.random() < 0.2:
+        _flag(args, "num-instances", instances)
+    if instances > 1:
+        routing = rng.choice(("round-robin", "least-loaded", "weighted", "weighted"))
+        _flag(args, "routing-policy", routing)
+        if routing == "weighted" and rng.random() < 0.7:
+            chosen = rng.sample(("prefix-affinity", "precise-prefix-cache", "queue-depth",
+                                 "kv-utilization", "load-balance"), rng.randint(1, 3))
+            _flag(args, "routing-scorers", ",".join(f"{s}:{rng.randint(1, 3)}" for s in chosen))
+    _flag(args, "snapshot-refresh-interval", rng.choice((0, 0, 10_000, 50_000, 100_000)))
+    block_tokens = 16
+    if rng.random() < 0.1:
+        block_tokens = rng.choice((8, 32))
+        _flag(args, "block-size-in-tokens", block_tokens)
+    spec, need = _offload_workload(rng, max_requests)
+    need_blocks = -(-need // block_tokens) + 2
+    gpu = 0
+    if rng.random() < 0.9:  # else the auto-sized cache: the GPU never evicts, the tier is idle
+        gpu = max(need_blocks + rng.randint(0, 40),
+                  rng.choice((64, 120, 200, 300, 500, 800, 1500, 4000)) * 16 // block_tokens)
+        _flag(args, "total-kv-blocks", gpu)
+    scheduler = "sjf" if rng.random() < 0.2 else "fcfs"
+    if scheduler != "fcfs" or rng.random() < 0.2:
+        _flag(args, "scheduler", scheduler)
+    if scheduler == "sjf" and gpu:  # SJF with preemption can stall for good (LORA-D1)
+        _flag(args, "timeout", rng.choice((2, 5)))
+    elif rng.random() < 0.25:
+        _flag(args, "timeout", rng.choice((1, 2, 5, 30)))
+    if rng.random() < 0.2:
+        _flag(args, "long-prefill-token-threshold", rng.choice((64, 256, 512)))
+    if rng.random() < 0.15:
+        _flag(args, "max-num-running-reqs", rng.choice((2, 8, 32)))
+    if rng.random() < 0.1:
+        _flag(args, "max-num-scheduled-tokens", rng.choice((512, 2048)))
+    files["workload.yaml"] = yaml.safe_dump(spec, sort_keys=False)
+    _flag(args, "workload-spec", "workload.yaml")
+    per_block = offload_block_bytes(model, tp, block_tokens)
+    ref_gpu = gpu or 2000
+    size = rng.random()
+    if size < 0.2:  # a tiny tier: constant LRU eviction
+        cpu_blocks = rng.randint(1, 3)
+    elif size < 0.5:
+        cpu_blocks = rng.randint(4, 64)
+    elif size < 0.8:
+        cpu_blocks = rng.randint(64, 600)
+    else:  # room for more than the GPU holds
+        cpu_blocks = rng.randint(ref_gpu, 4 * ref_gpu)
+    if legacy:  # the April tier under the August rule (KVO-9.1): blis_fast's opt-in
+        _flag(args, "kv-cpu-blocks", cpu_blocks)
+        if rng.random() < 0.7:
+            _flag(args, "kv-transfer-bandwidth", rng.choice((1, 4, 8, 20, 100)))
+        if rng.random() < 0.5:
+            _flag(args, "kv-transfer-base-latency", rng.choice((0, 10, 20, 50)))
+        if rng.random() < 0.2:
+            _flag(args, "kv-offload-threshold", rng.choice((0, 0.5, 0.9)))
+        blis_fast_args = ["--kv-cpu-reload", "always"]
+        return {"id": config_id, "args": args, "files": files, "family": "offload",
+                "blis_fast_args": blis_fast_args}
+    remainder = rng.choice((0, 0, 1, rng.randint(1, per_block - 1), per_block - 1))
+    block: dict[str, Any] = {"cpu_bytes_to_use": cpu_blocks * per_block + remainder}
+    if rng.random() < 0.6:
+        block["offload_prompt_only"] = rng.random() < 0.5
+    if rng.random() < 0.15:
+        block["store_threshold"] = rng.choice((0, 1))
+    if rng.random() < 0.1:
+        if rng.random() < 0.5:
+            block["block_size"] = block_tokens
+        else:
+            block["blocks_per_chunk"] = 1
+    if rng.random() < 0.1:
+        block["tokens_per_hash"] = rng.choice((1, 16, 64, 256))
+    if rng.random() < 0.1:
+        block["eviction_policy"] = "lru"
+    if rng.random() < 0.1:
+        block["self_describing_kv_events"] = rng.random() < 0.5
+    if tiers == "all" and rng.random() < (0.9 if custom else 0.5):
+        block["secondary_tiers"] = [_offload_tier(rng, classes)
+                                    for _ in range(rng.choice((1, 1, 2, 3)))]
+    if rng.random() < 0.15:  # the legacy flags do nothing for the chain (KVO-1.4)
+        _flag(args, rng.choice(("kv-transfer-bandwidth", "kv-transfer-base-latency")),
+              rng.choice((5, 50)))
+    out: dict[str, Any] | None = block
+    if invalid:
+        out = _offload_invalid(rng, invalid, block, args, per_block, block_tokens)
+    files["offload.yaml"] = ("kv_offload:\n" if out is None
+                             else yaml.safe_dump({"kv_offload": out}, sort_keys=False))
+    _flag(args, "kv-offload-config", "offload.yaml")
+    return {"id": config_id, "args": args, "files": files, "family": "offload",
+            **({"invalid": True, "invalid_kind": invalid} if invalid else {})}
+
+
 def generate_config(rng: random.Random, config_id: str, max_requests: int = 200,
-                    family: str = "april") -> dict[str, Any]:
+                    family: str = "april", offload_tiers: str = "all") -> dict[str, Any]:
     """One random configuration (see the module docstring for its shape) of at most
     ``max_requests`` requests (``--num-requests`` or the spec's ``num_requests``; the large
     draws of the extended families up to ``large_requests(max_requests)``); ``family`` is
-    'april' (the April reference's flags), 'august' (P/D and autoscaler) or 'lora'."""
+    'april' (the April reference's flags), 'august' (P/D and autoscaler), 'lora' or 'offload'
+    (``offload_tiers``: OFFLOAD_TIER_MODES)."""
+    if family == "offload":
+        return offload_config(rng, config_id, max_requests, offload_tiers)
     if family == "august":
         return august_config(rng, config_id, max_requests)
     if family == "lora":
@@ -809,14 +1186,15 @@ def generate_config(rng: random.Random, config_id: str, max_requests: int = 200,
 
 
 def generate_configs(seed: int, count: int, max_requests: int = 200,
-                     family: str = "april") -> list[dict[str, Any]]:
+                     family: str = "april", offload_tiers: str = "all"
+                     ) -> list[dict[str, Any]]:
     """``count`` configurations of ``family`` drawn from ``seed`` (the same seed gives the same
-    list)."""
+    list); ``offload_tiers`` ('all' or 'cpu') restricts the offload family's tiers."""
     if max_requests < 5:
         raise ValueError(f"max_requests must be >= 5, got {max_requests}")
     rng = random.Random(seed)
-    prefix = {"april": "s", "august": "a", "lora": "l"}.get(family, family[:1])
-    return [generate_config(rng, f"{prefix}{seed}-{i}", max_requests, family)
+    prefix = {"april": "s", "august": "a", "lora": "l", "offload": "o"}.get(family, family[:1])
+    return [generate_config(rng, f"{prefix}{seed}-{i}", max_requests, family, offload_tiers)
             for i in range(count)]
 
 

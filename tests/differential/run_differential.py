@@ -39,7 +39,7 @@ for _path in (str(HERE), str(HERE.parent)):  # config_generator, and tests/parit
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from config_generator import FAMILIES, generate_configs  # noqa: E402
+from config_generator import FAMILIES, OFFLOAD_TIER_MODES, generate_configs  # noqa: E402
 from parity import (  # noqa: E402
     BOOL_FLAGS,
     HEAD_EXTRA_KEYS,
@@ -77,9 +77,12 @@ AUGUST_KNOWN_NOISE: dict[str, str] = {
 
 LORA_KNOWN_NOISE: dict[str, str] = {**AUGUST_KNOWN_NOISE}
 """KNOWN_NOISE of the LoRA family (``--family lora``, also against the August reference)."""
+OFFLOAD_KNOWN_NOISE: dict[str, str] = {**AUGUST_KNOWN_NOISE}
+"""KNOWN_NOISE of the KV offload family (``--family offload``, the August reference)."""
 FAMILY_NOISE: dict[str, dict[str, str]] = {
-    "april": KNOWN_NOISE, "august": AUGUST_KNOWN_NOISE, "lora": LORA_KNOWN_NOISE}
-HEAD_FAMILIES = frozenset({"august", "lora"})
+    "april": KNOWN_NOISE, "august": AUGUST_KNOWN_NOISE, "lora": LORA_KNOWN_NOISE,
+    "offload": OFFLOAD_KNOWN_NOISE}
+HEAD_FAMILIES = frozenset({"august", "lora", "offload"})
 """Families run against the August reference (its additions to every run are dropped)."""
 
 STATUSES = ("agree", "known-noise", "both-refused", "differ", "blis_fast-refused",
@@ -451,7 +454,9 @@ def check_config(config: dict[str, Any], reference: str, timeout: float,
                 (folder / name).write_text(text)
         args = [*config["args"], *OUTPUT_ARGS, *(EXACT_OUTPUT_ARGS if EXACT["on"] else [])]
         ref = run_reference(reference, args, dirs["reference"], timeout)
-        blis = run_blis_fast(args, dirs["blis_fast"], timeout)
+        # an opt-in only blis_fast takes (the August rule the reference applies unasked)
+        blis = run_blis_fast([*args, *config.get("blis_fast_args", [])], dirs["blis_fast"],
+                             timeout)
         errors: list[str] = []
         if blis["exit_code"] == 0 and ref["exit_code"] == 0:
             errors = compare_outputs(dirs["blis_fast"], blis["stdout"], dirs["reference"],
@@ -469,7 +474,9 @@ def check_config(config: dict[str, Any], reference: str, timeout: float,
                   **({"invalid": True} if config.get("invalid") else {}),
                   **({"invalid_kind": config["invalid_kind"]} if "invalid_kind" in config
                      else {}),
-                  "args": config["args"], "files": config.get("files", {})}
+                  "args": config["args"], "files": config.get("files", {}),
+                  **({"blis_fast_args": config["blis_fast_args"]} if config.get("blis_fast_args")
+                     else {})}
         if keep_dir is not None:
             shutil.copytree(root, keep_dir / config["id"], dirs_exist_ok=True)
         return record
@@ -502,7 +509,8 @@ def _without(config: dict[str, Any], pairs: list[tuple[str, str]]) -> dict[str, 
     args: list[str] = []
     for flag, value in pairs:
         args += [flag] if flag in BOOL_FLAGS else [flag, value]
-    files = {name: text for name, text in config.get("files", {}).items() if name in args}
+    files = {name: text for name, text in config.get("files", {}).items()
+             if name in args or (name == "config.json" and "--model-config-folder" in args)}
     return {**config, "args": args, "files": files}
 
 
@@ -666,6 +674,8 @@ def load_configs(path: Path) -> list[dict[str, Any]]:
             configs.append({"id": obj.get("id", f"c{n}"), "args": obj["args"],
                             "files": obj.get("files", {}),
                             "family": obj.get("family", "april"),
+                            **({"blis_fast_args": obj["blis_fast_args"]}
+                               if obj.get("blis_fast_args") else {}),
                             **({"invalid": True} if obj.get("invalid") else {}),
                             **({"invalid_kind": obj["invalid_kind"]} if "invalid_kind" in obj
                                else {})})
@@ -690,9 +700,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="address-space limit of the blis_fast worker processes (MiB)")
     parser.add_argument("--family", choices=FAMILIES, default="april",
                         help="configuration family: 'april' (the April reference b563c440), "
-                             "'august' (P/D and autoscaler) or 'lora' (LoRA adapters), both for "
-                             "the August reference f90a1e3a: its stdout/file additions are "
-                             "ignored, its noise listed")
+                             "'august' (P/D and autoscaler), 'lora' (LoRA adapters) or "
+                             "'offload' (KV offload tier chain), the last three for the August "
+                             "reference f90a1e3a: its stdout/file additions are ignored, its "
+                             "noise listed")
+    parser.add_argument("--offload-tiers", choices=OFFLOAD_TIER_MODES, default="all",
+                        help="--family offload: 'cpu' draws only the chain's CPU tier (no "
+                             "secondary_tiers), 'all' also NVMe/SATA/S3-class tiers")
     parser.add_argument("--shrink", action="store_true",
                         help="minimise each configuration that differs or is refused by one side")
     parser.add_argument("--report", type=Path, default=Path("differential-report.jsonl"),
@@ -710,7 +724,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--memory-limit-mb must be >= 64, got {opts.memory_limit_mb}")
     LIMITS["memory_mb"] = opts.memory_limit_mb
     configs = (load_configs(opts.configs) if opts.configs
-               else generate_configs(opts.seed, opts.count, opts.max_requests, opts.family))
+               else generate_configs(opts.seed, opts.count, opts.max_requests, opts.family,
+                                     opts.offload_tiers))
     if opts.keep_dirs:
         opts.keep_dirs.mkdir(parents=True, exist_ok=True)
     records = run_all(configs, opts.reference, opts.timeout, opts.jobs, opts.shrink,
