@@ -185,6 +185,16 @@ _BLOCK_FIELDS = {
 }
 
 
+_KINDS = {_opt_int: "int", _opt_float: "float", _opt_str: "str", _opt_bool: "bool"}
+
+
+def field_kinds() -> tuple[dict[str, str], dict[str, str]]:
+    """The scalar fields of a ``kv_offload:`` block and of one secondary tier, each with its
+    kind (``int``, ``float``, ``str``, ``bool``): what a sweep may set key by key."""
+    return ({k: _KINDS[f] for k, f in _BLOCK_FIELDS.items() if f in _KINDS},
+            {k: _KINDS[f] for k, f in _TIER_FIELDS.items() if f in _KINDS})
+
+
 def _block(ctx: YamlContext, node: yaml.Node, what: str) -> dict[str, Any] | None:
     return None if is_null(node) else decode_struct(ctx, node, what, _BLOCK_FIELDS)
 

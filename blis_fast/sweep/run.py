@@ -43,10 +43,11 @@ def default_chunk_size(num_configs: int) -> int:
     return max(1, min(32, math.ceil(num_configs / 64)))
 
 
-def _chunks(plan: SweepPlan, configs: list[SweepConfig], size: int, with_requests: bool
-            ) -> list[ChunkTask]:
-    return [ChunkTask([(c.config_id, plan.run_kwargs(c)) for c in configs[i:i + size]],
-                      with_requests) for i in range(0, len(configs), size)]
+def _chunks(plan: SweepPlan, configs: list[SweepConfig], size: int, with_requests: bool,
+            offload_dir: Path) -> list[ChunkTask]:
+    return [ChunkTask([(c.config_id, plan.run_kwargs(c, offload_dir=offload_dir))
+                       for c in configs[i:i + size]], with_requests)
+            for i in range(0, len(configs), size)]
 
 
 def run_sweep(spec_path: str | Path, out_dir: str | Path, *, workers: int | None = None,
@@ -66,12 +67,14 @@ def run_sweep(spec_path: str | Path, out_dir: str | Path, *, workers: int | None
         store = SweepStore(out_dir, plan)
         done = store.done_ids(resume)
         pending = [c for c in plan.configs if c.config_id not in done]
+        offload_dir = Path(out_dir) / "kv_offload"  # the varied offload blocks (spec.py)
         tasks = _chunks(plan, pending, chunk_size or default_chunk_size(len(plan.configs)),
-                        with_requests)
+                        with_requests, offload_dir)
         outcome = SweepOutcome(Path(out_dir), len(plan.configs), len(done), 0, 0)
         finish_background_compile()  # a cold cache compiles once here, not in every worker
         check_stop()  # Ctrl-C during validation: stop before writing anything
         store.begin(backend, runner.workers, len(pending))
+        plan.write_offload_files(offload_dir, pending)
         bar = Progress(len(plan.configs), len(done), progress)
         try:
             for results in runner.map(run_chunk, tasks):

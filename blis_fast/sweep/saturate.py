@@ -8,8 +8,10 @@ the SLO fails at the lower bound, and the upper bound when it still holds there.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -156,13 +158,16 @@ def find_saturation(spec_path: str | Path, slos: list[Slo], low: float, high: fl
         raise BlisConfigError("--slo is required (e.g. --slo 'ttft_p99_ms<=500')")
     _check_bounds(low, high, tolerance)
     results: list[SaturationResult] = []
-    with TaskRunner(backend, workers, ray_address) as runner:
+    with TaskRunner(backend, workers, ray_address) as runner, contextlib.ExitStack() as stack:
         plan = load_sweep_plan(spec_path, validate=False)
         _without_rate(plan)
         for rate in (low, high):  # both ends of the bracket pass blis run's checks
             validate_plan(plan, {"rate": rate})
-        tasks = [SaturationTask(c.config_id, plan.run_kwargs(c), tuple(slos), low, high,
-                                tolerance) for c in plan.configs]
+        offload_dir = stack.enter_context(  # the varied offload blocks (spec.py)
+            tempfile.TemporaryDirectory(prefix="blis-saturate-offload-"))
+        plan.write_offload_files(offload_dir)
+        tasks = [SaturationTask(c.config_id, plan.run_kwargs(c, offload_dir=offload_dir),
+                                tuple(slos), low, high, tolerance) for c in plan.configs]
         bar = Progress(len(tasks), 0, progress, label="saturate")
         try:
             for res in runner.map(bisect_rate, tasks):
@@ -181,7 +186,7 @@ def saturation_table(plan: SweepPlan, results: list[SaturationResult], slos: lis
     metric_types = {f.name: f.type for f in metric_fields()}
     schema = pa.schema([
         pa.field("config_id", pa.string(), nullable=False),
-        *(option_field(c) for c in plan.columns),
+        *(option_field(c, plan) for c in plan.columns),
         pa.field("max_rate_per_sec", pa.float64()),
         pa.field("min_failing_rate_per_sec", pa.float64()),
         pa.field("runs", pa.int64(), nullable=False),

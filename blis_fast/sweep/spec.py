@@ -6,6 +6,13 @@ that vary options: ``grid`` (cartesian product), ``zip`` (equal-length lists var
 combine as a product, in that order, seeds varying fastest. Every configuration is checked by
 the same validation ``blis run`` uses (``build_options`` then ``runner.prepare``) before any
 simulation starts, so a bad value is one error naming the key, the file and its line.
+
+Keys ``kv_offload.<field>`` and ``kv_offload.secondary_tiers.<i>.<field>`` (or the whole list,
+``kv_offload.secondary_tiers``) vary the KV offload chain (``--kv-offload-config``, issue 32):
+each configuration's ``kv_offload:`` block is the base file's (``base.kv_offload_config``, or
+an empty block) with those fields set, written as ``<dir>/<config_id>.yaml`` by
+:meth:`SweepPlan.write_offload_files` (a sweep keeps them under ``--out``/kv_offload) and
+given to the run as its ``--kv-offload-config``.
 """
 
 from __future__ import annotations
@@ -14,7 +21,9 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import random
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +46,7 @@ from blis_fast.options import OPTIONS_BY_FIELD, RUN_OPTIONS, OptionSpec, build_o
 
 __all__ = [
     "AXES",
+    "OFFLOAD_PREFIX",
     "PATH_OPTIONS",
     "RANDOM_DISTRIBUTIONS",
     "SweepConfig",
@@ -57,6 +67,10 @@ PATH_OPTIONS = frozenset(spec.field for spec in RUN_OPTIONS
 
 OUTPUT_OPTIONS = frozenset(spec.field for spec in RUN_OPTIONS if spec.file == "output")
 """Per-run output options: a sweep writes its own outputs under ``--out``."""
+
+OFFLOAD_PREFIX = "kv_offload."
+"""Spec keys under this prefix set fields of the configurations' ``kv_offload:`` block."""
+OFFLOAD_TIERS = "secondary_tiers"
 
 RUN_DEFAULTS = {"log": "error"}
 """Run options a sweep sets unless the spec does: per-run diagnostics would drown the progress."""
@@ -108,19 +122,75 @@ class SweepPlan:
     configs: list[SweepConfig]
     lines: dict[str, int] = field(default_factory=dict)
     """1-based spec line of each key, for error messages."""
+    offload_columns: tuple[str, ...] = ()
+    """``kv_offload.*`` keys of the configurations (after the option columns)."""
 
-    def run_kwargs(self, config: SweepConfig, overrides: dict[str, Any] | None = None
-                   ) -> dict[str, Any]:
+    def run_kwargs(self, config: SweepConfig, overrides: dict[str, Any] | None = None,
+                   offload_dir: str | Path | None = None) -> dict[str, Any]:
         """Keyword arguments of ``blis_fast.run`` for one configuration (paths made absolute),
-        with ``overrides`` on top."""
+        with ``overrides`` on top; a sweep varying the offload chain names the configuration's
+        file under ``offload_dir`` (see :meth:`write_offload_files`)."""
         kwargs = dict(RUN_DEFAULTS)
         base_dir = Path(self.path).resolve().parent
         for name, value in config.values.items():
+            if name in self.offload_columns:
+                continue
             if name in PATH_OPTIONS and value and not Path(value).is_absolute():
                 value = str(base_dir / value)
             kwargs[name] = value
+        if self.offload_columns:
+            if offload_dir is None:
+                raise ValueError("this sweep varies kv_offload: run_kwargs needs offload_dir")
+            kwargs["kv_offload_config"] = str(Path(offload_dir).resolve()
+                                              / f"{config.config_id}.yaml")
         kwargs.update(overrides or {})
         return kwargs
+
+    def offload_block(self, config: SweepConfig) -> dict[str, Any]:
+        """The ``kv_offload:`` block of one configuration: the base file's (empty without
+        one) with the configuration's ``kv_offload.*`` values set, as plain YAML data."""
+        from blis_fast.config.kv_offload import load_kv_offload_file  # lazy: sweeps using it
+
+        base = config.values.get("kv_offload_config", "")
+        if base and not Path(base).is_absolute():
+            base = str(Path(self.path).resolve().parent / base)
+        block = {k: v for k, v in (load_kv_offload_file(base) or {}).items()
+                 if v is not None} if base else {}
+        tiers = [dict(t) for t in block.get(OFFLOAD_TIERS, ())]
+        keys = sorted(self.offload_columns, key=lambda k: k.count("."))  # whole list first
+        for key in keys:
+            value = config.values[key]
+            path = key[len(OFFLOAD_PREFIX):].split(".")
+            if path == [OFFLOAD_TIERS]:
+                tiers = [dict(t) for t in json.loads(value)]
+            elif path[0] == OFFLOAD_TIERS:
+                index = int(path[1])
+                if index >= len(tiers):
+                    raise BlisConfigError(
+                        f"{key}: the configuration has "
+                        f"{len(tiers)} secondary tier(s); set {OFFLOAD_PREFIX}{OFFLOAD_TIERS} "
+                        "or the base --kv-offload-config file to add tiers")
+                tiers[index][path[2]] = value
+            else:
+                block[path[0]] = value
+        if tiers or OFFLOAD_TIERS in block:
+            block[OFFLOAD_TIERS] = tiers
+        return block
+
+    def write_offload_files(self, directory: str | Path,
+                            configs: list[SweepConfig] | None = None) -> None:
+        """Write each configuration's (or those of ``configs``) ``kv_offload:`` block as
+        ``<directory>/<config_id>.yaml`` (atomically; an existing file is replaced by the same
+        content); nothing without ``kv_offload.*`` keys."""
+        if not self.offload_columns:
+            return
+        from blis_fast.files import write_output_file
+
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        for config in self.configs if configs is None else configs:
+            text = yaml.safe_dump({"kv_offload": self.offload_block(config)}, sort_keys=True)
+            write_output_file(Path(directory) / f"{config.config_id}.yaml",
+                              "sweep kv_offload file", text.encode())
 
     def describe(self, config: SweepConfig) -> str:
         """The varied values of a configuration, ``rate=10.0, seed=3``."""
@@ -139,10 +209,34 @@ class _Axes:
     lines: dict[str, int] = field(default_factory=dict)
 
 
+def _offload_spec(ctx: YamlContext, knode: yaml.Node, key: str, where: str) -> OptionSpec:
+    """The value type of a ``kv_offload.*`` key (module docstring): a field of the block, of
+    one secondary tier, or the whole tier list (kind ``tiers``)."""
+    from blis_fast.config.kv_offload import FLAG, field_kinds  # lazy: sweeps using it
+
+    block_kinds, tier_kinds = field_kinds()
+    path = key[len(OFFLOAD_PREFIX):].split(".")
+    kind = None
+    if path == [OFFLOAD_TIERS]:
+        kind = "tiers"
+    elif len(path) == 1:
+        kind = block_kinds.get(path[0])
+    elif len(path) == 3 and path[0] == OFFLOAD_TIERS and path[1].isdigit():
+        kind = tier_kinds.get(path[2])
+    if kind is None:
+        raise ctx.fail(knode, f"unknown offload key {key!r} in {where}; the keys are "
+                              f"{OFFLOAD_PREFIX}<field> ({', '.join(block_kinds)}), "
+                              f"{OFFLOAD_PREFIX}{OFFLOAD_TIERS} (the whole list) and "
+                              f"{OFFLOAD_PREFIX}{OFFLOAD_TIERS}.<index>.<field> "
+                              f"({', '.join(tier_kinds)})")
+    return OptionSpec(FLAG.lstrip("-"), kind, None, "")
+
+
 def _option(ctx: YamlContext, knode: yaml.Node, key: str, where: str, lines: dict[str, int]
             ) -> OptionSpec:
     """The ``blis run`` option named by a spec key; unknown, output or repeated keys fail."""
-    spec = OPTIONS_BY_FIELD.get(key)
+    spec = (_offload_spec(ctx, knode, key, where) if key.startswith(OFFLOAD_PREFIX)
+            else OPTIONS_BY_FIELD.get(key))
     if spec is None:
         hint = (f" (option keys use '_': {key.replace('-', '_')})"
                 if key.replace("-", "_") in OPTIONS_BY_FIELD else "")
@@ -159,7 +253,13 @@ def _option(ctx: YamlContext, knode: yaml.Node, key: str, where: str, lines: dic
 
 
 def _value(ctx: YamlContext, node: yaml.Node, spec: OptionSpec, what: str) -> Any:
-    """One option value, coerced exactly as ``build_options`` coerces API values."""
+    """One option value, coerced exactly as ``build_options`` coerces API values (a whole
+    secondary-tier list: its canonical JSON text, checked when the configuration is)."""
+    if spec.kind == "tiers":
+        if not isinstance(node, yaml.SequenceNode) or not all(
+                isinstance(item, yaml.MappingNode) for item in node.value):
+            raise ctx.fail(node, f"{what}: expected a list of tiers (mappings), [] for none")
+        return json.dumps(yaml.safe_load(yaml.serialize(node)), sort_keys=True)
     if spec.kind == "floats" and isinstance(node, yaml.SequenceNode):
         raw: Any = [scalar(ctx, item, f"{what}[{i}]") for i, item in enumerate(node.value)]
     else:
@@ -322,8 +422,11 @@ def parse_sweep_spec(text: str, path: str) -> SweepPlan:
     seed_rows = [{"seed": s} for s in axes.seeds] or [{}]
     varied = {*axes.grid, *axes.zipped, *(axes.random_rows[0] if axes.random_rows else ()),
               *(("seed",) if axes.seeds else ())}
+    offload_columns = tuple(sorted(k for k in (*axes.base, *varied)
+                                   if k.startswith(OFFLOAD_PREFIX)))
     columns = tuple(spec.field for spec in RUN_OPTIONS
-                    if spec.field in axes.base or spec.field in varied or spec.field == "seed")
+                    if spec.field in axes.base or spec.field in varied or spec.field == "seed"
+                    ) + offload_columns
     configs: list[SweepConfig] = []
     seed_default = {"seed": OPTIONS_BY_FIELD["seed"].default}
     for parts in itertools.product(grid_rows, zip_rows, random_rows, seed_rows):
@@ -332,7 +435,7 @@ def parse_sweep_spec(text: str, path: str) -> SweepPlan:
         configs.append(SweepConfig(len(configs), config_id(len(configs), values), values))
     return SweepPlan(path=path, text=text, columns=columns,
                      varied=tuple(c for c in columns if c in varied), configs=configs,
-                     lines=axes.lines)
+                     lines=axes.lines, offload_columns=offload_columns)
 
 
 def validate_plan(plan: SweepPlan, overrides: dict[str, Any] | None = None) -> None:
@@ -342,22 +445,39 @@ def validate_plan(plan: SweepPlan, overrides: dict[str, Any] | None = None) -> N
     from blis_fast.runner import prepare  # lazy: numba, to check configurations only
 
     checked: set[str] = set()
-    for config in plan.configs:
-        kwargs = plan.run_kwargs(config, overrides)
-        key = json.dumps({k: v for k, v in kwargs.items() if k != "seed"}, sort_keys=True)
-        if key in checked:
-            continue
-        checked.add(key)
-        try:
-            prepare(build_options(kwargs))
-        except BlisError as exc:
-            raise BlisConfigError(_config_error(plan, config, str(exc))) from None
+    with tempfile.TemporaryDirectory(prefix="blis-sweep-offload-") as offload_dir:
+        for config in plan.configs:
+            try:
+                if plan.offload_columns:  # the file's text, not its path, makes it distinct
+                    block = json.dumps(plan.offload_block(config), sort_keys=True)
+                    plan.write_offload_files(offload_dir, [config])
+                else:
+                    block = ""
+                kwargs = plan.run_kwargs(config, overrides, offload_dir)
+                key = json.dumps({k: v for k, v in kwargs.items()
+                                  if k not in ("seed", "kv_offload_config")},
+                                 sort_keys=True) + block
+                if key in checked:
+                    continue
+                checked.add(key)
+                prepare(build_options(kwargs))
+            except BlisError as exc:  # the files are temporary: name them as a sweep will
+                message = str(exc).replace(str(Path(offload_dir).resolve()) + os.sep,
+                                           "kv_offload" + os.sep)
+                raise BlisConfigError(_config_error(plan, config, message)) from None
 
 
 def _config_error(plan: SweepPlan, config: SweepConfig, message: str) -> str:
     """``file:line: configuration <id> (<varied values>): <message>``, line of the named key."""
-    line = next((plan.lines[k] for k in plan.columns
-                 if k in plan.lines and f"--{OPTIONS_BY_FIELD[k].flag}" in message), None)
+    def names(key: str) -> bool:  # the message is about this key
+        if key in plan.offload_columns:
+            return key in message or ("--kv-offload-config" in message
+                                      and key.rsplit(".", 1)[-1] in message)
+        return f"--{OPTIONS_BY_FIELD[key].flag}" in message
+
+    keys = (*sorted(plan.offload_columns, key=len, reverse=True),  # the most specific first
+            *(k for k in plan.columns if k not in plan.offload_columns))
+    line = next((plan.lines[k] for k in keys if k in plan.lines and names(k)), None)
     where = f"{plan.path}:{line}" if line is not None else plan.path
     return f"{where}: configuration {config.config_id} ({plan.describe(config)}): {message}"
 

@@ -51,15 +51,25 @@ def metric_fields() -> list[pa.Field]:
     return [f.with_nullable(True) for f in load_schema("summary") if f.name != "instance_id"]
 
 
-def option_field(name: str) -> pa.Field:
-    """The column of one ``blis run`` option (non-null: every configuration has a value)."""
-    return pa.field(name, OPTION_ARROW_TYPES[OPTIONS_BY_FIELD[name].kind], nullable=False)
+_VALUE_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
 
 
-def summary_schema(columns: tuple[str, ...]) -> pa.Schema:
-    """Schema of every summary file of a sweep whose configurations set ``columns``."""
+def option_field(name: str, plan: SweepPlan | None = None) -> pa.Field:
+    """The column of one ``blis run`` option (non-null: every configuration has a value); a
+    ``kv_offload.*`` column is typed by its values (each key's values share one type: the
+    spec coerced them alike; a whole tier list is its JSON text)."""
+    spec = OPTIONS_BY_FIELD.get(name)
+    if spec is None and plan is not None and plan.configs:
+        kind = _VALUE_KINDS[type(plan.configs[0].values[name])]
+    else:
+        kind = spec.kind
+    return pa.field(name, OPTION_ARROW_TYPES[kind], nullable=False)
+
+
+def summary_schema(plan: SweepPlan) -> pa.Schema:
+    """Schema of every summary file of the sweep ``plan``."""
     return pa.schema([pa.field("config_id", pa.string(), nullable=False),
-                      *(option_field(c) for c in columns), *metric_fields(),
+                      *(option_field(c, plan) for c in plan.columns), *metric_fields(),
                       pa.field("error", pa.string())])
 
 
@@ -73,7 +83,7 @@ class SweepStore:
     def __init__(self, out_dir: str | Path, plan: SweepPlan) -> None:
         self.root = Path(out_dir)
         self.plan = plan
-        self.schema = summary_schema(plan.columns)
+        self.schema = summary_schema(plan)
         self.summary_dir = self.root / "summary"
         self.requests_dir = self.root / "requests"
         self.pools_dir = self.root / "pools"
