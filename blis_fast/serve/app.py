@@ -42,6 +42,7 @@ from aiohttp import web
 
 from blis_fast.observe.prompts import VOCABULARY
 from blis_fast.serve.metrics import CONTENT_TYPE, ServeMetrics, snapshot_from_gauges
+from blis_fast.serve.timer import open_timer
 from blis_fast.version import __version__
 
 CHARS_PER_TOKEN = 4
@@ -59,9 +60,10 @@ FILLER_WORDS = (
 """Word mode's text: token k of a request is word k of this list, cyclically."""
 
 TIMER_SLACK_S = 0.001
-"""The time loop's timer fires this long before the next simulated event's wall time and yields to
-the other tasks until it is due: asyncio's timers fire up to a millisecond late (the selector's
-timeout is rounded up to whole milliseconds), which the tokens' pacing would inherit."""
+"""Where there is no timerfd (``serve.timer``; not Linux): the time loop's timer fires this long
+before the next simulated event's wall time and yields to the other tasks until it is due:
+asyncio's timers fire up to a millisecond late (the selector's timeout is rounded up to whole
+milliseconds), which the tokens' pacing would inherit."""
 SPIN_STREAMS = 64
 """Above this many requests in flight the timer alone paces the loop: its millisecond is small
 next to the lag of a loaded server, and the yielding turns cost CPU (~5 µs a token at 500
@@ -254,36 +256,56 @@ class LiveServer:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._wake is not None
-        while True:
-            now = self.sim_now_us()
-            if now > self._advanced or not self._advanced:
-                emitted = self.sim.advance(now)
-                self._advanced = now
-                self._dispatch(emitted)
-                if self._unanswered:
-                    self._answer_admitted()
-            nxt = self.sim.next_event_us()
-            self._wake.clear()
-            if nxt is None:
-                await self._wake.wait()
-                continue
-            target = self.wall_of(nxt)
-            delay = target - time.monotonic()
-            slack = TIMER_SLACK_S if len(self._streams) <= SPIN_STREAMS else 0.0
-            if delay > slack:
-                timer = loop.call_later(delay - slack, self._tick)
-                try:
+        timer = open_timer(loop, self._tick)
+        try:
+            while True:
+                now = self.sim_now_us()
+                if now > self._advanced or not self._advanced:
+                    emitted = self.sim.advance(now)
+                    self._advanced = now
+                    self._dispatch(emitted)
+                    if self._unanswered:
+                        self._answer_admitted()
+                nxt = self.sim.next_event_us()
+                self._wake.clear()
+                if nxt is None:
                     await self._wake.wait()
-                finally:
-                    timer.cancel()
-            # the last stretch is yielded away, not slept (a timer would fire up to a
-            # millisecond late: epoll rounds its timeout up to whole ms); a new request or
-            # a cancellation ends it at once. At least one yield per turn, even when the
-            # event is already due: a loop that is behind must still let the handlers run
+                    continue
+                target = self.wall_of(nxt)
+                if timer is not None:
+                    # the kernel's timer wakes the loop at the instant, no CPU meanwhile; a
+                    # new request or a cancellation wakes it earlier. At least one yield per
+                    # turn, even when the event is already due: a loop that is behind must
+                    # still let the handlers run
+                    if target > time.monotonic():
+                        timer.arm(target)
+                        await self._wake.wait()
+                    else:
+                        await asyncio.sleep(0)
+                    continue
+                await self._wait_until(loop, target)
+        finally:
+            if timer is not None:
+                timer.close()
+
+    async def _wait_until(self, loop: asyncio.AbstractEventLoop, target: float) -> None:
+        """Without a timerfd: asyncio's timer to a millisecond before ``target``, then the
+        last stretch yielded away, not slept (a timer fires up to a millisecond late: epoll
+        rounds its timeout up to whole ms); a new request or a cancellation ends it at once.
+        At least one yield per turn, even when the event is already due."""
+        assert self._wake is not None
+        delay = target - time.monotonic()
+        slack = TIMER_SLACK_S if len(self._streams) <= SPIN_STREAMS else 0.0
+        if delay > slack:
+            timer = loop.call_later(delay - slack, self._tick)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+        await asyncio.sleep(0)
+        while not self._poked and time.monotonic() < target:
             await asyncio.sleep(0)
-            while not self._poked and time.monotonic() < target:
-                await asyncio.sleep(0)
-            self._poked = False
+        self._poked = False
 
     def _tick(self) -> None:
         """The time loop's timer: wake it for the last stretch before the next event."""
@@ -758,18 +780,37 @@ class LiveServer:
         transport = request.transport
         if transport is None:
             return None
+        words = st.words
+        period = len(words)
+        # token k's framed chunk depends only on k mod the word count (and k == 0, which has
+        # no leading space): made once per stream and word, not once per token
+        framed: list[bytes | None] = [None] * period
+        opening: list[bytes] = []
+
+        def frame(k: int) -> bytes:
+            body = head + self._encoded(self.token_text(st, k)) + tail
+            return b"%x\r\n%b\r\n" % (len(body), body)
+
+        def chunk_of(k: int) -> bytes:
+            if k == 0:
+                if not opening:
+                    opening.append(frame(0))
+                return opening[0]
+            j = k % period
+            data = framed[j]
+            if data is None:
+                data = framed[j] = frame(k)
+            return data
 
         def write(n: int) -> None:
             if transport.is_closing():
                 self.cancel(st)
                 st.queue.put_nowait(_News(0, True, ABORTED))
                 return
-            parts = []
-            for _ in range(n):
-                body = head + self._encoded(self.token_text(st, st.sent)) + tail
-                st.sent += 1
-                parts += (b"%x\r\n" % len(body), body, b"\r\n")
-            transport.write(b"".join(parts))
+            k = st.sent
+            st.sent = k + n
+            transport.write(chunk_of(k) if n == 1 else
+                            b"".join([chunk_of(j) for j in range(k, k + n)]))
 
         return write
 
