@@ -35,7 +35,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
+from numba.core.ccallback import CFunc
 from numba.core.errors import NumbaExperimentalFeatureWarning
+from numba.core.types.function_type import WrapperAddressProtocol
 
 from blis_fast.engine.follow_ups import FollowUpRows
 from blis_fast.engine.livelock import livelock_error
@@ -67,6 +69,7 @@ from blis_fast.kernels.engine.state import (
     HotField,
     InstanceCounter,
     InstanceSlot,
+    KernelHooks,
     LogCursor,
     LoopSlot,
     OutcomeField,
@@ -193,6 +196,33 @@ class _Row:
     instance: int  # -1: the router chooses
 
 
+class _HookAddress(WrapperAddressProtocol):
+    """A compiled hook (a ``cfunc``) seen through numba's wrapper-address protocol: the same
+    function type (so the same compiled event loop), its address read once. Numba unboxes a
+    first-class function argument on every call of the loop; for a ``cfunc`` that compares
+    its signature with the expected one each time (~2 µs a hook, ten hooks, a call per event
+    of the live loop), for this object it asks for the address only."""
+
+    def __init__(self, cfunc: CFunc) -> None:
+        self.cfunc = cfunc
+        self._address = int(cfunc.address)
+        self._sig = cfunc._sig
+
+    def __wrapper_address__(self) -> int:
+        return self._address
+
+    def signature(self):
+        return self._sig
+
+
+def _addressed_hooks(hooks: KernelHooks) -> KernelHooks:
+    """``hooks`` with every ``cfunc`` in it as a :class:`_HookAddress` (anything else kept)."""
+    def one(f: Any) -> Any:
+        return _HookAddress(f) if isinstance(f, CFunc) else f
+    return KernelHooks(tuple(one(f) for f in hooks.scorer_table), one(hooks.admit),
+                       one(hooks.sort_key))
+
+
 class _Engine:
     """The engine's state for ``rows`` request rows, and the kernel calls over it."""
 
@@ -221,7 +251,7 @@ class _Engine:
                                  np.ascontiguousarray(cfg.latency.alpha, np.float64),
                                  instance_rank_of(n_inst), instance_config(cfg))
         self.lora = lora_state(cfg, table, n)  # None: no request names an adapter
-        self.hooks = _kernel_hooks(cfg.hooks)
+        self.hooks = _addressed_hooks(_kernel_hooks(cfg.hooks))
         self.entry = run_events
         self.tiered = bool(self.kv.cfg[KVConfig.TIERED] == 1)
         self.compactions = 0  # of the step log (compact_log)
@@ -678,9 +708,10 @@ class LiveSimulation:
         if moved.shape[0]:
             rows = act[moved]
             self._seen[rows] = now[moved]
-            for r in rows.tolist():
+            for r, (_, state, registered, preemptions) in zip(rows.tolist(),
+                                                              now[moved].tolist(), strict=True):
                 track = self._tracks[r]
-                self._follow(track)
+                self._follow(track, state, registered, preemptions)
                 self._next[r] = self._due(track)
         return act
 
@@ -689,23 +720,30 @@ class LiveSimulation:
         out: list[Emitted] = []
         done: list[int] = []
         act = self._refresh()
-        for k in act[self._next[act] <= until].tolist():
-            track = self._tracks[k]
+        due = act[self._next[act] <= until]
+        if not due.shape[0]:
+            return out
+        # the rows' instance and first admission read in one vector pass each, not per row
+        rs = self._eng.rs
+        insts = rs.inst[due].tolist()
+        scheds = np.where(rs.has_sched[due], self._eng.inp.arrival[due] + rs.sched_delay[due],
+                          -1).tolist()
+        nexts = self._next
+        tracks = self._tracks
+        for k, inst, sched in zip(due.tolist(), insts, scheds, strict=True):
+            track = tracks[k]
             new = self._due_tokens(track, until)
-            self._next[k] = self._due(track)
+            nexts[k] = self._due(track)
             finished = track.end_us >= 0 and track.end_us <= until and (
                 track.sent >= len(track.times) or track.status != "completed")
-            if not new and not finished:
-                continue
             if finished:
                 done.append(k)
                 self._final[k] = track.status
-            rs = self._eng.rs
-            out.append(Emitted(k, tuple(new), finished,
-                               track.status if finished else _RUNNING,
-                               track.end_us if finished else None, int(rs.inst[k]),
-                               int(self._rows[k].arrival + rs.sched_delay[k])
-                               if rs.has_sched[k] else None))
+                out.append(Emitted(k, tuple(new), True, track.status, track.end_us, inst,
+                                   sched if sched >= 0 else None))
+            elif new:
+                out.append(Emitted(k, tuple(new), False, _RUNNING, None, inst,
+                                   sched if sched >= 0 else None))
         for k in done:
             del self._tracks[k]
         if done:
@@ -741,33 +779,30 @@ class LiveSimulation:
             return track.end_us
         return INT64_MAX
 
-    def _follow(self, track: _Track) -> None:
-        """Read the engine's new figures of ``track``'s request: the tokens its current
-        attempt made since the last look, and how it ended."""
+    def _follow(self, track: _Track, state: int, registered: int, preemptions: int) -> None:
+        """Read the engine's new figures of ``track``'s request (its ``state``, registration
+        and preemption count as :meth:`_refresh` read them): the tokens its current attempt
+        made since the last look, and how it ended."""
         eng = self._eng
         r = track.row
         rs = eng.rs
         if track.end_us >= 0:
             return
-        if rs.preemptions[r] != track.preemptions:  # a new attempt: its own token times
-            track.preemptions = int(rs.preemptions[r])
+        if preemptions != track.preemptions:  # a new attempt: its own token times
+            track.preemptions = preemptions
             track.times, track.cum, track.run, track.step = [], -1, -1, -1
-        hot = rs.hot
-        if track.cum < 0 and hot[r, HotField.TTFT_SET] == 1:
+        if track.cum < 0 and rs.hot[r, HotField.TTFT_SET] == 1:
             track.cum = int(eng.inp.arrival[r] + rs.first_token[r])
             track.times.append(track.cum)
         if track.cum >= 0:
             self._walk_runs(track)
-        state = int(rs.state[r])
-        row = self._rows[r]
         if state == RequestState.COMPLETED:
             track.status = "completed"
-            track.end_us = int(row.arrival + rs.e2e[r])
+            track.end_us = int(self._rows[r].arrival + rs.e2e[r])
         elif state in (RequestState.TIMED_OUT, RequestState.DROPPED):
             track.status = _STATUS_OF_STATE[state]
             track.end_us = self._end_of(r, state)
-        elif rs.registered[r] in (Registration.REJECTED_ADMISSION,
-                                  Registration.REJECTED_ROUTING):
+        elif registered in (Registration.REJECTED_ADMISSION, Registration.REJECTED_ROUTING):
             track.status = "rejected"
             track.end_us = self._end_of(r, state)
 
