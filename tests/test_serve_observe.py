@@ -21,9 +21,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -34,6 +31,7 @@ from _cli import invoke
 
 from blis_fast.observe.prompts import VOCABULARY
 from blis_fast.testing.foreign_cpu import ForeignCpu
+from blis_fast.testing.serve_child import ServeChild, start_serve, timed_completion
 from blis_fast.workload.trace_v2 import TRACE_V2_COLUMNS
 
 # Out of the default run (and so of CI): its wall-clock bounds failed by chance in a lone-clone
@@ -60,6 +58,10 @@ BUSY_FACTOR = 5
 """With other jobs on the two cores (load 3: the SDK's median reached 9 ms) the same
 figures are only held to five times the bounds: the test measures the server, not the
 neighbours (``blis_fast.testing.foreign_cpu``)."""
+SATURATED_FOREIGN_CORES = 1.0
+"""Above this the other processes left the server and the light client less than one of the two
+cores between them: scheduling delays of 10 ms and more are the neighbours' (measured: p99
+13-15 ms at 1.9 foreign cores); the light-client check reports its figures and skips."""
 CLIENT_ON_TIME_US = 5_000
 """Requests whose client's event loop ran later than this while they were in flight (observe's
 client_lag_us column) measure the client, not the server: they are left out."""
@@ -97,27 +99,9 @@ network: {{}}
 """
 
 
-def _start_serve(tmp_path: Path, speed: float) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "blis_fast.cli", "serve", *FLAGS,
-                             "--port", "0", "--speed", str(speed),
-                             "--trace-output", str(tmp_path / "served")],
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    seen = []
-    for line in proc.stderr:
-        if "listening on " in line:
-            return proc, line.split("listening on ")[1].split(" ")[0]
-        seen.append(line)
-    proc.kill()
-    pytest.fail("blis serve ended before listening: " + "".join(seen)[-2000:])
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def _start_serve(tmp_path: Path, speed: float) -> ServeChild:
+    return start_serve([*FLAGS, "--port", "0", "--speed", str(speed),
+                        "--trace-output", str(tmp_path / "served")])
 
 
 def to_simulated(src: Path, dst: Path, speed: float) -> None:
@@ -188,6 +172,49 @@ def _report(name: str, d_ttft: np.ndarray, d_e2e: np.ndarray, ttft: np.ndarray,
           f"{np.mean(np.abs(d_e2e) / e2e) * 100:.2f} %")
 
 
+def _served(tmp_path: Path) -> dict[tuple[int, int], list[dict]]:
+    """The server's own trace (``--trace-output``: the arrival it stamped, the instants it
+    aimed at, simulated µs) by (input, output tokens)."""
+    out: dict[tuple[int, int], list[dict]] = {}
+    with open(tmp_path / "served.csv", newline="") as fh:
+        for r in csv.DictReader(fh):
+            out.setdefault((int(r["input_tokens"]), int(r["output_tokens"])), []).append(r)
+    return out
+
+
+def _decompose(tmp_path: Path, rows: list[dict], measured: dict[int, tuple[int, int]],
+               replayed: dict[int, dict], speed: float) -> None:
+    """Where the client's excess over replay comes from, per request matched by its lengths
+    to the server's trace (wall ms, printed): ``client - served`` is what happened between
+    the client's send and its read of the chunk that the server aimed at its instant (transit
+    both ways, the server's arrival stamp and write lag, the client's reading); ``served -
+    replay`` is the simulation's own part (the replay's arrivals are the client's sends: a
+    later arrival at the server can join a later step)."""
+    served = _served(tmp_path)
+    by_id = {int(r["request_id"]): r for r in rows}
+    pace: list[tuple[float, float]] = []
+    sim: list[tuple[float, float]] = []
+    for k, (ttft, e2e) in measured.items():
+        match = served.get((int(by_id[k]["input_tokens"]), int(by_id[k]["output_tokens"])))
+        if not match or len(match) != 1:
+            continue  # lengths shared by two requests: not matched
+        s = match[0]
+        arrival = int(s["arrival_time_us"])
+        s_ttft = int(s["first_chunk_time_us"]) - arrival
+        s_e2e = int(s["last_chunk_time_us"]) - arrival
+        pace.append(((ttft - s_ttft) / speed / 1e3, (e2e - s_e2e) / speed / 1e3))
+        sim.append(((s_ttft - replayed[k]["ttft_us"]) / speed / 1e3,
+                    (s_e2e - replayed[k]["e2e_us"]) / speed / 1e3))
+    if not pace:
+        print("decomposition: no request matched the server's trace")
+        return
+    for name, pairs in (("client - served", pace), ("served - replay", sim)):
+        a = np.array(pairs)
+        print(f"{name} (wall ms, {len(a)} requests): TTFT p50 {np.median(a[:, 0]):.2f} "
+              f"p99 {np.percentile(a[:, 0], 99):.2f}, E2E p50 {np.median(a[:, 1]):.2f} "
+              f"p99 {np.percentile(a[:, 1], 99):.2f}")
+
+
 def _assert_bounds(d_ttft: np.ndarray, d_e2e: np.ndarray, foreign_cores: float) -> None:
     """The asserted bounds when the rest of the machine left the test its cores (less than
     QUIET_FOREIGN_CORES of other work while it measured), else BUSY_FACTOR times them."""
@@ -204,7 +231,8 @@ def _assert_bounds(d_ttft: np.ndarray, d_e2e: np.ndarray, foreign_cores: float) 
 def observe_loop(tmp_path: Path, speed: float, spec: str) -> dict:
     """observe -> serve (child, ``--speed speed``) -> replay -> calibrate; the per-request
     differences measured - replayed in simulated µs, the client figures and the report."""
-    proc, base = _start_serve(tmp_path, speed)
+    server = _start_serve(tmp_path, speed)
+    base = server.url
     foreign = ForeignCpu()
     try:
         rtt_us = measure_rtt_us(base)
@@ -216,7 +244,7 @@ def observe_loop(tmp_path: Path, speed: float, spec: str) -> dict:
                       "--trace-data", str(tmp_path / "obs.csv")])
         others = foreign.share()
     finally:
-        _stop(proc)
+        server.stop()
     assert obs.code == 0, obs.stderr
     to_simulated(tmp_path / "obs.csv", tmp_path / "sim.csv", speed)
     with open(tmp_path / "sim.csv", newline="") as fh:
@@ -232,6 +260,8 @@ def observe_loop(tmp_path: Path, speed: float, spec: str) -> dict:
     replayed = _replay(tmp_path, tmp_path / "obs.yaml", tmp_path / "sim.csv")
     d_ttft, d_e2e, ttft, e2e = _errors(measured, replayed)
     _report(f"speed {speed:g}", d_ttft, d_e2e, ttft, e2e)
+    _decompose(tmp_path, on_time, {k: (t + rtt, e + rtt) for k, (t, e) in measured.items()},
+               replayed, speed)
     lag = np.array([int(r["client_lag_us"]) for r in rows])
     print(f"observe's own event-loop lag (wall ms): max {lag.max() / 1e3:.1f}; HTTP round "
           f"trip {rtt_us / 1e3:.2f} ms")
@@ -287,7 +317,8 @@ def test_openai_sdk_serve_replay(tmp_path):
     """The official SDK as the client: its own wall-clock TTFT and E2E, written as an observed
     trace (arrival = its send instant), against ``blis replay`` of that trace."""
     pytest.importorskip("openai", reason="the openai SDK is a dev dependency")
-    proc, base = _start_serve(tmp_path, SPEED)
+    server = _start_serve(tmp_path, SPEED)
+    base = server.url
     got: dict = {}
     foreign = ForeignCpu()
     try:
@@ -301,7 +332,7 @@ def test_openai_sdk_serve_replay(tmp_path):
             t.join(60)
         others = foreign.share()
     finally:
-        _stop(proc)
+        server.stop()
     assert len(got) == len(SDK_REQUESTS)
     t0 = min(g[0] for g in got.values())
     with open(tmp_path / "sdk.csv", "w", newline="") as fh:
@@ -332,4 +363,48 @@ def test_openai_sdk_serve_replay(tmp_path):
     replayed = _replay(tmp_path, tmp_path / "sdk.yaml", tmp_path / "sdk_sim.csv")
     d_ttft, d_e2e, ttft, e2e = _errors(measured, replayed)
     _report("openai SDK, speed 20", d_ttft, d_e2e, ttft, e2e)
+    _decompose(tmp_path, rows, measured, replayed, SPEED)
     _assert_bounds(d_ttft, d_e2e, others)
+
+
+def test_the_server_paces_within_the_bound_for_a_light_client(tmp_path):
+    """The server's own part of the loop's error: the SDK's workload sent by the lightest
+    client (``testing.serve_child.timed_completion``: a bare connection opened beforehand,
+    each buffer timed as it arrives) against the server's own trace. What it sees late is
+    the server's arrival stamp, its hand-off and the loopback transit; observe's and the
+    SDK's excess over this is their HTTP stack reading the stream."""
+    server = _start_serve(tmp_path, SPEED)
+    foreign = ForeignCpu()
+    try:
+        foreign.start()
+
+        async def send_all() -> list:
+            start = time.monotonic() + 0.5
+            return await asyncio.gather(*(timed_completion(server.url, {
+                "model": MODEL, "max_tokens": max_tokens, "stream": True,
+                "prompt": " ".join(VOCABULARY[(k + i) % len(VOCABULARY)] for i in range(words))},
+                start + at) for k, (at, words, max_tokens) in enumerate(SDK_REQUESTS)))
+
+        timings = asyncio.run(send_all())
+        others = foreign.share()
+    finally:
+        server.stop()
+    served = _served(tmp_path)
+    lags_ms = []
+    for (_, words, max_tokens), t in zip(SDK_REQUESTS, timings, strict=True):
+        assert t.events == max_tokens
+        (row,) = served[(words, max_tokens)]
+        arrival = int(row["arrival_time_us"])
+        ttft = (int(row["first_chunk_time_us"]) - arrival) / SPEED / 1e6
+        e2e = (int(row["last_chunk_time_us"]) - arrival) / SPEED / 1e6
+        lags_ms += [(t.first - t.sent - ttft) * 1e3, (t.last - t.sent - e2e) * 1e3]
+    lags = np.array(lags_ms)
+    scale = 1 if others < QUIET_FOREIGN_CORES else BUSY_FACTOR
+    figures = (f"light client - served (wall ms, TTFT and E2E of {len(timings)} requests): "
+               f"p50 {np.median(lags):.2f}, p99 {np.percentile(lags, 99):.2f}, min "
+               f"{lags.min():.2f}; other processes took {others:.2f} cores")
+    print(f"{figures}: bound x{scale}")
+    assert lags.min() > -0.1  # never before the instant it was aimed at (clock rounding)
+    if others > SATURATED_FOREIGN_CORES:
+        pytest.skip(f"less than one core was left to the server and its client: {figures}")
+    assert np.percentile(lags, 99) <= DONE_WHEN_US / SPEED / 1e3 * scale

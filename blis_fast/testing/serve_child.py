@@ -1,4 +1,5 @@
-"""Start ``blis serve`` in a child process and wait for its "listening on" line (tests, benches).
+"""Start ``blis serve`` in a child process and wait for its "listening on" line (tests, benches);
+time a streamed completion with a client whose own cost is a few µs a chunk.
 
 Every end-to-end test of ``blis serve`` (and ``bench/serve_bench.py``) needs the same few
 steps: launch the command unbuffered with its stderr piped, read stderr until the line that
@@ -6,10 +7,18 @@ names the fleet's URL (and, with ``--instance-ports``, the lines naming each ins
 with what the server said if it ended first, and kill it if the caller leaves early. Reading is
 done on the raw pipe with a deadline, so a server that hangs before listening fails the caller
 after ``timeout_s`` instead of blocking it.
+
+:func:`timed_completion` is the lightest client that can measure the server's pacing: a bare
+asyncio connection, opened before the request's clock starts, each received buffer timed as
+it arrives (``data_received``) and its SSE events counted by their ``data: {`` prefix. An HTTP
+library's reader costs tens of µs a chunk, and under load that is the client's lag, not the
+server's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import select
@@ -156,4 +165,78 @@ def _parse(text: str, per_instance: bool) -> tuple[str, list[str], int] | None:
     return url, urls, pos
 
 
-__all__ = ["LISTENING", "ServeChild", "ServeStartError", "start_serve"]
+@dataclass
+class StreamTiming:
+    """A streamed completion as its client saw it (``time.monotonic()`` seconds): when the
+    request was written, when the buffers holding the first and the last event arrived, and
+    how many events (``data: {...}``, the usage chunk included) there were."""
+
+    sent: float
+    first: float
+    last: float
+    events: int
+
+
+class _TimedStream(asyncio.Protocol):
+    EVENT = b"data: {"
+    DONE = b"data: [DONE]"
+
+    def __init__(self, done: asyncio.Future) -> None:
+        self.done = done
+        self.transport: asyncio.Transport | None = None
+        self.first: float | None = None
+        self.last: float | None = None
+        self.events = 0
+        self.status_ok: bool | None = None
+        self._tail = b""  # the end of the previous buffer: an event prefix cut in two
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        if self.status_ok is None:
+            self.status_ok = data.startswith(b"HTTP/1.1 200")
+        buf = self._tail + data
+        n = buf.count(self.EVENT)
+        if n:
+            self.first = now if self.first is None else self.first
+            self.last = now
+            self.events += n
+        if self.DONE in buf:
+            assert self.transport is not None
+            self.transport.close()
+            if not self.done.done():
+                self.done.set_result(True)
+        self._tail = buf[-(len(self.EVENT) - 1):]  # too short to hold a whole prefix twice
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(False)
+
+
+async def timed_completion(url: str, body: dict, at: float | None = None,
+                           path: str = "/v1/completions") -> StreamTiming:
+    """POST ``body`` (a streamed completion) to ``url`` (``http://host:port``) on a connection
+    opened first, the request written at monotonic time ``at`` (now if None); raises
+    RuntimeError if the answer is not a 200 stream that ends with ``[DONE]``."""
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    payload = json.dumps(body).encode()
+    request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: "
+               f"application/json\r\nContent-Length: {len(payload)}\r\nConnection: close"
+               "\r\n\r\n").encode() + payload
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    transport, proto = await loop.create_connection(lambda: _TimedStream(done), host,
+                                                    int(port))
+    if at is not None:
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+    sent = time.monotonic()
+    transport.write(request)
+    if not await done or not proto.status_ok or proto.first is None or proto.last is None:
+        raise RuntimeError(f"{url}{path}: not a 200 stream ended by [DONE]")
+    return StreamTiming(sent, proto.first, proto.last, proto.events)
+
+
+__all__ = ["LISTENING", "ServeChild", "ServeStartError", "StreamTiming", "start_serve",
+           "timed_completion"]
