@@ -386,8 +386,8 @@ def prepare(opts: Any, hooks: Hooks | None = None, replay: bool = False) -> Prep
         log.warning("--kv-offload-config: CPU->GPU reloads cost no time, as in the August "
                     "reference (KVO-D1; --kv-cpu-blocks charges them)")
         if kv_offload.tiers:
-            log.warning("--kv-offload-config: secondary_tiers are not simulated yet (issue 32): "
-                        "this run simulates the GPU cache and the CPU tier only")
+            log.warning("--kv-offload-config: secondary tiers keep every block written to them "
+                        "(no capacity, no eviction), as in the August reference (KVO-D2)")
     no_capacity = no_capacity_warning(lora)
     if no_capacity is not None:
         log.warning(no_capacity)

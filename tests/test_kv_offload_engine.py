@@ -1,10 +1,11 @@
 """The August KV offload tier chain in the engine (issue 32; spec kv-offload.md KVO-3..KVO-10).
 
-What is built so far is the chain's CPU tier: sized in bytes (KVO-3.2), consulted before every
-GPU allocation (KVO-5.1/5.2), reloads free of charge (KVO-5.6, defect KVO-D1, warned),
-mirroring clamped to the prompt (KVO-8), ``KV Thrashing Rate`` 0 without promotions (KVO-10.2).
-The parity cases ``kvo-cpu-only-*`` and ``kvo-cpu-bytes-not-block-multiple`` check it against
-the reference; these tests check its invariants on random inputs.
+The chain's CPU tier: sized in bytes (KVO-3.2), consulted before every GPU allocation
+(KVO-5.1/5.2), reloads free of charge (KVO-5.6, defect KVO-D1, warned), mirroring clamped to
+the prompt (KVO-8), ``KV Thrashing Rate`` 0 without promotions (KVO-10.2); its secondary tiers
+(write-through, promotions, deferral: KVO-4.4..7, kernel-level in ``tests/test_kv_chain.py``)
+through whole runs. The parity cases ``kvo-*`` check it against the reference; these tests
+check its invariants on random inputs.
 """
 
 from __future__ import annotations
@@ -217,6 +218,49 @@ def test_cpu_only_chain_runs_account_for_every_request(tmp_path, seed, groups, p
     assert "KV Thrashing Rate: 0.0000" in a.stdout or "KV Thrashing Rate" not in a.stdout
 
 
+DEVICES = ("nvme_gen4", "sata_ssd", "nvme_gen3")
+
+
+def _tiered(path: Path, cpu_blocks: int, n_tiers: int) -> str:
+    tiers = "".join(f"    - {{type: fs, root_dir: /mnt/t{t}, direct_io: true, "
+                    f"device_class: {DEVICES[t]}}}\n" for t in range(n_tiers))
+    path.write_text(f"kv_offload:\n  cpu_bytes_to_use: {cpu_blocks * BLOCK_BYTES}\n"
+                    f"  secondary_tiers:\n{tiers}")
+    return str(path)
+
+
+@settings(max_examples=5, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(gpu=st.integers(60, 160), n_tiers=st.integers(1, 3), **DRAWS)
+def test_secondary_tier_transfers_add_up(tmp_path, seed, groups, prefix, cpu, rate, gpu,
+                                         n_tiers):
+    """Random chain runs with 1-3 secondary tiers (KVO-4.4, 5.4, 7): every request ends and
+    the run repeats exactly; every tier write is one block and follows a new CPU store, so no
+    tier starts more writes than the CPU tier stored blocks; every read is a granted promotion
+    of whole blocks; the thrashing rate is refused over attempted promotions (KVO-10.2)."""
+    spec = _spec(tmp_path / "wl.yaml", groups, prefix, rate, seed)
+    offload = _tiered(tmp_path / "off.yaml", cpu, n_tiers)
+    a = _run(spec, gpu, offload)
+    assert _run(spec, gpu, offload).stdout == a.stdout
+    s = a.summary
+    assert s["still_queued"] == 0 and s["still_running"] == 0
+    assert (s["completed_requests"] + s["dropped_unservable"] + s["timed_out_requests"]
+            == s["injected_requests"] == 40)
+    f = a.simulation.kv_offload
+    assert f.tier_writes.shape == (1, n_tiers)
+    assert (f.tier_bytes_written == f.tier_writes * BLOCK_BYTES).all()
+    assert (f.tier_writes <= f.cpu_mirrors[:, None]).all()
+    assert (f.tier_bytes_read % BLOCK_BYTES == 0).all()
+    assert (f.tier_bytes_read >= f.tier_reads * BLOCK_BYTES).all()
+    assert (f.tier_reads.sum(axis=1) <= f.promotions_fired).all()
+    assert (f.tier_queue_wait_us >= 0).all()
+    attempts = int(f.promotions_fired.sum() + f.promotions_failed.sum())
+    rate_text = a.stdout.split("KV Thrashing Rate: ")
+    if attempts and len(rate_text) > 1:
+        printed = float(rate_text[1].split()[0])
+        assert abs(printed - int(f.promotions_failed.sum()) / attempts) <= 5e-5
+
+
 def _hit_rate(stdout: str) -> float:
     return float(stdout.split("Cache Hit Rate: ")[1].split()[0])
 
@@ -238,13 +282,13 @@ def test_the_zero_cost_reload_is_warned_once(tmp_path):
     res = invoke(["run", "--model", MODEL, "--num-requests", "5", "--kv-offload-config", off])
     assert res.code == 0
     assert res.stderr.count("CPU->GPU reloads cost no time") == 1
-    assert "secondary_tiers are not simulated yet" not in res.stderr
+    assert "no capacity, no eviction" not in res.stderr
     (tmp_path / "tier.yaml").write_text(
         f"kv_offload:\n  cpu_bytes_to_use: {50 * BLOCK_BYTES}\n  secondary_tiers:\n"
         "    - {type: fs, root_dir: /mnt/kv, direct_io: true, device_class: nvme_gen4}\n")
     res = invoke(["run", "--model", MODEL, "--num-requests", "5", "--kv-offload-config",
                   str(tmp_path / "tier.yaml")])
-    assert res.code == 0 and res.stderr.count("secondary_tiers are not simulated yet") == 1
+    assert res.code == 0 and res.stderr.count("no capacity, no eviction") == 1
 
 
 def test_pd_runs_refuse_the_chain(tmp_path):

@@ -108,7 +108,7 @@ def test_the_loops_compile_finds_the_late_parts_in_the_cache(tmp_path: Path) -> 
     cache = tmp_path / "cache"
     early = _compiled_by("compile_late_engine_parts", cache, tmp_path)
     assert {"blis_fast.kernels.cluster.routing.route", "blis_fast.kernels.cluster.admission.admit",
-            "blis_fast.kernels.engine.latency.step_time.py", "blis_fast.kernels.kv.kv_cpu.mirror_to_cpu",
+            "blis_fast.kernels.engine.latency.step_time.py", "blis_fast.kernels.kv.kv_chain.mirror_to_cpu",
             "blis_fast.kernels.cluster.routing.take_snapshots",
             "blis_fast.kernels.cluster.routing.refresh_cache_signal"} <= _names(early)
     assert not any(".pd." in name for name in _names(early))

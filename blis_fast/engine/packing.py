@@ -15,6 +15,7 @@ from blis_fast.kernels.cluster.router_state import new_router_state, pool_router
 from blis_fast.kernels.engine.lora import LoraState, new_lora_state
 from blis_fast.kernels.engine.state import ConfigSlot, InstanceSlot, RequestInputs
 from blis_fast.kernels.go.gorand import new_source, subsystem_seed
+from blis_fast.kernels.kv.kv_chain import new_chain_state, new_station, station_rows
 from blis_fast.kernels.kv.kv_layout import new_kv_state
 from blis_fast.policies.deciders import DECIDERS
 from blis_fast.policies.priority import DEFAULT_SLO_PRIORITY, SLO_PRIORITIES
@@ -228,6 +229,28 @@ def kv_state(table, cfg: EngineConfig, inp: RequestInputs, room: Capacity):
                         log_changes=_delayed_cache_signal(cfg), pool_extra=room.pool,
                         chunk_capacity=chunk_dig.shape[0],
                         reload_first=reload_first, prompt_only_mirror=prompt_only)
+
+
+def chain_state(cfg: EngineConfig, kv, room: Capacity, id_rank: np.ndarray):
+    """The tier chain's secondary tiers for every instance (KVO-4..6), or None when the run has
+    none (no ``--kv-offload-config``, or a chain of the CPU tier alone): the engine then
+    compiles and runs no code of theirs. The transfer stations' jitter streams are seeded
+    from ``--seed`` (KVO-6.6); the key table is sized for every block digest of the run;
+    deferred requests advance in the order of ``id_rank`` (their ids' string order, KVO-7.3)."""
+    offload = cfg.kv_offload
+    if offload is None or not offload.tiers:
+        return None
+    tiers = offload.tiers
+    n_inst = cfg.options.num_instances
+    station = new_station(
+        n_inst, [t.n_read_threads for t in tiers], [t.n_write_threads for t in tiers],
+        [t.base_latency for t in tiers], [t.read_bandwidth for t in tiers],
+        [t.write_bandwidth for t in tiers], [t.saturation_queue_depth for t in tiers],
+        [t.single_transfer_fraction for t in tiers], [t.latency_jitter_stddev for t in tiers],
+        station_rows(offload.cpu_blocks, len(tiers)),
+        subsystem_seed(cfg.options.seed, "kv-offload"))
+    return new_chain_state(n_inst, int(kv.chunk_dig.shape[0]), room.max_chunks,
+                           offload.per_block_bytes, station, len(tiers), id_rank)
 
 
 def with_prefill_rows(table):

@@ -27,7 +27,9 @@ from blis_fast.kernels.engine.state import (
     Rejection,
 )
 from blis_fast.kernels.enums import InstanceKind, Registration, RequestState, Routing, Status
+from blis_fast.kernels.kv.kv_chain import ChainCfg, ChainMeta
 from blis_fast.kernels.kv.kv_layout import CpuMeta, KVMeta
+from blis_fast.kernels.kv.kv_station import TierState
 
 KERNEL_FAILURES = {
     Status.UNKNOWN_BACKEND: "the simulation kernel does not know the latency backend code it "
@@ -40,6 +42,27 @@ KERNEL_FAILURES = {
                          f"({SEQ_LIMIT})",
 }
 """Messages for the kernel's error statuses (the kernel returns codes, it never raises)."""
+
+
+@dataclass
+class KVOffloadFigures:
+    """What the KV tier chain did (``--kv-offload-config``, spec kv-offload.md): per instance
+    the CPU tier's counts, per instance and secondary tier (``[N, tiers]``, in the config's
+    order; no columns without one) the transfers the tier's station started. Promotions
+    give the chain's KV Thrashing Rate, failed / (fired + failed) (KVO-10.2)."""
+
+    cpu_mirrors: np.ndarray  # blocks newly stored on the CPU tier (KVO-4.3)
+    cpu_mirror_skipped: np.ndarray  # mirrors refused: the tier full, nothing evictable
+    cpu_evictions: np.ndarray  # CPU blocks evicted (mirrors and promotions making room)
+    cpu_reloads: np.ndarray  # blocks reloaded from the CPU tier into the GPU cache (KVO-5.2)
+    promotions_fired: np.ndarray  # promotion runs read from a secondary tier (KVO-5.4)
+    promotions_failed: np.ndarray  # promotion runs refused by the evictable gate (KVO-4.6)
+    deferrals_started: np.ndarray  # admissions set aside to await a fetch (KVO-7.4)
+    tier_reads: np.ndarray  # read jobs started (one per promoted run)
+    tier_writes: np.ndarray  # write jobs started (one per written-through block, KVO-4.4)
+    tier_bytes_read: np.ndarray
+    tier_bytes_written: np.ndarray
+    tier_queue_wait_us: np.ndarray  # sum over started jobs of start - submit tick
 
 
 @dataclass
@@ -274,6 +297,8 @@ class SimulationResult:
     # the evictions and completed loads in event order, int64 [k, LoraLog.SIZE] columns tick,
     # instance, adapter, kind (kernels/engine/lora.py: LoraLog, LoraEvent); None without LoRA
     adapter_events: np.ndarray | None = None
+    # the KV tier chain's counts (--kv-offload-config; None without it)
+    kv_offload: KVOffloadFigures | None = None
 
     def instance_name(self, i: int) -> str:
         """The id of instance ``i`` as the reference prints it."""
@@ -338,10 +363,11 @@ def raise_failure(status: int, failures: list) -> None:
 
 
 def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
-                pd=None, lora=None) -> SimulationResult:
+                pd=None, lora=None, chain=None) -> SimulationResult:
     """Read the kernel's state back into a SimulationResult (rows ``0..n_used-1``; with the
     P/D state ``pd``, every row: the workload's, then the prefill sub-requests; with the LoRA
-    state ``lora``, its load and eviction counts)."""
+    state ``lora``, its load and eviction counts; with the tier chain's secondary tiers
+    ``chain``, their transfer figures)."""
     hits = kv.meta[:, KVMeta.HITS]
     total = hits + kv.meta[:, KVMeta.MISSES] + kv.cpu_meta[:, CpuMeta.MISSES]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -351,8 +377,13 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
                           / np.maximum(mirrors, 1), 0.0)
         if cfg.kv_offload is not None:
             # the chain's KV Thrashing Rate is refused / attempted promotions (KVO-10.2,
-            # KVO-D6): no promotion without a secondary tier
-            thrash = np.zeros(kv.cpu_meta.shape[0])
+            # KVO-D6): 0 without a promotion (always without a secondary tier)
+            fired = kv.cpu_meta[:, CpuMeta.PROMO_FIRED]
+            failed = kv.cpu_meta[:, CpuMeta.PROMO_FAILED]
+            thrash = np.where(fired + failed > 0, failed / np.maximum(fired + failed, 1), 0.0)
+    if chain is not None and chain.meta[:, ChainMeta.OVERFLOW].any():
+        raise BlisRuntimeError("KV offload chain: the secondary tiers' key table or the "
+                               "transfer station's job rows ran out of room")
     steps = int(lg.sizes[LogCursor.STEPS])
     used = slice(0, n_used)
     completed = rs.state[used] == RequestState.COMPLETED
@@ -396,6 +427,33 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
         adapter_evictions=None if lora is None else lora.evictions.copy(),
         adapter_events=(None if lora is None
                         else lora.log[: int(lora.var[LoraVar.LOG_LEN])].copy()),
+        kv_offload=None if cfg.kv_offload is None else offload_figures(kv, chain),
+    )
+
+
+def offload_figures(kv, chain) -> KVOffloadFigures:
+    """The tier chain's counts at the end of the run: the CPU tier's from the KV state, the
+    secondary tiers' from their transfer stations (none without a secondary tier)."""
+    cm = kv.cpu_meta
+    n_inst = cm.shape[0]
+    if chain is None:
+        tiers = np.zeros((n_inst, 0, TierState.SIZE), np.int64)
+    else:
+        tiers = chain.station.tier_state[:, : int(chain.cfg[ChainCfg.N_TIERS])]
+    return KVOffloadFigures(
+        cpu_mirrors=cm[:, CpuMeta.MIRRORS].copy(),
+        cpu_mirror_skipped=cm[:, CpuMeta.MIRROR_SKIPPED].copy(),
+        cpu_evictions=cm[:, CpuMeta.EVICTIONS].copy(),
+        cpu_reloads=cm[:, CpuMeta.HITS].copy(),
+        promotions_fired=cm[:, CpuMeta.PROMO_FIRED].copy(),
+        promotions_failed=cm[:, CpuMeta.PROMO_FAILED].copy(),
+        deferrals_started=(np.zeros(n_inst, np.int64) if chain is None
+                           else chain.meta[:, ChainMeta.DEFERRALS].copy()),
+        tier_reads=tiers[:, :, TierState.READS].copy(),
+        tier_writes=tiers[:, :, TierState.WRITES].copy(),
+        tier_bytes_read=tiers[:, :, TierState.BYTES_READ].copy(),
+        tier_bytes_written=tiers[:, :, TierState.BYTES_WRITTEN].copy(),
+        tier_queue_wait_us=tiers[:, :, TierState.QUEUE_WAIT].copy(),
     )
 
 

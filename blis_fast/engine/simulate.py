@@ -25,6 +25,7 @@ from blis_fast.engine.livelock import livelock_error, warn_lora_stall
 from blis_fast.engine.memory import available_memory
 from blis_fast.engine.packing import (
     Capacity,
+    chain_state,
     config_ints,
     instance_config,
     instance_rank_of,
@@ -241,7 +242,9 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     opts = cfg.options
     n_inst = opts.num_instances
     max_batch = max(1, min(opts.max_num_running_reqs, max(n, 1)))
-    ranked = cfg.policies.scheduler not in ("", "fcfs")
+    # the ids' string order: the scheduler's ties, the order deferred fetches advance in (KVO-7.3)
+    ranked = (cfg.policies.scheduler not in ("", "fcfs")
+              or (cfg.kv_offload is not None and bool(cfg.kv_offload.tiers)))
     ids = table.id_strings() if ranked else []  # 100k strings cost a few garbage collections
     inp = request_inputs(table, n, ids if ranked else None)
     kv = kv_state(table, cfg, inp, room)
@@ -252,7 +255,7 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     meta = request_metadata(table, given, model)  # tenant capacity: --num-instances (AS-7.3)
     rt = router_state(cfg, n, meta, kv, room)
     heap = new_event_heap(3 * n_req + 4 * n_inst + 16)
-    work = new_work(n, max_batch, room.max_chunks)
+    work = new_work(n, max_batch, room.max_chunks, chain_state(cfg, kv, room, inp.id_rank))
     driver = None
     think = np.zeros(1, np.int64)
     if sessions and sessions.blueprints:
@@ -314,5 +317,5 @@ def _run_once(table, given: EngineConfig, model: str, sessions: SessionPlan | No
     final = appended.table(table, sessions) if n_used > n0 else table
     if cfg.pd_on:  # every row read back; the table stays the workload's
         return read_result(cfg, parents, n_used, rs, ins, kv, lg, rt, pd, lora)
-    res = read_result(given, final, n_used, rs, ins, kv, lg, rt, lora=lora)
+    res = read_result(given, final, n_used, rs, ins, kv, lg, rt, lora=lora, chain=work.chain)
     return res if asc is None else fleet.fleet_result(res, asc, given.latency.model)

@@ -98,7 +98,8 @@ def compile_late_engine_parts(pd: bool = False) -> None:
         rtk.take_snapshots.compile((typeof(rt), typeof(ins), typeof(kv), i64,
                                     typeof(rt.routable), i64))
         kvc.mirror_to_cpu.compile((typeof(kv), i64, typeof(ins.batch[0]),
-                                   typeof(ins.batch_len[0]), typeof(inp.input_len)))
+                                   typeof(ins.batch_len[0]), typeof(inp.input_len),
+                                   typeof(work.chain)))
         step_time.compile((typeof(cfg.inst[0, 0]), typeof(cfg.latency_params[0]), i64,
                            typeof(work.progress), typeof(work.new_tokens),
                            typeof(work.input_len), typeof(work.output_len)))

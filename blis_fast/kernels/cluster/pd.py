@@ -352,7 +352,7 @@ def on_transfer_start(inp, rs, kv, heap, work, pd, t, r):
     pd.cnt[PDCounter.XFER_INITIATED] += 1
     pd.par[r, ParentField.T_XFER_START] = t
     ok = n_in == 0 or kvc.allocate(kv, d, r, np.int64(0), n_in, np.int64(1) > 0, n_in,
-                                   work.cached, np.int64(0), work.scratch)
+                                   work.cached, np.int64(0), work.scratch, work.chain)
     if not ok:
         pd.cnt[PDCounter.DROPPED_AT_DECODE_KV] += 1
         pd.par[r, ParentField.T_DONE] = t

@@ -285,7 +285,7 @@ def _preempt_for_tokens(ins, rs, kv, i, r, n, input_len, budget, work):
     while True:
         pi = rs.hot[r, HotField.PROGRESS]
         if kvc.allocate(kv, i, r, pi, pi + n, pi < input_len[r], input_len[r], work.cached,
-                        np.int64(0), work.scratch):
+                        np.int64(0), work.scratch, work.chain):
             return True, budget, preempted
         blen = ins.batch_len[i]
         if blen == 0:
@@ -360,20 +360,27 @@ def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget, lora):
     """Move requests from the queue head into the running batch while the batch, the token
     budget and the cache allow (ENG-4.5), recording each one's cached prefix (the leading
     prompt tokens the prefix cache held, ``RequestArrays.cached_prefix``); with LoRA, a request
-    whose adapter is not resident stops it (the cold-load gate, LORA-4.5). Returns how many;
-    their rows are in ``work.queue_a``."""
+    whose adapter is not resident stops it (the cold-load gate, LORA-4.5). With the KV tier
+    chain's secondary tiers (``work.chain``), a request awaiting a fetch is skipped and stays
+    queued, and requests behind it may be admitted (KVO-7.3). Returns how many; their rows
+    are in ``work.queue_a``."""
     threshold = ints[ConfigSlot.LONG_PREFILL]
     bs = kv.cfg[kvc.KVConfig.BLOCK_SIZE]
     n_admitted = 0
-    while (ins.batch_len[i] < ints[ConfigSlot.MAX_RUNNING] and ins.wq[i, _LEN] > 0
+    skipped = 0  # deferred requests passed over this step (never without the chain)
+    while (ins.batch_len[i] < ints[ConfigSlot.MAX_RUNNING] and ins.wq[i, _LEN] > skipped
            and budget > 0):
-        nxt = ins.wq[i, _HEAD]
+        nxt = kvc.queue_at(work.chain, rs.wq_next, ins.wq[i, _HEAD], skipped)
+        if kvc.is_deferred(work.chain, nxt):
+            skipped += 1
+            continue
         if lora is not None and lk.is_cold(lora, inp, rs, i, nxt):
             break
         if rs.pd_sub[nxt] == 1:  # a P/D decode sub-request: one token at its progress
             pi = rs.hot[nxt, HotField.PROGRESS]
             if not kvc.allocate(kv, i, nxt, pi, pi + 1, pi < inp.input_len[nxt],
-                                inp.input_len[nxt], work.cached, np.int64(0), work.scratch):
+                                inp.input_len[nxt], work.cached, np.int64(0), work.scratch,
+                                work.chain):
                 break
             budget -= 1
             _admit(ins, rs, i, nxt, work, n_admitted, 1, pi + 1)
@@ -388,7 +395,10 @@ def _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget, lora):
         if max_len > 0:
             n = min(n, max(max_len - 1 - start, 0))
         if not kvc.allocate(kv, i, nxt, start, start + n, np.int64(1) > 0, inp.input_len[nxt],
-                            work.cached, n_cached, work.scratch):
+                            work.cached, n_cached, work.scratch, work.chain):
+            if kvc.is_deferred(work.chain, nxt):  # deferred now: skipped (KVO-7.3)
+                skipped += 1
+                continue
             break
         budget -= n
         rs.cached_prefix[nxt] = start  # the prompt tokens this admission's prefill skips
@@ -418,6 +428,7 @@ def form_batch(ints, max_len, ins, rs, kv, inp, i, work, lora):
     A step that preempted admits nobody. ``lora``: the LoRA state (None without LoRA)."""
     budget, preempted = _schedule_running(ints, max_len, ins, rs, kv, inp, i, work,
                                           ints[ConfigSlot.MAX_TOKENS])
+    kvc.poll_deferred(work.chain, kv, rs, i)  # PollDeferred (KVO-7.3; the chain only)
     if preempted:
         return 0
     return _admit_waiting(ints, max_len, ins, rs, kv, inp, i, work, budget, lora)

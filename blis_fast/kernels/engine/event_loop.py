@@ -511,6 +511,7 @@ def run_events(cfg, inp, rs, ins, kv, lg, rt, heap, work, hooks, sess, pd, asc, 
                     heap.loop[LoopSlot.STOP_KIND] = Livelock.LORA_STALL
                 return Status.LIVELOCK
             if (asc is None and ins.batch_len[i] == 0 and ins.wq[i, QueueField.LEN] > 0
+                    and kvc.chain_quiet(work.chain, i)  # a fetch in flight changes the KV
                     and check_cycle(cfg, rs, ins, kv, heap, i)):
                 return Status.LIVELOCK
         elif kind == Event.TIMEOUT:

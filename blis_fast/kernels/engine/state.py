@@ -20,7 +20,7 @@ Groups (each a ``NamedTuple`` of arrays, so a kernel signature names a handful o
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -313,6 +313,9 @@ class Work(NamedTuple):
     input_len: np.ndarray
     output_len: np.ndarray
     key_features: np.ndarray  # float64 [hooks.KEY_COLS]: what the scheduler-key hook sees
+    # the KV tier chain's secondary tiers (kernels/kv/kv_chain.py: ChainState), None without:
+    # carried here, not in KVState, so that a run without them compiles none of their code
+    chain: Any = None
 
 
 class KernelHooks(NamedTuple):
@@ -379,8 +382,9 @@ def new_event_heap(cap: int) -> EventHeap:
                      np.empty(cap, np.int64), loop)
 
 
-def new_work(n_requests: int, max_batch: int, max_chunks: int) -> Work:
-    """Scratch buffers for ``n_requests`` rows, a batch of ``max_batch`` and ``max_chunks``."""
+def new_work(n_requests: int, max_batch: int, max_chunks: int, chain: Any = None) -> Work:
+    """Scratch buffers for ``n_requests`` rows, a batch of ``max_batch`` and ``max_chunks``;
+    ``chain`` is the KV tier chain's secondary tiers (None without)."""
     qbuf = max(n_requests, max_batch) + 1
     return Work(queue_a=np.empty(qbuf, np.int64), queue_b=np.empty(qbuf, np.int64),
                 cached=np.empty(max_chunks + 1, np.int64),
@@ -389,7 +393,7 @@ def new_work(n_requests: int, max_batch: int, max_chunks: int) -> Work:
                 new_tokens=np.empty(max_batch + 1, np.int64),
                 input_len=np.empty(max_batch + 1, np.int64),
                 output_len=np.empty(max_batch + 1, np.int64),
-                key_features=np.zeros(hk.KEY_COLS, np.float64))
+                key_features=np.zeros(hk.KEY_COLS, np.float64), chain=chain)
 
 
 @njit(cache=True)

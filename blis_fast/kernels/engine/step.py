@@ -196,6 +196,7 @@ def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority, lora
         ins.cnt[i, InstanceCounter.STEP_PENDING] = 0
         return np.int64(-1)
     ins.cnt[i, InstanceCounter.STEPS] += 1
+    kvc.chain_poll(work.chain, kv, i, now)  # the KV store's SetClock (KVO-6.7; chain only)
     order_wait_queue(cfg.ints, ins, rs, inp, i, now, work, key_fn, slo_priority)
     if lora is not None:
         lk.maybe_start_load(lora, ins, inp, rs, i, now)
@@ -219,7 +220,8 @@ def run_step(cfg, ins, rs, kv, lg, inp, i, now, work, key_fn, slo_priority, lora
     if used > ins.cnt[i, InstanceCounter.PEAK_KV]:
         ins.cnt[i, InstanceCounter.PEAK_KV] = used
     ins.kv_integral[i] += np.float64(used) * np.float64(d)
-    kvc.mirror_to_cpu(kv, i, ins.batch[i], ins.batch_len[i], inp.input_len)  # MirrorToCPU
+    kvc.mirror_to_cpu(kv, i, ins.batch[i], ins.batch_len[i], inp.input_len,  # MirrorToCPU
+                      work.chain)
     return d
 
 
@@ -290,7 +292,7 @@ def finishes(cfg, rs, kv, ins, inp, i, r, work):
         if inp.output_len[r] > 0 and pi < inp.input_len[r] + inp.output_len[r]:
             if not kvc.append_decode_token_fast(kv, i, r, pi) and not kvc.allocate(
                     kv, i, r, pi, pi + 1, np.int64(0) > 0, inp.input_len[r], work.cached,
-                    np.int64(0), work.scratch):
+                    np.int64(0), work.scratch, work.chain):
                 ins.cnt[i, InstanceCounter.KV_FAILURES] += 1
         return True
     max_len = cfg.inst[i, InstanceSlot.MAX_MODEL_LEN]

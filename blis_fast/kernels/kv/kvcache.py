@@ -28,7 +28,19 @@ from blis_fast.kernels.kv.kv_blocks import (
     sync_frozen_copy,
     sync_last,
 )
-from blis_fast.kernels.kv.kv_cpu import mirror_to_cpu, reload_prefix
+from blis_fast.kernels.kv.kv_chain import (
+    GATE_DEFER,
+    GATE_TRACKED,
+    chain_forget,
+    chain_gate,
+    chain_poll,
+    chain_quiet,
+    is_deferred,
+    mirror_to_cpu,
+    poll_deferred,
+    queue_at,
+    reload_prefix,
+)
 from blis_fast.kernels.kv.kv_layout import (
     LOOK_HASH,
     LOOK_RECORD,
@@ -46,7 +58,9 @@ from blis_fast.kernels.prefetch import prefetch
 
 __all__ = [
     "POS_MASK", "BlockField", "BlockList", "CpuMeta", "KVConfig", "KVMeta", "KVState", "allocate",
-    "append_decode_token_fast", "cached_blocks", "consume_pending_transfer", "free_blocks",
+    "append_decode_token_fast", "cached_blocks", "chain_poll", "chain_quiet",
+    "consume_pending_transfer",
+    "free_blocks", "is_deferred", "poll_deferred", "queue_at",
     "hit_rate", "list_overflowed", "mirror_to_cpu", "new_kv_state", "pool_slots", "release",
     "reset_instance_blocks", "sync_frozen_copy", "thrashing_rate", "used_blocks",
 ]
@@ -154,19 +168,28 @@ def _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scratch):
+def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scratch,
+             chain=None):
     """AllocateKVBlocks for either store (single tier, or GPU+CPU with reload, ENG-5.10).
 
     The CPU tier is read back after a failed GPU allocation (April), or before every one when
-    ``KVConfig.RELOAD_FIRST`` is set (August, KVO-9.1)."""
+    ``KVConfig.RELOAD_FIRST`` is set (August, KVO-9.1); ``chain``: the tier chain's secondary
+    tiers (``kernels/kv/kv_chain.py``, None without), promoted from on a CPU miss, and a new
+    admission whose prefix must be fetched from them deferred (False; KVO-7.2)."""
     if kv.cfg[KVConfig.RELOAD_FIRST] == 1:
-        return _allocate_reload_first(kv, i, r, start, end, in_prefill, input_len, cached,
-                                      n_cached, scratch)
+        gate = chain_gate(chain, kv, i, r, input_len, cached, n_cached)
+        if gate == GATE_DEFER:
+            return False
+        ok = _allocate_reload_first(kv, i, r, start, end, in_prefill, input_len, cached,
+                                    n_cached, scratch, chain)
+        if ok and gate == GATE_TRACKED:
+            chain_forget(chain, i, r)
+        return ok
     if _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
         return True
     if kv.cfg[KVConfig.TIERED] == 0:
         return False
-    if reload_prefix(kv, i, r, input_len, np.int64(0), np.uint64(0)):
+    if reload_prefix(kv, i, r, input_len, np.int64(0), np.uint64(0), chain):
         return _allocate_after_reload(kv, i, r, start, end, in_prefill, input_len, cached,
                                       n_cached, scratch)
     kv.cpu_meta[i, CpuMeta.MISSES] += 1
@@ -175,7 +198,7 @@ def allocate(kv, i, r, start, end, in_prefill, input_len, cached, n_cached, scra
 
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _allocate_reload_first(kv, i, r, start, end, in_prefill, input_len, cached, n_cached,
-                           scratch):
+                           scratch, chain):
     """The August tier (#1586, KVO-9.1): reload the CPU-resident continuation of the prefix
     first, scanning from past the GPU-cached prefix (or past the blocks a running request
     owns), then allocate as after an April reload; with nothing reloaded, allocate on GPU and
@@ -188,7 +211,7 @@ def _allocate_reload_first(kv, i, r, start, end, in_prefill, input_len, cached, 
     if owned > first:
         first = owned
         prev = get_block_hash(kv, i, kv.pool[kv.req[r, BlockList.OFFSET] + owned - 1])
-    if reload_prefix(kv, i, r, input_len, first, prev):
+    if reload_prefix(kv, i, r, input_len, first, prev, chain):
         return _allocate_after_reload(kv, i, r, start, end, in_prefill, input_len, cached,
                                       n_cached, scratch)
     if _gpu_allocate(kv, i, r, start, end, in_prefill, cached, n_cached):
