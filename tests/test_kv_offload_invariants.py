@@ -5,7 +5,7 @@ workloads with shared prefix groups and accumulating multi-turn sessions, a GPU 
 enough to evict, a CPU budget in bytes (whole blocks or not, down to one block), prompt-only
 offload on or off, 1-3 instances, chunked prefill, sometimes a horizon that stops the run
 mid-way. The run's end state is read from the KV state the engine built (captured as
-tests/test_invariants.py does) and from ``SimulationResult.kv_offload``.
+tests/test_invariants.py does): its counters (``CpuMeta``) and its tables.
 
 Properties:
 
@@ -192,8 +192,6 @@ def _check_run(run: dict, res, kv, finite: bool) -> None:
             == s["injected_requests"])
     if not finite:
         assert left == 0
-    figures = res.simulation.kv_offload
-    assert figures is not None
     cap = int(kv.cfg[KVConfig.CPU_CAPACITY])
     assert cap == run["offload"]["cpu_bytes_to_use"] // BLOCK_BYTES == run["cpu_blocks"]
     assert "KV Thrashing Rate" not in res.stdout or "KV Thrashing Rate: 0.0000" in res.stdout
@@ -219,9 +217,9 @@ def _check_run(run: dict, res, kv, finite: bool) -> None:
         keys = kv.cpu_hash[i, lru]
         assert len(set(keys.tolist())) == used
         # stored blocks are resident or evicted; none refused, none lost
-        assert int(figures.cpu_mirrors[i]) == used + int(figures.cpu_evictions[i])
-        assert int(figures.cpu_mirror_skipped[i]) == 0
-        assert int(figures.promotions_fired[i]) == int(figures.promotions_failed[i]) == 0
+        assert int(cm[CpuMeta.MIRRORS]) == used + int(cm[CpuMeta.EVICTIONS])
+        assert int(cm[CpuMeta.MIRROR_SKIPPED]) == 0
+        assert int(cm[CpuMeta.PROMO_FIRED]) == int(cm[CpuMeta.PROMO_FAILED]) == 0
         assert int(cm[CpuMeta.PENDING]) == 0  # reloads cost no time (KVO-5.6, KVO-D1)
         # the key tables agree with what they index: the GPU prefix table maps each key to a
         # block holding it (a reload fills only a block for a key the GPU lacks, KVO-5.2),
@@ -252,10 +250,15 @@ def _completed(sim) -> dict[tuple[int, int], Counter]:
     return out
 
 
-def _figures(res, kv) -> np.ndarray:
-    f = res.simulation.kv_offload
-    return np.stack([f.cpu_mirrors, f.cpu_evictions, f.cpu_reloads,
-                     kv.meta[:f.cpu_mirrors.shape[0], KVMeta.HITS]])
+def _figures(kv) -> np.ndarray:
+    """Per instance: CPU mirrors, CPU evictions, reloads from the CPU tier, GPU hits."""
+    return np.stack([kv.cpu_meta[:, CpuMeta.MIRRORS], kv.cpu_meta[:, CpuMeta.EVICTIONS],
+                     kv.cpu_meta[:, CpuMeta.HITS], kv.meta[:, KVMeta.HITS]])
+
+
+def _reloads(kv) -> np.ndarray:
+    """Blocks each instance reloaded from the CPU tier (KVO-5.2)."""
+    return kv.cpu_meta[:, CpuMeta.HITS]
 
 
 @settings(max_examples=8, **SETTINGS)
@@ -269,7 +272,7 @@ def test_counters_only_grow_and_completed_requests_keep_their_results(run, cut) 
     with tempfile.TemporaryDirectory() as tmp:
         runs = [_run(run, Path(tmp), horizon=h) for h in (cut, 2 * cut)]
         runs.append(_run(run, Path(tmp)))
-    figures = [_figures(res, kv) for res, kv in runs]
+    figures = [_figures(kv) for _, kv in runs]
     for early, late in zip(figures, figures[1:], strict=False):
         assert (early <= late).all(), (early, late)
     # a shorter run generates fewer requests, so a request is known by its arrival and input
@@ -307,8 +310,8 @@ def test_no_offload_configured_changes_nothing(run) -> None:
         assert outs[0][2].keys() == outs[1][2].keys()
         assert all(outs[0][2][k].equals(outs[1][2][k]) for k in outs[0][2])
         plain = res.simulation
-        chain, _ = _run(run, Path(tmp))
-    if int(chain.simulation.kv_offload.cpu_reloads.sum()) == 0:
+        chain, kv = _run(run, Path(tmp))
+    if int(_reloads(kv).sum()) == 0:
         for name in ("e2e_us", "ttft_us", "instance", "preemptions", "sched_delay_us"):
             np.testing.assert_array_equal(getattr(chain.simulation, name),
                                           getattr(plain, name), err_msg=name)
@@ -334,7 +337,7 @@ def test_prefixes_come_back_from_the_cpu_tier_and_the_invariants_hold() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         chain, kv = _run(run, Path(tmp))
         plain, _ = _run(run, Path(tmp), offload=False)
-    assert int(chain.simulation.kv_offload.cpu_reloads.min()) > 0
+    assert int(_reloads(kv).min()) > 0
     _check_run(run, chain, kv, finite=False)
 
     def hit_rate(stdout: str) -> float:
@@ -350,8 +353,8 @@ def test_a_chain_that_never_reloads_keeps_the_gpu_only_results() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         chain, kv = _run(run, Path(tmp))
         plain, _ = _run(run, Path(tmp), offload=False)
-    assert int(chain.simulation.kv_offload.cpu_mirrors.sum()) > 0
-    assert int(chain.simulation.kv_offload.cpu_reloads.sum()) == 0
+    assert int(kv.cpu_meta[:, CpuMeta.MIRRORS].sum()) > 0
+    assert int(_reloads(kv).sum()) == 0
     assert chain.stdout == plain.stdout
     _check_run(run, chain, kv, finite=False)
 
