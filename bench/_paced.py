@@ -4,7 +4,8 @@ instant the loop had handed it on (written to the socket for a live stream, queu
 handler otherwise), as a JSON list of µs in LAGS when the command ends
 (``serve_bench.py --server-lag``). The split between the server's lag and the client's.
 Also recorded: every garbage collection's generation and pause (µs) once serving has begun,
-under the key ``gc``."""
+under the key ``gc``, and the monotonic instant the simulated clock read 0 (``clock0``: with it
+a client on the same machine tells how long its request took to be stamped as arrived)."""
 
 import gc
 import json
@@ -40,9 +41,20 @@ def _timed(dispatch):
     return run
 
 
+CLOCK: list[float] = []  # the monotonic instant the simulated clock read 0
+
+
+def _clocked(start):
+    async def run(self):
+        await start(self)
+        CLOCK.append(self._start)
+    return run
+
+
 if __name__ == "__main__":
     out = sys.argv.pop(1)
     app.LiveServer._dispatch = _timed(app.LiveServer._dispatch)
+    app.LiveServer.start = _clocked(app.LiveServer.start)
     gc.callbacks.append(_gc_timer)
     try:
         main(sys.argv[1:])
@@ -50,4 +62,4 @@ if __name__ == "__main__":
         pass
     finally:
         with open(out, "w") as fh:
-            json.dump({"lags": LAGS, "gc": PAUSES}, fh)
+            json.dump({"lags": LAGS, "gc": PAUSES, "clock0": CLOCK[-1] if CLOCK else None}, fh)
