@@ -1,5 +1,5 @@
 """Start ``blis serve`` in a child process and wait for its "listening on" line (tests, benches);
-time a streamed completion with a client whose own cost is a few µs a chunk.
+time a streamed completion with the lightest client.
 
 Every end-to-end test of ``blis serve`` (and ``bench/serve_bench.py``) needs the same few
 steps: launch the command unbuffered with its stderr piped, read stderr until the line that
@@ -10,9 +10,10 @@ after ``timeout_s`` instead of blocking it.
 
 :func:`timed_completion` is the lightest client that can measure the server's pacing: a bare
 asyncio connection, opened before the request's clock starts, each received buffer timed as
-it arrives (``data_received``) and its SSE events counted by their ``data: {`` prefix. An HTTP
-library's reader costs tens of µs a chunk, and under load that is the client's lag, not the
-server's.
+it arrives (``data_received``) and its SSE events counted by their ``data: {`` prefix, before
+any parsing: nothing between the socket and the clock but the event loop. An HTTP library
+times a chunk after its reader and its consumer's coroutine have run; under load that is the
+client's lag, not the server's.
 """
 
 from __future__ import annotations
