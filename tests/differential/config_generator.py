@@ -981,8 +981,11 @@ def offload_config(rng: random.Random, config_id: str, max_requests: int = 200,
     need_blocks = -(-need // block_tokens) + 2
     gpu = 0
     if rng.random() < 0.9:  # else the auto-sized cache: the GPU never evicts, the tier is idle
+        # mostly small enough that prefixes leave the GPU between their uses (the CPU tier
+        # then serves them back), sometimes large enough that it never does
         gpu = max(need_blocks + rng.randint(0, 40),
-                  rng.choice((64, 120, 200, 300, 500, 800, 1500, 4000)) * 16 // block_tokens)
+                  rng.choice((64, 100, 150, 200, 200, 300, 300, 500, 1000, 4000))
+                  * 16 // block_tokens)
         _flag(args, "total-kv-blocks", gpu)
     scheduler = "sjf" if rng.random() < 0.2 else "fcfs"
     if scheduler != "fcfs" or rng.random() < 0.2:
@@ -1008,11 +1011,11 @@ def offload_config(rng: random.Random, config_id: str, max_requests: int = 200,
     per_block = offload_block_bytes(model, tp, block_tokens)
     ref_gpu = gpu or 2000
     size = rng.random()
-    if size < 0.2:  # a tiny tier: constant LRU eviction
+    if size < 0.15:  # a tiny tier: constant LRU eviction
         cpu_blocks = rng.randint(1, 3)
-    elif size < 0.5:
+    elif size < 0.35:
         cpu_blocks = rng.randint(4, 64)
-    elif size < 0.8:
+    elif size < 0.7:
         cpu_blocks = rng.randint(64, 600)
     else:  # room for more than the GPU holds
         cpu_blocks = rng.randint(ref_gpu, 4 * ref_gpu)
