@@ -27,7 +27,8 @@ CASE = Path(__file__).resolve().parent / "reference_cases" / "cases" / "quicksta
 REL_TOL = 1e-9
 
 POLARS_TYPES = {"string": pl.String, "int64": pl.Int64, "int32": pl.Int32,
-                "float64": pl.Float64, "bool": pl.Boolean}
+                "float64": pl.Float64, "bool": pl.Boolean, "list<string>": pl.List(pl.String),
+                "list<int64>": pl.List(pl.Int64), "list<float64>": pl.List(pl.Float64)}
 
 
 def _close(a, b) -> bool:

@@ -21,6 +21,7 @@ from blis_fast.options import RUN_OPTIONS
 from blis_fast.output.adapters import adapter_figures, adapter_rows, adapters_table
 from blis_fast.output.cost import CostReport, run_cost, summary_columns
 from blis_fast.output.decisions import decision_columns
+from blis_fast.output.kv_offload import kv_summary_columns
 from blis_fast.output.pd import (
     cluster_aggregate_pd,
     pd_figures,
@@ -218,7 +219,8 @@ def build_outputs(res: SimulationResult, opts: Any, replay: bool) -> RunOutputs:
     return RunOutputs(stdout=stdout, summary=summary, per_instance=per_instance,
                       requests=requests, cost=cost if cost.priced else None,
                       summary_extras={**summary_columns(res, cost),
-                                      **pd_summary_columns(figures)},
+                                      **pd_summary_columns(figures),
+                                      **kv_summary_columns(res, instances)},
                       pools=pools, cache_hit_rate=float(aggregate.cache_hit_rate))
 
 

@@ -25,6 +25,7 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "float64": pa.float64(),
     "bool": pa.bool_(),
     "list<float64>": pa.list_(pa.float64()),
+    "list<int64>": pa.list_(pa.int64()),
     "list<string>": pa.list_(pa.string()),
 }
 """The Arrow type of each ``type`` a schema file may name."""

@@ -108,7 +108,7 @@ def bisect_rate(task: SaturationTask) -> SaturationResult:
         nonlocal runs
         check_stop()
         runs += 1
-        metrics = summary_table(api.run(**task.kwargs, rate=rate).summary).to_pylist()[0]
+        metrics = summary_table(api.run(**task.kwargs, rate=rate).summary_row).to_pylist()[0]
         return all(slo.holds(metrics) for slo in task.slos), metrics
 
     try:
