@@ -31,7 +31,7 @@ SINGLE_TURN_SPECS = ("inference-perf-shared-prefix.yaml", "prefix-affinity-demo.
                      "regression_workload_load_spikes.yaml", "servegen-language.yaml")
 MULTI_TURN_SPECS = ("multiturn-chat-demo.yaml", "regression_workload_multiturn.yaml")
 SCRIPTS = ("custom_scorer.py", "evolve_scorer.py", "pd_split.py", "routing_comparison.py")
-SWEEPS = ("sweep.yaml", "lora-sweep.yaml")
+SWEEPS = ("sweep.yaml", "lora-sweep.yaml", "kv-offload-sweep.yaml")
 LORA = ("lora-adapters.yaml", "lora-workload.yaml")  # the files lora-sweep.yaml runs
 AUTOSCALE = ("autoscale-spike.yaml", "autoscale-fast.yaml", "autoscale-slow.yaml")
 # run on a real sweep by tests/test_sweep_run.py (test_example_questions_script_answers_from_the_sweep)
@@ -386,3 +386,42 @@ def test_autoscale_spike_fast_policy_meets_the_slo_and_costs_less(tmp_path):
     assert out["fast"][0] < 1000 < out["slow"][0]
     assert out["fast"][1] < out["slow"][1]
     assert round(out["fast"][2]) == 378 and round(out["slow"][2]) == 406
+
+
+def test_kv_offload_sweep_example_answers_its_question(tmp_path):
+    """``examples/kv-offload-sweep.yaml``: 8 CPU budgets x {no tier, NVMe} x 3 seeds, all valid;
+    shrunk to one seed and the smallest and largest budgets, the hit rate grows with the CPU
+    tier, an NVMe tier raises it at the smallest budget, and where the CPU tier never evicts
+    the NVMe tier is only written to: the same run, metric for metric."""
+    import polars as pl
+    import yaml
+
+    from blis_fast.sweep.run import run_sweep
+    from blis_fast.sweep.spec import load_sweep_plan
+    from blis_fast.sweep.store import metric_fields
+
+    plan = load_sweep_plan(EXAMPLES / "kv-offload-sweep.yaml")
+    assert len(plan.configs) == 48
+    spec = yaml.safe_load((EXAMPLES / "kv-offload-sweep.yaml").read_text())
+    spec["base"]["workload_spec"] = _example(spec["base"]["workload_spec"])
+    spec["grid"]["kv_offload.cpu_bytes_to_use"] = [268435456, 34359738368]
+    del spec["seeds"]
+    small = tmp_path / "kv-offload-sweep.yaml"
+    small.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    run_sweep(small, out, workers=1)
+    rows = {(tuple(r["kv_tier_device_class"]), r["kv_offload.cpu_bytes_to_use"]): r
+            for r in pl.read_parquet(str(out / "summary" / "*.parquet")).iter_rows(named=True)}
+    assert len(rows) == 4 and all(r["error"] is None for r in rows.values())
+    cpu, nvme = (), ("nvme_gen4",)
+    assert rows[cpu, 268435456]["cache_hit_rate"] < rows[cpu, 34359738368]["cache_hit_rate"]
+    assert rows[nvme, 268435456]["cache_hit_rate"] > rows[cpu, 268435456]["cache_hit_rate"]
+    assert rows[nvme, 268435456]["kv_promotions"] > 0
+    big_cpu, big_nvme = rows[cpu, 34359738368], rows[nvme, 34359738368]
+    assert big_nvme["kv_cpu_evicted_blocks"] == 0 and big_nvme["kv_promotions"] == 0
+    assert big_nvme["kv_tier_writes"] == [big_nvme["kv_cpu_mirrored_blocks"]]
+    tier_columns = {"kv_tier_device_class", "kv_tier_reads", "kv_tier_writes",
+                    "kv_tier_bytes_read", "kv_tier_bytes_written", "kv_tier_queue_wait_mean_ms"}
+    for f in metric_fields():
+        if f.name not in tier_columns:
+            assert big_cpu[f.name] == big_nvme[f.name], f.name

@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 from _sweep import invoke
 
+from blis_fast.errors import BlisInputError
 from blis_fast.sweep.plot import load_requests, load_summary, plot_cdf, plot_lines
 
 
@@ -146,3 +147,12 @@ def test_plot_of_a_directory_without_a_sweep_is_refused(tmp_path):
     assert run.code == 2 and "no sweep summary" in run.stderr
     run = invoke(["plot", str(tmp_path), "--cdf", "ttft_ms", "-o", str(tmp_path / "x.png")])
     assert run.code == 2 and "--requests" in run.stderr
+
+
+def test_logx_draws_a_base_2_axis_and_refuses_values_not_above_zero(sweep_dir):
+    frame = load_summary(sweep_dir)
+    result = plot_lines(frame, "rate", "ttft_p99_ms", by="routing_policy", logx=True)
+    axis = result.figure.axes[0]
+    assert axis.get_xscale() == "log" and axis.get_yscale() == "linear"
+    with pytest.raises(BlisInputError, match="--logx: 'rate' has values <= 0"):
+        plot_lines(frame.with_columns(pl.col("rate") - 10), "rate", "ttft_p99_ms", logx=True)

@@ -108,6 +108,7 @@ def saturate_command(spec: str, slos: tuple[str, ...], low: float, high: float, 
 @click.option("--facet", default=None, help="One panel per value of this column")
 @click.option("--where", "where", multiple=True, help="Keep rows with COLUMN=VALUE (repeatable)")
 @click.option("--logy", is_flag=True, help="Logarithmic y axis")
+@click.option("--logx", is_flag=True, help="Logarithmic x axis (base 2: for doublings)")
 @click.option("--scaling", is_flag=True,
               help="SOURCE is an autoscaled run's --output-dir: replicas, request rate and p99 "
                    "TTFT over time")
@@ -118,7 +119,8 @@ def saturate_command(spec: str, slos: tuple[str, ...], low: float, high: float, 
 @click.option("--height", type=GO_FLOAT, default=5.0, show_default=True, help="Height in inches")
 @click.option("--dpi", type=GO_INT, default=100, show_default=True, help="Pixels per inch")
 def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by: str | None,
-                 facet: str | None, where: tuple[str, ...], logy: bool, scaling: bool,
+                 facet: str | None, where: tuple[str, ...], logy: bool, logx: bool,
+                 scaling: bool,
                  window: float, output: str, width: float, height: float, dpi: int) -> None:
     """Plot a sweep directory (SOURCE) or a Parquet file: y vs x lines, or a CDF."""
     from blis_fast.sweep import plot as P  # lazy: not for blis --help
@@ -142,8 +144,8 @@ def plot_command(source: str, x: str | None, y: str | None, cdf: str | None, by:
         if x is None or y is None:
             raise BlisConfigError("--x and --y are required (or --cdf COLUMN)")
         frame = P.filter_rows(P.load_summary(source), list(where))
-        result = P.plot_lines(frame, x, y, by, facet, logy=logy, width=width, height=height,
-                              dpi=dpi)
+        result = P.plot_lines(frame, x, y, by, facet, logy=logy, logx=logx, width=width,
+                              height=height, dpi=dpi)
     result.save(output)
     click.echo(f"{output}: {len(result.series)} series")
 

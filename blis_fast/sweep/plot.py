@@ -134,7 +134,7 @@ def _figure(n_panels: int, width: float, height: float, dpi: int):
 def _draw(frame: pl.DataFrame, by: str | None, facet: str | None,
           points: Callable[[pl.DataFrame], tuple[np.ndarray, np.ndarray]], name: str,
           xlabel: str, ylabel: str, *, step: bool, logy: bool, width: float, height: float,
-          dpi: int) -> PlotResult:
+          dpi: int, logx: bool = False) -> PlotResult:
     """One panel per ``facet`` value, one series per ``by`` value (``name`` without ``by``),
     ``points(rows)`` each."""
     panels = _groups(frame, [facet] if facet else [])
@@ -152,6 +152,8 @@ def _draw(frame: pl.DataFrame, by: str | None, facet: str | None,
         ax.set_ylabel(ylabel)
         if logy:
             ax.set_yscale("log")
+        if logx:
+            ax.set_xscale("log", base=2)
         if panel_name:
             ax.set_title(panel_name)
         if by:
@@ -169,8 +171,9 @@ def _nonempty(frame: pl.DataFrame, column: str) -> pl.DataFrame:
 
 def plot_lines(frame: pl.DataFrame, x: str, y: str, by: str | None = None,
                facet: str | None = None, *, logy: bool = False, width: float = 8.0,
-               height: float = 5.0, dpi: int = 100) -> PlotResult:
-    """``y`` against ``x`` (mean over rows sharing x), one line per ``by``, a panel per ``facet``."""
+               height: float = 5.0, dpi: int = 100, logx: bool = False) -> PlotResult:
+    """``y`` against ``x`` (mean over rows sharing x), one line per ``by``, a panel per ``facet``;
+    ``logx`` for an x swept in doublings (a base-2 axis)."""
     _need(frame, x, y, by, facet)
     if "error" in frame.columns:
         frame = frame.filter(pl.col("error").is_null())
@@ -179,8 +182,10 @@ def plot_lines(frame: pl.DataFrame, x: str, y: str, by: str | None = None,
         means = rows.group_by(x).agg(pl.col(y).mean()).sort(x)
         return means[x].to_numpy(), means[y].to_numpy()
 
+    if logx and frame.filter(pl.col(x) <= 0).height:
+        raise BlisInputError(f"--logx: {x!r} has values <= 0")
     return _draw(_nonempty(frame, y), by, facet, points, y, x, y, step=False, logy=logy,
-                 width=width, height=height, dpi=dpi)
+                 width=width, height=height, dpi=dpi, logx=logx)
 
 
 def plot_cdf(frame: pl.DataFrame, column: str, by: str | None = None,
