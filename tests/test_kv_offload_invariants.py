@@ -1,6 +1,6 @@
 """Invariants of the KV offload tier chain on whole runs (issue 32; spec kv-offload.md).
 
-Random small runs of the chain's CPU tier (what blis_fast simulates today; no secondary tiers):
+Random small runs of the chain's CPU tier, then with 1-2 secondary tiers:
 workloads with shared prefix groups and accumulating multi-turn sessions, a GPU cache small
 enough to evict, a CPU budget in bytes (whole blocks or not, down to one block), prompt-only
 offload on or off, 1-3 instances, chunked prefill, sometimes a horizon that stops the run
@@ -30,7 +30,11 @@ Properties:
     option, byte for byte (stdout, metrics file, Parquet); a chain whose CPU tier never served a
     block leaves every request's result as the GPU-only run has it;
 (e) determinism: the same chain run twice gives byte-identical stdout and metrics file and
-    equal Parquet tables.
+    equal Parquet tables;
+(f) with secondary tiers (``SimulationResult.kv_offload``): CPU slots in use = ready + pinned
+    + promoting, every tier write follows a new CPU store, bytes add up to whole blocks per
+    transfer, reads never exceed the promotions fired, and the KV Thrashing Rate is refused /
+    attempted promotions.
 """
 
 from __future__ import annotations
@@ -375,3 +379,87 @@ def test_chain_runs_are_deterministic(run) -> None:
     assert json.loads(outs[0][1])  # a metrics file was written
     assert outs[0][2].keys() == outs[1][2].keys() and outs[0][2]
     assert all(outs[0][2][k].equals(outs[1][2][k]) for k in outs[0][2])
+
+
+# ------------------------------------------------------------------ with secondary tiers
+
+TIER_DEVICES = ({"device_class": "nvme_gen4"}, {"device_class": "sata_ssd"},
+                {"device_class": "s3"},
+                {"read_bandwidth": 300.0, "write_bandwidth": 200.0, "base_latency": 40.0})
+
+
+@settings(max_examples=12, **SETTINGS)
+@given(run=chain_runs(), tiers=st.lists(st.tuples(st.sampled_from(TIER_DEVICES), st.booleans(),
+                                                  st.integers(1, 4)), min_size=1, max_size=2))
+def test_tiered_chain_runs_account_for_every_transfer(run, tiers) -> None:
+    """With 1-2 secondary tiers (KVO-4..7): every request is accounted for and GPU blocks are
+    conserved as above; CPU slots in use = ready (on the LRU list) + pinned by writes +
+    awaiting a promotion; every tier write follows a new CPU store (a tier never starts more
+    writes than the CPU tier stored blocks, KVO-4.4); a write is one block and a read whole
+    blocks (bytes add up to the per-tier counts); reads started never exceed the promotions
+    fired; the printed KV Thrashing Rate is refused / attempted promotions (KVO-10.2)."""
+    run = _with_tiers(run, tiers)
+    with tempfile.TemporaryDirectory() as tmp:
+        res, kv = _run(run, Path(tmp))
+    _check_tiered(run, res, kv)
+
+
+def _with_tiers(run: dict, tiers: list[tuple[dict, bool, int]]) -> dict:
+    """``run`` with secondary tiers (device figures, O_DIRECT, servers per direction)."""
+    return {**run, "offload": {**run["offload"], "secondary_tiers": [
+        {"type": "fs", "root_dir": f"/mnt/t{n}", "direct_io": direct, "n_read_threads": servers,
+         "n_write_threads": servers, **device}
+        for n, (device, direct, servers) in enumerate(tiers)]}}
+
+
+def test_a_tier_serves_back_what_a_small_cpu_tier_evicted() -> None:
+    """A fixed run whose 8-block CPU tier cannot keep the prefixes the GPU evicts: NVMe gives
+    them back by promotions (KVO-5.4), deferred admissions wait for them (KVO-7), and the
+    transfer accounting holds."""
+    run = _with_tiers(_fixed(gpu=60, cpu=8), [({"device_class": "nvme_gen4"}, True, 2)])
+    with tempfile.TemporaryDirectory() as tmp:
+        res, kv = _run(run, Path(tmp))
+    f = res.simulation.kv_offload
+    assert int(f.promotions_fired.min()) > 0 and int(f.tier_reads.min()) > 0
+    assert int(f.deferrals_started.sum()) > 0
+    _check_tiered(run, res, kv)
+
+
+def _check_tiered(run: dict, res, kv) -> None:
+    """The accounting of a finished run with secondary tiers (see the test above)."""
+    tiers = run["offload"]["secondary_tiers"]
+    s = res.summary
+    assert s["still_queued"] + s["still_running"] == 0
+    assert (s["completed_requests"] + s["dropped_unservable"] + s["timed_out_requests"]
+            == s["injected_requests"])
+    f = res.simulation.kv_offload
+    cap = int(kv.cfg[KVConfig.CPU_CAPACITY])
+    for i in range(run["opts"]["num_instances"]):
+        total = int(kv.meta[i, KVMeta.TOTAL])
+        free = int(kv.meta[i, KVMeta.FREE])
+        assert free == _live_free(kv, i) == total  # every request ended: nothing held
+        cm = kv.cpu_meta[i]
+        used = int(cm[CpuMeta.USED])
+        assert used + int(cm[CpuMeta.FREE_TOP]) == cap
+        lru = _cpu_lru(kv, i)
+        assert len(lru) == len(set(lru)) == int(cm[CpuMeta.EVICTABLE])
+        assert (kv.cpu_ref[i, lru] == 0).all()
+        slots = np.flatnonzero(np.isin(np.arange(cap), kv.cpu_free[i, :int(cm[CpuMeta.FREE_TOP])],
+                                       invert=True))
+        assert len(slots) == used
+        off_list = np.setdiff1d(slots, lru)
+        assert (kv.cpu_ref[i, off_list] != 0).all()  # pinned (> 0) or promoting (-1)
+        assert (kv.cpu_ref[i, slots] >= -1).all()
+        _check_table(kv.cpu_ht[i], kv.cpu_hash[i], resident=slots.tolist())
+        per_block = BLOCK_BYTES
+        for t in range(len(tiers)):
+            assert int(f.tier_writes[i, t]) <= int(f.cpu_mirrors[i])
+            assert int(f.tier_bytes_written[i, t]) == int(f.tier_writes[i, t]) * per_block
+            assert int(f.tier_bytes_read[i, t]) % per_block == 0
+            assert int(f.tier_bytes_read[i, t]) >= int(f.tier_reads[i, t]) * per_block
+        assert int(f.tier_reads[i].sum()) <= int(f.promotions_fired[i])
+    fired, failed = int(f.promotions_fired.sum()), int(f.promotions_failed.sum())
+    if "KV Thrashing Rate" in res.stdout and run["opts"]["num_instances"] == 1:
+        rate = failed / (fired + failed) if fired + failed else 0.0
+        assert f"KV Thrashing Rate: {rate:.4f}" in res.stdout
+
