@@ -153,3 +153,23 @@ def test_blis_fast_only_flags_never_reach_the_reference(monkeypatch, tmp_path) -
     report = tmp_path / "r.jsonl"
     report.write_text(json.dumps(record) + "\n")
     assert rd.load_configs(report)[0]["blis_fast_args"] == ["--kv-cpu-reload", "always"]
+
+
+def test_shrink_keeps_the_flags_whose_august_defaults_differ(monkeypatch) -> None:
+    """Against the August reference ``--shrink`` never drops ``--latency-model`` or
+    ``--snapshot-refresh-interval`` (their defaults changed after April, so a configuration
+    without them differs for that reason alone); other flags go when the difference stays."""
+    def always_differs(config, *_args, **_kw):
+        return {"status": "differ", "fields": ["e2e_mean_ms"]}
+
+    monkeypatch.setattr(rd, "check_config", always_differs)
+    monkeypatch.setitem(rd.HEAD_EXTRAS, "on", True)
+    cfg = {"id": "x", "files": {}, "family": "offload",
+           "args": ["--model", "m", "--latency-model", "roofline", "--seed", "3",
+                    "--snapshot-refresh-interval", "0", "--num-instances", "2"]}
+    small = rd.shrink(cfg, {"status": "differ", "fields": ["e2e_mean_ms"]}, "ref", 5.0)
+    assert small["args"] == ["--model", "m", "--latency-model", "roofline",
+                             "--snapshot-refresh-interval", "0"]
+    monkeypatch.setitem(rd.HEAD_EXTRAS, "on", False)
+    assert rd.shrink(cfg, {"status": "differ", "fields": ["e2e_mean_ms"]}, "ref",
+                     5.0)["args"] == ["--model", "m"]
