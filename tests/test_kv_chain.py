@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from blis_fast.kernels.engine.state import new_request_arrays
 from blis_fast.kernels.enums import RequestState
+from blis_fast.kernels.hashing import chain_hash
 from blis_fast.kernels.kv import kv_chain, kv_cpu
 from blis_fast.kernels.kv import kvcache as kvc
 from blis_fast.kernels.kv.hashtable import table_get
@@ -235,23 +236,34 @@ def _in_flight(chain) -> list[int]:
     return [j for j in range(st.jobs.shape[1]) if j not in free]
 
 
+def _read_keys(kv, chain, j: int) -> set[int]:
+    """The keys of the run promotion read ``j`` brings back."""
+    r, first, n, key = (int(x) for x in chain.reads[0, j])
+    keys, h = set(), np.uint64(key % 2**64)
+    for q in range(n):
+        if q:
+            h = np.uint64(chain_hash(h, kv.chunk_dig[int(kv.chunk_off[r]) + first + q]))
+        keys.add(int(h))
+    return keys
+
+
 def _check(kv, chain, seen_on_cpu: set[int], n_tiers: int) -> None:
     st = chain.station
     rows = _in_flight(chain)
     writes = [int(st.jobs[0, j, JobField.TAG]) for j in rows
               if st.jobs[0, j, JobField.DIR] == WRITE]
-    promoting = set()
+    promoting: set[int] = set()  # the keys unfinished reads bring back
     for j in rows:
         if st.jobs[0, j, JobField.DIR] != WRITE:
-            s = int(st.jobs[0, j, JobField.TAG])
-            while s >= 0:
-                promoting.add(s)
-                s = int(kv.cpu_nxt[0, s])
+            promoting |= _read_keys(kv, chain, j)
     resident = set(_resident(kv))
     # a pinned block has one unfinished write per pin; a promoting one an unfinished read
     for s in resident:
         ref = int(kv.cpu_ref[0, s])
-        assert ref == (-1 if s in promoting else writes.count(s)), (s, ref)
+        if ref == -1:
+            assert int(kv.cpu_hash[0, s]) in promoting, s
+        else:
+            assert ref == writes.count(s), (s, ref)
     assert int(kv.cpu_meta[0, CpuMeta.USED]) == len(resident) <= kv.cpu_hash.shape[1]
     assert int(kv.cpu_meta[0, CpuMeta.EVICTABLE]) == sum(
         1 for s in resident if kv.cpu_ref[0, s] == 0)

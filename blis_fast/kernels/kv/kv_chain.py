@@ -13,8 +13,8 @@ as before the chain existed, and pays nothing for it.
 A secondary tier is a set of keys with no capacity and no eviction (KVO-4.5, the reference's
 defect KVO-D2): all instances' sets share one table of keys (``ChainState.sec_ht``) with a bit
 per instance and tier (``ChainState.sec_bits``). A write job's tag is the CPU slot it pins; a
-read job's tag is the first slot of its run, the run's promoting slots chained through
-``KVState.cpu_nxt`` (unused while a slot is off the LRU list).
+read job's run is described in ``ChainState.reads`` (the request's blocks it covers), whose
+keys its completion makes readable.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from blis_fast.kernels.kv.kv_station import (
 )
 
 __all__ = ["ChainCfg", "ChainMeta", "ChainState", "Defer", "chain_forget", "chain_gate",
-           "chain_poll", "chain_quiet", "is_deferred", "mirror_to_cpu", "new_chain_state",
+           "chain_poll", "chain_quiet", "Read", "is_deferred", "mirror_to_cpu", "new_chain_state",
            "new_station", "poll_deferred", "queue_at", "reload_prefix", "sec_holder",
            "station_rows"]
 
@@ -114,6 +114,21 @@ class DeferT(NamedTuple):
 
 Defer = DeferT()
 
+
+class ReadT(NamedTuple):
+    """Columns of ``ChainState.reads[i, j]``: the run promotion read ``j`` (a job row of the
+    instance's station) brings back: request ``REQUEST``'s input blocks ``FIRST ..
+    FIRST + LEN - 1``, the first block's key ``KEY`` (a uint64's bits)."""
+
+    REQUEST: int = 0
+    FIRST: int = 1
+    LEN: int = 2
+    KEY: int = 3
+    SIZE: int = 4
+
+
+Read = ReadT()
+
 DEFER_NONE, DEFER_RETRY, DEFER_PROMOTING, DEFER_RESOLVED, DEFER_RECOMPUTE = 0, 1, 2, 3, 4
 """A request's deferral phase: untracked; its run's existence probe outstanding (a run this
 instance never probed); awaiting a promotion; to admit (its blocks landed); to admit as a
@@ -145,6 +160,7 @@ class ChainState(NamedTuple):
     defer: np.ndarray
     known: np.ndarray
     id_rank: np.ndarray
+    reads: np.ndarray  # int64 [n_instances, job rows, Read.SIZE]: each promotion read's run
 
 
 def new_chain_state(n_instances: int, n_keys: int, max_run: int, block_bytes: int,
@@ -167,7 +183,8 @@ def new_chain_state(n_instances: int, n_keys: int, max_run: int, block_bytes: in
         sec_ht=np.zeros((1, size, 2), np.uint64),
         sec_bits=np.zeros((size, words), np.uint64),
         keys=np.zeros((2, max_run + 1), np.uint64), station=station, defer=defer,
-        known=np.zeros((size, (n_instances + 63) // 64), np.uint64), id_rank=id_rank)
+        known=np.zeros((size, (n_instances + 63) // 64), np.uint64), id_rank=id_rank,
+        reads=np.zeros((n_instances, station.jobs.shape[1], Read.SIZE), np.int64))
 
 
 def station_rows(cpu_blocks: int, n_tiers: int) -> int:
@@ -257,27 +274,26 @@ def gather_run(chain, kv, i, r, input_len, first, h, out):
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
-def fire_run(chain, kv, i, run, n, t):
+def fire_run(chain, kv, i, run, n, t, r, first):
     """firePromotionRun (KVO-5.4, KVO-4.6): reserve CPU slots for the absent keys of
-    ``run[:n]`` under the evictable gate (a refusal is counted, nothing moves) and submit one
-    read of their bytes on tier ``t``. True when granted; the blocks become readable when the
-    read completes (:func:`chain_poll`)."""
-    fresh = chain.keys[1]
-    g = cpu_prepare_store(kv, i, run, n, fresh)
+    ``run[:n]`` (request ``r``'s input blocks from ``first``) under the evictable gate (a
+    refusal is counted, nothing moves) and submit one read of their bytes on tier ``t``. The
+    read remembers the whole run, as the reference's does: its completion makes every key of
+    the run still awaiting a promotion readable (:func:`chain_poll`). True when granted."""
+    g = cpu_prepare_store(kv, i, run, n, chain.keys[1])
     if g == 0:
         return False
-    head = table_get(kv.cpu_ht, i, fresh[0])
-    prev_slot = head
-    for q in range(1, g):
-        s = table_get(kv.cpu_ht, i, fresh[q])
-        kv.cpu_nxt[i, prev_slot] = s
-        prev_slot = s
-    kv.cpu_nxt[i, prev_slot] = -1
     st = chain.station
     jitter = draw_jitter(st, i, t)
-    if submit(st, i, t, READ, g * chain.cfg[ChainCfg.BLOCK_BYTES],
-              chain.meta[i, ChainMeta.CLOCK], jitter, head) < 0:
+    j = submit(st, i, t, READ, g * chain.cfg[ChainCfg.BLOCK_BYTES],
+               chain.meta[i, ChainMeta.CLOCK], jitter, np.int64(-1))
+    if j < 0:
         chain.meta[i, ChainMeta.OVERFLOW] = 1
+        return True
+    chain.reads[i, j, Read.REQUEST] = r
+    chain.reads[i, j, Read.FIRST] = first
+    chain.reads[i, j, Read.LEN] = n
+    chain.reads[i, j, Read.KEY] = np.int64(run[0])
     return True
 
 
@@ -289,7 +305,26 @@ def maybe_promote(chain, kv, i, r, input_len, first, h):
     run = chain.keys[0]
     n, t = gather_run(chain, kv, i, r, input_len, first, h, run)
     if t >= 0:
-        fire_run(chain, kv, i, run, n, t)
+        fire_run(chain, kv, i, run, n, t, r, first)
+
+
+@njit(cache=True, _nrt=False, error_model="numpy")
+def _read_landed(chain, kv, i, j):
+    """Promotion read ``j`` completed: every key of its run still awaiting a promotion (its own
+    blocks, and any another read promotes) becomes ready at the CPU tier's LRU tail, in run
+    order (completeStore, KVO-4.6)."""
+    rd = chain.reads
+    r = rd[i, j, Read.REQUEST]
+    base = kv.chunk_off[r] + rd[i, j, Read.FIRST]
+    key = np.uint64(rd[i, j, Read.KEY])
+    for q in range(rd[i, j, Read.LEN]):
+        if q > 0:
+            key = chain_hash(key, kv.chunk_dig[base + q])
+        s = table_get(kv.cpu_ht, i, key)
+        if s >= 0 and kv.cpu_ref[i, s] == -1:
+            kv.cpu_ref[i, s] = 0
+            _cpu_append(kv, i, s)
+            kv.cpu_meta[i, CpuMeta.EVICTABLE] += 1
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -311,12 +346,7 @@ def chain_poll(chain, kv, i, now):
             sec_add(chain, i, st.jobs[i, j, JobField.TIER], h)
             cpu_unpin(kv, i, h)
         else:
-            while s >= 0:
-                nxt = kv.cpu_nxt[i, s]
-                kv.cpu_ref[i, s] = 0
-                _cpu_append(kv, i, s)
-                kv.cpu_meta[i, CpuMeta.EVICTABLE] += 1
-                s = nxt
+            _read_landed(chain, kv, i, j)
         free_job(st, i, j)
     clear_done(st, i)
 
@@ -506,7 +536,7 @@ def _register(chain, kv, i, r, kind, first, n, t, prev):
     if kind == FETCH_PENDING:
         d[r, Defer.PHASE] = DEFER_PROMOTING
     elif _known(chain, i, chain.keys[0], n, False):
-        fired = fire_run(chain, kv, i, chain.keys[0], n, t)
+        fired = fire_run(chain, kv, i, chain.keys[0], n, t, r, first)
         d[r, Defer.PHASE] = DEFER_PROMOTING if fired else DEFER_RECOMPUTE
     else:
         d[r, Defer.PHASE] = DEFER_RETRY
@@ -530,7 +560,7 @@ def _advance(chain, kv, i, r, now):
             d[r, Defer.PHASE] = DEFER_RESOLVED
         elif a == CPU_HIT_PENDING:
             d[r, Defer.PHASE] = DEFER_PROMOTING
-        elif fire_run(chain, kv, i, run, n, d[r, Defer.TIER]):
+        elif fire_run(chain, kv, i, run, n, d[r, Defer.TIER], r, d[r, Defer.FIRST]):
             d[r, Defer.PHASE] = DEFER_PROMOTING
         else:
             d[r, Defer.PHASE] = DEFER_RECOMPUTE
