@@ -576,9 +576,13 @@ def _advance(chain, kv, i, r, now):
 @njit(cache=True, _nrt=False, error_model="numpy")
 def poll_deferred(chain, kv, rs, i):
     """PollDeferred at the top of batch formation's second phase (KVO-7.3): every tracked
-    request of instance ``i`` still pending advances one round, in id string order; one no
-    longer waiting there (it timed out) is forgotten first, as ClearDeferredKV forgets it
-    when it leaves (KVO-7.6). Nothing without secondary tiers (``chain`` None)."""
+    request of instance ``i`` still pending advances one round, in id string order; one that
+    left the instance (timed out, finished, dropped) is forgotten first, as ClearDeferredKV
+    forgets it when it leaves (KVO-7.6). A running request keeps its episode: the reference
+    forgets one only when its tracked allocation succeeds, and a request that became running
+    otherwise (a failed allocation left GPU blocks committed to it, so the gate saw it as
+    running) carries its ended episode into its next preemption, where it is admitted without
+    a new classification. Nothing without secondary tiers (``chain`` None)."""
     if chain is None:
         return
     now = chain.meta[i, ChainMeta.CLOCK]
@@ -586,7 +590,8 @@ def poll_deferred(chain, kv, rs, i):
     r = chain.meta[i, ChainMeta.DEFER_HEAD]
     while r >= 0:
         nxt = chain.defer[r, Defer.NEXT]
-        if rs.state[r] != RequestState.QUEUED or rs.inst[r] != i:
+        st = rs.state[r]
+        if (st != RequestState.QUEUED and st != RequestState.RUNNING) or rs.inst[r] != i:
             _untrack(chain, i, r, prev)
             r = nxt
             continue
