@@ -28,26 +28,13 @@ REL_TOL = 1e-9
 
 # Cases that wait for a later issue. The parity test marks them as strict expected failures,
 # so a family whose cases start passing must leave this table.
-PENDING_FAMILIES: dict[str, str] = {
-    "kvo-": "the August KV offload tier chain is not built yet (issue 32)",
-}
+PENDING_FAMILIES: dict[str, str] = {}
 """Case-id prefixes of families waiting for a feature (every case of the family except those
 of ``ADOPTED_EARLY`` and ``PASSING_IN_PENDING``)."""
 ADOPTED_EARLY: dict[str, tuple[str, ...]] = {}
 """Case-id prefixes, per pending family, of the cases that must already pass while the rest
 of the family waits (a feature built in steps)."""
-PASSING_IN_PENDING: frozenset[str] = frozenset({
-    "kvo-invalid-blocks-per-chunk-2-panics", "kvo-invalid-both-offload-models",
-    "kvo-invalid-direct-io-missing", "kvo-invalid-obj-tier-type",
-    "kvo-invalid-store-threshold-2",
-    # the chain's CPU tier (KVO-3..5, KVO-8)
-    "kvo-cpu-only-prompt-only-default", "kvo-cpu-bytes-not-block-multiple",
-    "kvo-cpu-only-decode-blocks-offloaded", "kvo-cpu-only-tiny-budget",
-    # its secondary tiers and deferral (KVO-4.4..4.6, KVO-5.4, KVO-6, KVO-7)
-    "kvo-class-with-latency-override", "kvo-cluster-4inst-prefix-affinity",
-    "kvo-explicit-triple-single-server", "kvo-jitter-seeded", "kvo-nvme-gen4-direct-deferral",
-    "kvo-ramp-custom-device", "kvo-s3-class-slow-tier", "kvo-sata-buffered-regime",
-    "kvo-tokens-per-hash-inert", "kvo-two-tier-write-through-chain"})
+PASSING_IN_PENDING: frozenset[str] = frozenset()
 """Cases of a pending family that already pass: the parity test checks them like any other
 case (the family's other tests, which rebuild inputs from whole families, still skip it)."""
 

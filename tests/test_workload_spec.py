@@ -82,7 +82,8 @@ def test_every_parity_spec_file_loads():
     n = 0
     for case in (CASES / name for name in adopted_case_ids()):
         args = json.loads((case / "case.json").read_text())["args"]
-        not_specs = ("--policy-config", "--lora-config", "--trace-header")  # other YAML inputs
+        not_specs = ("--policy-config", "--lora-config", "--trace-header",
+                 "--kv-offload-config", "--defaults-filepath")  # other YAML inputs
         bundles = {args[k + 1] for k, a in enumerate(args[:-1]) if a in not_specs}
         for f in case.glob("*.yaml"):
             if f.name == "trace.yaml" or "routing" in f.name or "policy" in f.name:
