@@ -185,15 +185,17 @@ def _gone(pid: int) -> bool:
 
 def test_no_process_survives_the_timeout(containment):
     """The escaped code forks, the child starts its own session and sleeps; the evaluation
-    loops past the timeout. Afterwards neither is alive."""
+    loops past the timeout. Afterwards neither is alive. Each line is one write(2): print()
+    may write its pieces apart, and the two processes' lines once interleaved on the pipe
+    ("parentchild 18188" then " 18186")."""
     code = ("import os, time\n"
             "pid = os.fork()\n"
             "if pid == 0:\n"
             "    os.setsid()\n"
-            "    print('child', os.readlink('/proc/self'), flush=True)\n"
+            "    os.write(1, ('child %s\\n' % os.readlink('/proc/self')).encode())\n"
             "    time.sleep(120)\n"
             "    os._exit(0)\n"
-            "print('parent', os.readlink('/proc/self'), flush=True)\n"
+            "os.write(1, ('parent %s\\n' % os.readlink('/proc/self')).encode())\n"
             "time.sleep(120)\n")
     started = time.monotonic()
     # 5 s: both interpreters must start and print before the deadline on a loaded machine

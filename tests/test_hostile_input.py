@@ -231,11 +231,11 @@ import json, sys
 from blis_fast import api
 from blis_fast.sweep import saturate as S
 template = api.run(model="meta-llama/llama-3.1-8b-instruct", log="error", num_requests=3,
-                   alpha_coeffs=[100, 1, 100], beta_coeffs=[1000, 10, 5]).summary
+                   alpha_coeffs=[100, 1, 100], beta_coeffs=[1000, 10, 5]).summary_row
 
 class Fake:
     def __init__(self, rate):
-        self.summary = {**template, "ttft_p99_ms": rate}  # the metric grows with the rate
+        self.summary_row = {**template, "ttft_p99_ms": rate}  # the metric grows with the rate
 
 api.run = lambda **kw: Fake(kw["rate"])
 task = S.SaturationTask("c", {}, (S.parse_slo("ttft_p99_ms<=3.3"),), 1.0, 100.0, 1e-300)

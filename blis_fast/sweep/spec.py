@@ -184,7 +184,7 @@ class SweepPlan:
         content); nothing without ``kv_offload.*`` keys."""
         if not self.offload_columns:
             return
-        from blis_fast.files import write_output_file
+        from blis_fast.files import write_output_file  # lazy: only sweeps varying kv_offload
 
         Path(directory).mkdir(parents=True, exist_ok=True)
         for config in self.configs if configs is None else configs:
