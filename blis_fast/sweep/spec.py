@@ -124,6 +124,9 @@ class SweepPlan:
     """1-based spec line of each key, for error messages."""
     offload_columns: tuple[str, ...] = ()
     """``kv_offload.*`` keys of the configurations (after the option columns)."""
+    _offload_bases: dict[str, dict[str, Any]] = field(default_factory=dict, init=False,
+                                                      repr=False, compare=False)
+    """The base files' blocks by path, each read once (every configuration starts from one)."""
 
     def run_kwargs(self, config: SweepConfig, overrides: dict[str, Any] | None = None,
                    offload_dir: str | Path | None = None) -> dict[str, Any]:
@@ -154,8 +157,10 @@ class SweepPlan:
         base = config.values.get("kv_offload_config", "")
         if base and not Path(base).is_absolute():
             base = str(Path(self.path).resolve().parent / base)
-        block = {k: v for k, v in (load_kv_offload_file(base) or {}).items()
-                 if v is not None} if base else {}
+        if base and base not in self._offload_bases:
+            self._offload_bases[base] = {k: v for k, v in (load_kv_offload_file(base) or {}).items()
+                                         if v is not None}
+        block = dict(self._offload_bases[base]) if base else {}
         tiers = [dict(t) for t in block.get(OFFLOAD_TIERS, ())]
         keys = sorted(self.offload_columns, key=lambda k: k.count("."))  # whole list first
         for key in keys:
@@ -184,13 +189,19 @@ class SweepPlan:
         content); nothing without ``kv_offload.*`` keys."""
         if not self.offload_columns:
             return
-        from blis_fast.files import write_output_file  # lazy: only sweeps varying kv_offload
-
         Path(directory).mkdir(parents=True, exist_ok=True)
         for config in self.configs if configs is None else configs:
-            text = yaml.safe_dump({"kv_offload": self.offload_block(config)}, sort_keys=True)
-            write_output_file(Path(directory) / f"{config.config_id}.yaml",
-                              "sweep kv_offload file", text.encode())
+            self._write_offload_file(directory, config, self.offload_block(config))
+
+    @staticmethod
+    def _write_offload_file(directory: str | Path, config: SweepConfig,
+                            block: dict[str, Any]) -> None:
+        """``<directory>/<config_id>.yaml`` holding ``block`` as its ``kv_offload:`` block."""
+        from blis_fast.files import write_output_file  # lazy: only sweeps varying kv_offload
+
+        text = yaml.safe_dump({"kv_offload": block}, sort_keys=True)
+        write_output_file(Path(directory) / f"{config.config_id}.yaml", "sweep kv_offload file",
+                          text.encode())
 
     def describe(self, config: SweepConfig) -> str:
         """The varied values of a configuration, ``rate=10.0, seed=3``."""
@@ -449,8 +460,9 @@ def validate_plan(plan: SweepPlan, overrides: dict[str, Any] | None = None) -> N
         for config in plan.configs:
             try:
                 if plan.offload_columns:  # the file's text, not its path, makes it distinct
-                    block = json.dumps(plan.offload_block(config), sort_keys=True)
-                    plan.write_offload_files(offload_dir, [config])
+                    offload = plan.offload_block(config)
+                    plan._write_offload_file(offload_dir, config, offload)
+                    block = json.dumps(offload, sort_keys=True)
                 else:
                     block = ""
                 kwargs = plan.run_kwargs(config, overrides, offload_dir)
