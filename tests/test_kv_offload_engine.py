@@ -202,6 +202,17 @@ def test_while_the_gpu_never_evicts_the_chain_changes_nothing(tmp_path, seed, gr
     assert _run(spec, 100_000, offload).stdout == _run(spec, 100_000, None).stdout
 
 
+def _run_accounted(spec: str, gpu: int, offload: str):
+    """One chain run, checked: it repeats exactly and every one of its 40 requests ends."""
+    a = _run(spec, gpu, offload)
+    assert _run(spec, gpu, offload).stdout == a.stdout
+    s = a.summary
+    assert s["still_queued"] == 0 and s["still_running"] == 0
+    assert (s["completed_requests"] + s["dropped_unservable"] + s["timed_out_requests"]
+            == s["injected_requests"] == 40)
+    return a
+
+
 @settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(gpu=st.integers(60, 160), prompt_only=st.booleans(), **DRAWS)
@@ -211,12 +222,7 @@ def test_cpu_only_chain_runs_account_for_every_request(tmp_path, seed, groups, p
     exactly, and KV Thrashing Rate is 0 (no promotions without a secondary tier, KVO-10.2)."""
     spec = _spec(tmp_path / "wl.yaml", groups, prefix, rate, seed)
     offload = _offload(tmp_path / "off.yaml", cpu, prompt_only)
-    a = _run(spec, gpu, offload)
-    assert _run(spec, gpu, offload).stdout == a.stdout
-    s = a.summary
-    assert s["still_queued"] == 0 and s["still_running"] == 0
-    assert (s["completed_requests"] + s["dropped_unservable"] + s["timed_out_requests"]
-            == s["injected_requests"] == 40)
+    a = _run_accounted(spec, gpu, offload)
     assert "KV Thrashing Rate: 0.0000" in a.stdout or "KV Thrashing Rate" not in a.stdout
 
 
@@ -242,12 +248,7 @@ def test_secondary_tier_transfers_add_up(tmp_path, seed, groups, prefix, cpu, ra
     of whole blocks; the thrashing rate is refused over attempted promotions (KVO-10.2)."""
     spec = _spec(tmp_path / "wl.yaml", groups, prefix, rate, seed)
     offload = _tiered(tmp_path / "off.yaml", cpu, n_tiers)
-    a = _run(spec, gpu, offload)
-    assert _run(spec, gpu, offload).stdout == a.stdout
-    s = a.summary
-    assert s["still_queued"] == 0 and s["still_running"] == 0
-    assert (s["completed_requests"] + s["dropped_unservable"] + s["timed_out_requests"]
-            == s["injected_requests"] == 40)
+    a = _run_accounted(spec, gpu, offload)
     f = a.simulation.kv_offload
     assert f.tier_writes.shape == (1, n_tiers)
     assert (f.tier_bytes_written == f.tier_writes * BLOCK_BYTES).all()
