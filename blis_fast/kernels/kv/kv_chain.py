@@ -193,7 +193,7 @@ def station_rows(cpu_blocks: int, n_tiers: int) -> int:
     return cpu_blocks * (n_tiers + 1)
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def sec_holder(chain, i, h):
     """The first secondary tier (lowest index) of instance ``i`` holding key ``h``, or -1
     (KVO-4.5)."""

@@ -105,7 +105,7 @@ def _cpu_store(kv, i, h):
     return _cpu_take_slot(kv, i, h, 0)
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def cpu_offer(kv, i, h):
     """Mirror one GPU block of key ``h`` (KVO-4.3): a resident key is touched (0); a new one is
     stored (1, counted in ``MIRRORS``; the chain then cascades it, KVO-4.4) unless the tier is
@@ -121,7 +121,7 @@ def cpu_offer(kv, i, h):
     return -1
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def cpu_lookup(kv, i, h):
     """The CPU tier's answer for key ``h`` (KVO-4.2): CPU_MISS, CPU_HIT (ready or pinned) or
     CPU_HIT_PENDING (its promotion still in flight)."""
@@ -133,7 +133,7 @@ def cpu_lookup(kv, i, h):
     return CPU_HIT
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def cpu_pin(kv, i, h):
     """One more in-flight write reads the block of key ``h`` (the write-through cascade,
     KVO-4.4): it leaves the LRU list on its first pin, so it cannot be evicted. A missing or
@@ -147,7 +147,7 @@ def cpu_pin(kv, i, h):
     kv.cpu_ref[i, s] += 1
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def cpu_unpin(kv, i, h):
     """A write of key ``h``'s block finished: on the last one the block returns to the LRU
     tail, evictable again. A missing or unpinned key is left alone."""
