@@ -34,7 +34,11 @@ Properties:
 (f) with secondary tiers (``SimulationResult.kv_offload``): CPU slots in use = ready + pinned
     + promoting, every tier write follows a new CPU store, bytes add up to whole blocks per
     transfer, reads never exceed the promotions fired, and the KV Thrashing Rate is refused /
-    attempted promotions.
+    attempted promotions;
+(g) the per-request records (requests.parquet's kv_* columns) add up to the instances' counts:
+    CPU-tier reloads per request sum to each instance's reloads, deferral episodes to its
+    deferrals, and the blocks promotions landed for requests plus those still being read to
+    the blocks its promotions reserved; a request never deferred waited no time.
 """
 
 from __future__ import annotations
@@ -230,6 +234,26 @@ def _check_run(run: dict, res, kv, finite: bool) -> None:
         # the CPU table each resident key to its slot
         _check_table(kv.ht[i], _gpu_hashes(kv, i, total))
         _check_table(kv.cpu_ht[i], kv.cpu_hash[i], resident=lru)
+    _check_request_records(res, kv, run["opts"]["num_instances"])
+
+
+def _check_request_records(res, kv, n_inst: int) -> None:
+    """(g) on one run's end state."""
+    sim = res.simulation
+    routed = sim.instance >= 0
+
+    def per_instance(values: np.ndarray) -> np.ndarray:
+        assert (values >= 0).all() and values[~routed].sum() == 0
+        return np.bincount(sim.instance[routed], weights=values[routed],
+                           minlength=n_inst).astype(np.int64)
+
+    assert (per_instance(sim.kv_cpu_reloads) == kv.cpu_meta[:n_inst, CpuMeta.HITS]).all()
+    chain, f = sim.kv_chain_requests, sim.kv_offload
+    assert (per_instance(chain.deferrals) == f.deferrals_started).all()
+    assert (chain.fetch_wait_us >= 0).all() and (chain.fetch_wait_us[chain.deferrals == 0] == 0).all()
+    promoting = (kv.cpu_ref[:n_inst] == -1).sum(axis=1)
+    assert (per_instance(chain.promoted_blocks) + promoting
+            == kv.cpu_meta[:n_inst, CpuMeta.PROMO_BLOCKS]).all()
 
 
 @settings(max_examples=30, **SETTINGS)
@@ -422,6 +446,8 @@ def test_a_tier_serves_back_what_a_small_cpu_tier_evicted() -> None:
     f = res.simulation.kv_offload
     assert int(f.promotions_fired.min()) > 0 and int(f.tier_reads.min()) > 0
     assert int(f.deferrals_started.sum()) > 0
+    chain = res.simulation.kv_chain_requests
+    assert chain.promoted_blocks.sum() > 0 and chain.fetch_wait_us.max() > 0
     _check_tiered(run, res, kv)
 
 
@@ -458,6 +484,7 @@ def _check_tiered(run: dict, res, kv) -> None:
             assert int(f.tier_bytes_read[i, t]) % per_block == 0
             assert int(f.tier_bytes_read[i, t]) >= int(f.tier_reads[i, t]) * per_block
         assert int(f.tier_reads[i].sum()) <= int(f.promotions_fired[i])
+    _check_request_records(res, kv, run["opts"]["num_instances"])
     fired, failed = int(f.promotions_fired.sum()), int(f.promotions_failed.sum())
     if "KV Thrashing Rate" in res.stdout and run["opts"]["num_instances"] == 1:
         rate = failed / (fired + failed) if fired + failed else 0.0

@@ -67,3 +67,41 @@ def test_without_the_chain_its_columns_are_null(tmp_path):
     _result, row = _run("kvo-cpu-only-tiny-budget", 220, tmp_path, offload=False)
     assert all(row[c] is None for c in OFFLOAD_COLUMNS)
     assert row["cache_hit_rate"] is not None and row["kv_thrashing_rate"] == 0.0
+
+
+REQUEST_CHAIN_COLUMNS = ("kv_promoted_blocks", "kv_deferrals", "kv_fetch_wait_ms")
+
+
+def test_requests_carry_their_share_of_the_chain(tmp_path):
+    """requests.parquet's kv_* columns (issue 32) add up to summary.parquet's counts, and the
+    requests whose admission was deferred are the ones that waited."""
+    _result, row = _run("kvo-class-with-latency-override", 260, tmp_path)
+    req = pl.read_parquet(tmp_path / "requests.parquet")
+    assert req["kv_cpu_reloaded_blocks"].sum() == row["kv_cpu_reloaded_blocks"]
+    assert req["kv_deferrals"].sum() == row["kv_deferrals"] > 0
+    waited = req.filter(pl.col("kv_fetch_wait_ms") > 0)
+    assert waited.height > 0 and (waited["kv_deferrals"] > 0).all()
+    assert req.filter(pl.col("kv_deferrals") == 0)["kv_fetch_wait_ms"].max() == 0.0
+    # promotions landed blocks for the requests that fired them (the exact accounting is
+    # property (g) of tests/test_kv_offload_invariants.py)
+    assert req["kv_promoted_blocks"].sum() > 0
+
+
+def test_request_kv_columns_are_null_without_the_tiers_they_describe(tmp_path):
+    """No CPU tier: every kv_* request column is null; a chain with a CPU tier alone: reloads
+    counted, the chain's records 0; --kv-cpu-blocks (April's tier): reloads only."""
+    _run("kvo-cpu-only-tiny-budget", 220, tmp_path / "none", offload=False)
+    req = pl.read_parquet(tmp_path / "none" / "requests.parquet")
+    for c in ("kv_cpu_reloaded_blocks", *REQUEST_CHAIN_COLUMNS):
+        assert req[c].null_count() == req.height > 0
+    _result, row = _run("kvo-cpu-only-tiny-budget", 220, tmp_path / "cpu")
+    req = pl.read_parquet(tmp_path / "cpu" / "requests.parquet")
+    assert req["kv_cpu_reloaded_blocks"].sum() == row["kv_cpu_reloaded_blocks"] > 0
+    assert all(req[c].null_count() == 0 and req[c].sum() == 0 for c in REQUEST_CHAIN_COLUMNS)
+    d = CASES / "kvo-cpu-only-tiny-budget"
+    blis_fast.run(**ARGS, total_kv_blocks=220, kv_cpu_blocks=40, workload_spec=str(d / "wl.yaml"),
+                  output_dir=str(tmp_path / "april"), log="error")
+    req = pl.read_parquet(tmp_path / "april" / "requests.parquet")
+    assert req["kv_cpu_reloaded_blocks"].null_count() == 0
+    assert req["kv_cpu_reloaded_blocks"].sum() > 0
+    assert all(req[c].null_count() == req.height for c in REQUEST_CHAIN_COLUMNS)

@@ -27,8 +27,14 @@ from blis_fast.kernels.engine.state import (
     Rejection,
 )
 from blis_fast.kernels.enums import InstanceKind, Registration, RequestState, Routing, Status
-from blis_fast.kernels.kv.kv_chain import ChainCfg, ChainMeta
-from blis_fast.kernels.kv.kv_layout import CpuMeta, KVMeta
+from blis_fast.kernels.kv.kv_chain import (
+    DEFER_PROMOTING,
+    DEFER_RETRY,
+    ChainCfg,
+    ChainMeta,
+    Defer,
+)
+from blis_fast.kernels.kv.kv_layout import BlockList, CpuMeta, KVConfig, KVMeta
 from blis_fast.kernels.kv.kv_station import TierState
 
 KERNEL_FAILURES = {
@@ -63,6 +69,18 @@ class KVOffloadFigures:
     tier_bytes_read: np.ndarray
     tier_bytes_written: np.ndarray
     tier_queue_wait_us: np.ndarray  # sum over started jobs of start - submit tick
+
+
+@dataclass
+class KVChainRequests:
+    """What the tier chain did for each request over its life (int64 per row; all 0 without a
+    secondary tier): deferral episodes started (KVO-7.4), ticks spent deferred awaiting a fetch
+    (each episode from its start to the poll that ended it) and blocks a promotion read brought
+    back to the CPU tier on its behalf (KVO-5.4)."""
+
+    deferrals: np.ndarray
+    fetch_wait_us: np.ndarray
+    promoted_blocks: np.ndarray
 
 
 @dataclass
@@ -299,6 +317,10 @@ class SimulationResult:
     adapter_events: np.ndarray | None = None
     # the KV tier chain's counts (--kv-offload-config; None without it)
     kv_offload: KVOffloadFigures | None = None
+    # per request (rows as above): blocks the CPU tier reloaded for it (None without a CPU
+    # tier), and with --kv-offload-config the chain's records (None without it)
+    kv_cpu_reloads: np.ndarray | None = None
+    kv_chain_requests: KVChainRequests | None = None
 
     def instance_name(self, i: int) -> str:
         """The id of instance ``i`` as the reference prints it."""
@@ -428,7 +450,29 @@ def read_result(cfg: EngineConfig, table, n_used: int, rs, ins, kv, lg, rt,
         adapter_events=(None if lora is None
                         else lora.log[: int(lora.var[LoraVar.LOG_LEN])].copy()),
         kv_offload=None if cfg.kv_offload is None else offload_figures(kv, chain),
+        kv_cpu_reloads=(kv.req[used, BlockList.CPU_RELOADS].copy()
+                        if kv.cfg[KVConfig.TIERED] else None),
+        kv_chain_requests=(None if cfg.kv_offload is None
+                           else chain_requests(chain, n_used, rs.inst)),
     )
+
+
+def chain_requests(chain, n_used: int, instance: np.ndarray) -> KVChainRequests:
+    """The chain's per-request records of rows ``0..n_used-1`` (zeros without a secondary
+    tier, ``chain`` None); a request still deferred when the run stopped has waited until its
+    instance's last step start (``instance``: each row's instance)."""
+    if chain is None:
+        zeros = np.zeros(n_used, np.int64)
+        return KVChainRequests(zeros, zeros.copy(), zeros.copy())
+    d = chain.defer[:n_used]
+    waited = d[:, Defer.WAITED].copy()
+    phase = d[:, Defer.PHASE]
+    open_ = np.flatnonzero(((phase == DEFER_RETRY) | (phase == DEFER_PROMOTING))
+                           & (instance[:n_used] >= 0))
+    clock = chain.meta[instance[open_], ChainMeta.CLOCK]
+    waited[open_] += np.maximum(clock - d[open_, Defer.START], 0)
+    return KVChainRequests(deferrals=d[:, Defer.EPISODES].copy(), fetch_wait_us=waited,
+                           promoted_blocks=d[:, Defer.PROMOTED].copy())
 
 
 def offload_figures(kv, chain) -> KVOffloadFigures:

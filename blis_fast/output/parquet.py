@@ -158,14 +158,17 @@ ENGINE_COLUMNS: dict[str, pa.DataType] = {
     "cached_prefix_tokens": pa.int64(),
     "priority": pa.float64(),
     "slo_priority": pa.int64(),
+    "kv_cpu_reloaded_blocks": pa.int64(),
+    "kv_promoted_blocks": pa.int64(),
+    "kv_deferrals": pa.int64(),
+    "kv_fetch_wait_ms": pa.float64(),
 }
 """The per-request columns the engine kernel collects (``engine/results.py: read_result``),
 each a :class:`RequestColumns` field of the same name."""
 
 
 def _engine_arrays(columns: RequestColumns, take) -> dict[str, pa.Array]:
-    """The preemptions, cached_prefix_tokens, priority and slo_priority columns; nulls where
-    RequestColumns does not know them."""
+    """The ENGINE_COLUMNS; nulls where RequestColumns does not know them."""
     out = {}
     for name, arrow_type in ENGINE_COLUMNS.items():
         values = getattr(columns, name)

@@ -59,12 +59,15 @@ def request_identity(table: RequestTable, rows: np.ndarray) -> dict[str, np.ndar
 
 
 def request_engine_records(res: SimulationResult, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The ``preemptions``, ``cached_prefix_tokens``, ``priority`` and ``slo_priority`` columns
-    of workload ``rows`` (what the kernel collected per request, for ``requests.parquet``).
+    """The columns of workload ``rows`` the kernel collected per request, for
+    ``requests.parquet`` (``output/parquet.py: ENGINE_COLUMNS``): preemptions, cached prefix,
+    priorities, and the KV tiers' records (None, written as nulls, without a CPU tier or
+    without ``--kv-offload-config``).
 
-    In a P/D run a disaggregated parent reports its sub-requests: preemptions of both, the
-    cached prefix and the priority of its prefill sub-request (row ``n + r``, the one its
-    ``scheduling_delay_ms`` comes from); a local request's row ``n + r`` is never used."""
+    In a P/D run a disaggregated parent reports its sub-requests: preemptions and CPU-tier
+    reloads of both, the cached prefix and the priority of its prefill sub-request (row
+    ``n + r``, the one its ``scheduling_delay_ms`` comes from); a local request's row
+    ``n + r`` is never used (its counts there are 0)."""
     preemptions = res.preemptions[rows].astype(np.int64)
     cached = res.cached_prefix_tokens[rows]
     priority = res.priority[rows]
@@ -74,11 +77,21 @@ def request_engine_records(res: SimulationResult, rows: np.ndarray) -> dict[str,
         preemptions = preemptions + res.preemptions[rows + n]
         cached = np.where(split, res.cached_prefix_tokens[rows + n], cached)
         priority = np.where(split, res.priority[rows + n], priority)
+    reloads = None
+    if res.kv_cpu_reloads is not None:
+        reloads = res.kv_cpu_reloads[rows]
+        if res.pd is not None:
+            reloads = reloads + res.kv_cpu_reloads[rows + res.table.n]
+    chain = res.kv_chain_requests  # never with P/D (refused)
     return {
         "preemptions": preemptions,
         "cached_prefix_tokens": cached.astype(np.int64),
         "priority": priority.astype(np.float64),
         "slo_priority": res.slo_priority[rows].astype(np.int64),
+        "kv_cpu_reloaded_blocks": None if reloads is None else reloads.astype(np.int64),
+        "kv_promoted_blocks": None if chain is None else chain.promoted_blocks[rows],
+        "kv_deferrals": None if chain is None else chain.deferrals[rows],
+        "kv_fetch_wait_ms": None if chain is None else chain.fetch_wait_us[rows] / 1e3,
     }
 
 

@@ -275,6 +275,18 @@ class RequestColumns:
     known."""
     adapter: Sequence[str] | np.ndarray | None = None
     """The LoRA adapter of each row ("" for the base model); None when no row has one."""
+    kv_cpu_reloaded_blocks: np.ndarray | None = None
+    """int64 blocks the CPU tier reloaded into the GPU cache for each row over its life; None
+    without a CPU tier."""
+    kv_promoted_blocks: np.ndarray | None = None
+    """int64 blocks promotion reads brought back from a secondary tier for each row; None
+    without ``--kv-offload-config``."""
+    kv_deferrals: np.ndarray | None = None
+    """int64 times each row's admission was set aside to await a fetch; None without
+    ``--kv-offload-config``."""
+    kv_fetch_wait_ms: np.ndarray | None = None
+    """float64 milliseconds each row spent deferred awaiting a fetch; None without
+    ``--kv-offload-config``."""
 
     def instance_name(self, i: int) -> str:
         """The id ``handled_by`` index ``i`` stands for."""

@@ -109,7 +109,12 @@ class DeferT(NamedTuple):
     START: int = 4  # the store's clock when the episode began
     NEXT: int = 5  # the instance's next tracked request (id string order), -1
     PREV: int = 6  # the key of the block before the run (a uint64's bits; 0 at block 0)
-    SIZE: int = 8
+    # the request's totals over its life (requests.parquet): episodes started, ticks spent
+    # deferred (each episode from its start to the poll that ended it), blocks promoted for it
+    EPISODES: int = 7
+    WAITED: int = 8
+    PROMOTED: int = 9
+    SIZE: int = 10
 
 
 Defer = DeferT()
@@ -325,6 +330,7 @@ def _read_landed(chain, kv, i, j):
             kv.cpu_ref[i, s] = 0
             _cpu_append(kv, i, s)
             kv.cpu_meta[i, CpuMeta.EVICTABLE] += 1
+            chain.defer[r, Defer.PROMOTED] += 1
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -390,6 +396,7 @@ def reload_prefix(kv, i, r, input_len, first, prev, chain=None):
         kv.cpu_meta[i, CpuMeta.PENDING] += kv.cfg[KVConfig.RELOAD_TICKS]
         _cpu_touch(kv, i, s)
         kv.cpu_meta[i, CpuMeta.HITS] += 1
+        kv.req[r, BlockList.CPU_RELOADS] += 1
         reloaded = True
         count += 1
         prev = h
@@ -490,6 +497,12 @@ def _classify(chain, kv, i, r, input_len, first, prev):
     return FETCH_NONE, np.int64(0), np.int64(0), np.int64(-1), prev
 
 
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _pending(phase):
+    """True while an episode in ``phase`` still waits on its fetch."""
+    return phase == DEFER_RETRY or phase == DEFER_PROMOTING
+
+
 @njit(cache=True, _nrt=False, error_model="numpy")
 def _track(chain, i, r):
     """Add request ``r`` to instance ``i``'s tracked requests, kept in id string order (the
@@ -528,6 +541,7 @@ def _register(chain, kv, i, r, kind, first, n, t, prev):
     recompute); any other run waits a step for its existence probe."""
     d = chain.defer
     chain.meta[i, ChainMeta.DEFERRALS] += 1
+    d[r, Defer.EPISODES] += 1
     d[r, Defer.FIRST] = first
     d[r, Defer.LEN] = n
     d[r, Defer.TIER] = t
@@ -569,8 +583,11 @@ def _advance(chain, kv, i, r, now):
     elif a == CPU_MISS:
         d[r, Defer.PHASE] = DEFER_RECOMPUTE
     ph = d[r, Defer.PHASE]
-    if (ph == DEFER_RETRY or ph == DEFER_PROMOTING) and now - d[r, Defer.START] > MAX_DEFER_TICKS:
+    if _pending(ph) and now - d[r, Defer.START] > MAX_DEFER_TICKS:
         d[r, Defer.PHASE] = DEFER_RECOMPUTE
+    if _pending(d[r, Defer.PHASE]):
+        return
+    d[r, Defer.WAITED] += now - d[r, Defer.START]
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")
@@ -592,11 +609,13 @@ def poll_deferred(chain, kv, rs, i):
         nxt = chain.defer[r, Defer.NEXT]
         st = rs.state[r]
         if (st != RequestState.QUEUED and st != RequestState.RUNNING) or rs.inst[r] != i:
+            if _pending(chain.defer[r, Defer.PHASE]):  # it left while waiting
+                chain.defer[r, Defer.WAITED] += now - chain.defer[r, Defer.START]
             _untrack(chain, i, r, prev)
             r = nxt
             continue
         ph = chain.defer[r, Defer.PHASE]
-        if ph == DEFER_RETRY or ph == DEFER_PROMOTING:
+        if _pending(ph):
             _advance(chain, kv, i, r, now)
         prev = r
         r = nxt
@@ -614,7 +633,7 @@ def chain_gate(chain, kv, i, r, input_len, cached, n_cached):
     if kv.req[r, BlockList.COUNT] != 0:
         return GATE_CHAIN
     ph = chain.defer[r, Defer.PHASE]
-    if ph == DEFER_RETRY or ph == DEFER_PROMOTING:
+    if _pending(ph):
         return GATE_DEFER
     if ph != DEFER_NONE:
         return GATE_TRACKED
@@ -649,8 +668,7 @@ def is_deferred(chain, r):
     without secondary tiers."""
     if chain is None:
         return False
-    ph = chain.defer[r, Defer.PHASE]
-    return ph == DEFER_RETRY or ph == DEFER_PROMOTING
+    return _pending(chain.defer[r, Defer.PHASE])
 
 
 @njit(cache=True, _nrt=False, error_model="numpy")

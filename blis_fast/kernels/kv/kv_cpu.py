@@ -185,6 +185,7 @@ def cpu_prepare_store(kv, i, keys, n, fresh):
     for q in range(k):
         _cpu_take_slot(kv, i, fresh[q], -1)
     cm[i, CpuMeta.PROMO_FIRED] += 1
+    cm[i, CpuMeta.PROMO_BLOCKS] += k
     return k
 
 

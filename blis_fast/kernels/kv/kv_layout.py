@@ -103,6 +103,7 @@ class CpuMetaT(NamedTuple):
     MIRROR_SKIPPED: int = 10  # mirrors refused: tier full, nothing evictable (KVO-4.3)
     PROMO_FIRED: int = 11  # promotion runs granted / refused by the evictable gate (KVO-4.6)
     PROMO_FAILED: int = 12
+    PROMO_BLOCKS: int = 13  # blocks the granted promotions reserved (each lands once or is pending)
 
 
 CpuMeta = CpuMetaT()
@@ -120,6 +121,7 @@ class BlockListT(NamedTuple):
     LAST: int = 3  # tokens in its last block
     RUN0: int = 4  # tokens written before that run (0 when one run fills the block)
     MIX: int = 5  # digest of the earlier runs
+    CPU_RELOADS: int = 6  # blocks the CPU tier reloaded for it, over its life (its HITS share)
     SIZE: int = 8  # row width (64 bytes)
 
 
