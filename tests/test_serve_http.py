@@ -27,7 +27,7 @@ from _cli import invoke
 from prometheus_client.parser import text_string_to_metric_families
 
 from blis_fast.options import build_options
-from blis_fast.serve.app import ServeConfig, estimate_tokens, start_in_thread
+from blis_fast.serve.app import LiveServer, ServeConfig, estimate_tokens, start_in_thread
 from blis_fast.serve.live import LiveSimulation
 from blis_fast.serve.metrics import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from blis_fast.testing.serve_child import start_serve
@@ -127,6 +127,44 @@ def test_stream_completion_sse_format_and_usage(served, tmp_path):
     assert (int(row["input_tokens"]), int(row["output_tokens"])) == (prompt, 5)
     e2e_us = int(row["last_chunk_time_us"]) - int(row["arrival_time_us"])
     assert elapsed >= e2e_us / 1e6 / SPEED  # the last token is never sent early
+
+
+def test_the_time_loop_ends_a_live_stream_with_the_handlers_bytes(monkeypatch):
+    """A live stream's last token, usage chunk and [DONE] are written by the time loop at the
+    request's end (not after a wake-up of its handler, which then only terminates the
+    response); the events are those the handler writes when it streams every token itself."""
+    body = {"model": MODEL, "prompt": "one two three", "max_tokens": 40, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+    def serve_once() -> list:
+        srv = start_in_thread(_live(), ServeConfig(model=MODEL, speed=SPEED))
+        try:
+            status, raw = _post(f"http://127.0.0.1:{srv.port}", "/v1/completions", body)
+        finally:
+            srv.stop()
+        assert status == 200
+        return [e if e == "[DONE]" else {k: v for k, v in e.items() if k not in ("id", "created")}
+                for e in _events(raw)]
+
+    ends: list[bool] = []
+    real = LiveServer._direct_writer
+
+    def spied(self, *args):
+        write = real(self, *args)
+
+        def recorded(n: int, end: bool) -> bool:
+            ends.append(end)
+            return write(n, end)
+        return recorded
+
+    monkeypatch.setattr(LiveServer, "_direct_writer", spied)
+    live = serve_once()
+    assert ends.count(True) == 1 and ends[-1] is True  # the time loop wrote the end
+    monkeypatch.setattr(LiveServer, "_direct_writer", lambda self, *args: None)
+    handled = serve_once()
+    assert live == handled and len(live) == 40 + 2
+    assert live[-2]["usage"]["completion_tokens"] == 40
+    assert live[-3]["choices"][0]["finish_reason"] == "length"
 
 
 def test_stream_chat_role_first_and_no_usage_unless_asked(served):

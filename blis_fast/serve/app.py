@@ -180,7 +180,9 @@ class _Stream:
     sent: int = 0  # tokens written to the client
     done: bool = False
     status: str = "running"
-    direct: Callable[[int], None] | None = None  # writes n token chunks now (a live stream)
+    # writes n token chunks now (a live stream); with ``end`` the last of them carries the
+    # finish reason and the stream's closing events follow; False when the client is gone
+    direct: Callable[[int, bool], bool] | None = None
 
 
 @dataclass
@@ -366,7 +368,11 @@ class LiveServer:
                 st.held, count = 1, count - 1
             if st.direct is not None and not e.finished:
                 if count:
-                    st.direct(count)  # the stream is live: write now, no task switch
+                    st.direct(count, False)  # the stream is live: write now, no task switch
+            elif (st.direct is not None and count and e.status in FINISHED_OK
+                  and st.direct(count, True)):
+                # its last token, usage and [DONE] are on the wire: the handler only ends it
+                st.queue.put_nowait(_News(0, True, e.status, True))
             elif count or e.finished:
                 st.queue.put_nowait(_News(count, e.finished, e.status))
 
@@ -735,6 +741,20 @@ class LiveServer:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
                     "stop_reason": None}
 
+        def ending(last_token: bool) -> bytes:
+            """The stream's closing events: the last token's chunk with the finish reason (an
+            empty one when it ended without a last token: aborted, shut down), the usage
+            chunk when asked for, [DONE]."""
+            text = ""
+            if last_token:
+                text = self.token_text(st, st.sent)
+                st.sent += 1
+            parts = [chunk([token_choice(text, self._finish_reason(st))])]
+            if parsed.include_usage:
+                parts.append(chunk([], self._usage(st)))
+            parts.append(b"data: [DONE]\n\n")
+            return b"".join(parts)
+
         # a token's chunk is the same bytes around its text: made once per stream (the JSON
         # encoder per chunk was the server's largest cost under 500 streams)
         marker = "\x00"
@@ -742,7 +762,7 @@ class LiveServer:
         if chat:
             await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
                                      "logprobs": None, "finish_reason": None}]))
-        while True:
+        while not e.written:
             n = e.count
             mid = n - 1 if e.finished else n  # the last token's chunk carries the reason
             if mid > 0:
@@ -751,31 +771,25 @@ class LiveServer:
                     parts += (head, self._encoded(self.token_text(st, st.sent)), tail)
                     st.sent += 1
                 await resp.write(b"".join(parts))
-            if e.finished and n:
-                text = self.token_text(st, st.sent)
-                st.sent += 1
-                await resp.write(chunk([token_choice(text, self._finish_reason(st))]))
             if e.finished:
-                if not n:  # ended without a last token (aborted, shut down)
-                    await resp.write(chunk([token_choice("", self._finish_reason(st))]))
+                await resp.write(ending(n > 0))
                 break
             if st.queue.empty() and st.direct is None:
-                st.direct = self._direct_writer(request, st, head, tail)
+                st.direct = self._direct_writer(request, st, head, tail, ending)
             e = await self._next(st)
-        if parsed.include_usage:
-            await resp.write(chunk([], self._usage(st)))
-        await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
 
-    def _direct_writer(self, request: web.Request, st: _Stream, head: bytes,
-                       tail: bytes) -> Callable[[int], None] | None:
+    def _direct_writer(self, request: web.Request, st: _Stream, head: bytes, tail: bytes,
+                       ending: Callable[[bool], bytes]) -> Callable[[int, bool], bool] | None:
         """A function that writes a live stream's next ``n`` token chunks straight to its
-        socket, framed as HTTP/1.1 chunks (the response is chunked), from the time loop.
+        socket, framed as HTTP/1.1 chunks (the response is chunked), from the time loop; at
+        the stream's end (``end``) the last of them is ``ending``'s (the finish reason, usage,
+        [DONE]), and the handler is left only the terminating chunk.
 
         With hundreds of streams, waking each request's handler for each token (a queue, a
-        task switch, aiohttp's write and drain per chunk) cost more than the simulation; the
-        time loop writes instead, and the handler wakes only at the end of the stream. The
-        bytes are those the handler would write; a client that is gone cancels its request.
+        task switch, aiohttp's write and drain per chunk) cost more than the simulation, and
+        the last token waited for its handler's turn; the time loop writes instead. The bytes
+        are those the handler would write; a client that is gone cancels its request (False).
         """
         transport = request.transport
         if transport is None:
@@ -802,15 +816,22 @@ class LiveServer:
                 data = framed[j] = frame(k)
             return data
 
-        def write(n: int) -> None:
+        def write(n: int, end: bool) -> bool:
             if transport.is_closing():
-                self.cancel(st)
-                st.queue.put_nowait(_News(0, True, ABORTED))
-                return
+                if not end:  # a finished request has nothing left to cancel
+                    self.cancel(st)
+                    st.queue.put_nowait(_News(0, True, ABORTED))
+                return False
             k = st.sent
-            st.sent = k + n
-            transport.write(chunk_of(k) if n == 1 else
-                            b"".join([chunk_of(j) for j in range(k, k + n)]))
+            mid = n - 1 if end else n
+            st.sent = k + mid
+            data = (b"" if mid == 0 else chunk_of(k) if mid == 1 else
+                    b"".join([chunk_of(j) for j in range(k, k + mid)]))
+            if end:
+                body = ending(True)
+                data += b"%x\r\n%b\r\n" % (len(body), body)
+            transport.write(data)
+            return True
 
         return write
 
@@ -841,6 +862,7 @@ class _News:
     count: int
     finished: bool
     status: str
+    written: bool = False  # the time loop wrote the stream's last events: only the end is left
 
 
 @dataclass
