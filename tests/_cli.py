@@ -6,6 +6,7 @@ import contextlib
 import io
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 from blis_fast.cli import main
 
@@ -31,3 +32,16 @@ def invoke(argv: list[str]) -> CliResult:
             err.write(traceback.format_exc())
             code = 1
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def refused(cfg: dict, folder: Path) -> CliResult:
+    """``blis run`` of a generated differential configuration ``cfg`` (``tests/differential``:
+    its ``args``, its ``files`` written to ``folder``, the working directory), asserted
+    refused as bad input is: exit 2, an error line on stderr, no traceback."""
+    for name, text in cfg["files"].items():
+        (folder / name).write_text(text)
+    result = invoke(["run", *cfg["args"]])
+    assert result.code == 2, (cfg, result.stderr[-300:])
+    assert "Traceback" not in result.stderr
+    assert "error" in result.stderr.lower(), result.stderr[-300:]
+    return result
