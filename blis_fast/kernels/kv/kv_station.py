@@ -12,8 +12,9 @@ The station only moves when told: :func:`submit` first advances it to the submit
 the heap's order ``(complete_at, submit_tick, tier, direction, id)`` (KVO-6.7). A server freed
 by a completion starts queued work at that completion's tick.
 
-Not wired into the engine yet: the tier chain's secondary tiers, promotions and deferral
-(KVO-4.4..7) that submit here are still to be built.
+Its one user is the tier chain (``kv_chain.py``): write-through writes (KVO-4.4) and
+promotion reads (KVO-5.4) submit here, and ``chain_poll`` applies the completions at each
+step start.
 """
 
 from __future__ import annotations
