@@ -27,7 +27,12 @@ KEYS = 10
 # the kernels are compiled without the Numba runtime, so Python calls them through shims
 @numba.njit
 def cpu_offer(kv, i, h):
-    return kv_cpu.cpu_offer(kv, i, h)
+    return kv_cpu.cpu_offer(kv, i, h, -1)[0]
+
+
+@numba.njit
+def cpu_offer_hinted(kv, i, h, hint):
+    return kv_cpu.cpu_offer(kv, i, h, hint)
 
 
 @numba.njit
@@ -150,6 +155,7 @@ def _tier(cap: int):
 
 _OPS = st.one_of(
     st.tuples(st.just("offer"), st.integers(0, KEYS - 1)),
+    st.tuples(st.just("offer_hinted"), st.tuples(st.integers(0, KEYS - 1), st.integers(-1, 5))),
     st.tuples(st.just("pin"), st.integers(0, KEYS - 1)),
     st.tuples(st.just("unpin"), st.integers(0, KEYS - 1)),
     st.tuples(st.just("prepare"), st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=4,
@@ -169,6 +175,12 @@ def test_reference_states_follow_the_rules(cap: int, ops: list) -> None:
         pinned = {k for k, r in model.ref.items() if r != 0}
         if op == "offer":
             assert cpu_offer(kv, 0, _key(arg)) == model.offer(arg)
+        elif op == "offer_hinted":  # any slot as the hint, right or wrong: the same answer
+            key, hint = arg
+            answer, slot = cpu_offer_hinted(kv, 0, _key(key), min(hint, cap - 1))
+            assert answer == model.offer(key)
+            assert (slot >= 0) == (answer >= 0)
+            assert slot < 0 or kv.cpu_hash[0, slot] == _key(key)
         elif op == "pin":
             cpu_pin(kv, 0, _key(arg))
             model.pin(arg)
@@ -184,6 +196,9 @@ def test_reference_states_follow_the_rules(cap: int, ops: list) -> None:
             model.complete(*arg)
         # a pinned or promoting block is never evicted (only a failed read drops one)
         dropped = arg[0] if op == "complete" and not arg[1] else -1
+        # a free slot holds no key (a hint to it never matches)
+        free = kv.cpu_free[0, :int(kv.cpu_meta[0, CpuMeta.FREE_TOP])]
+        assert (kv.cpu_hash[0, free] == 0).all()
         assert all(cpu_lookup(kv, 0, _key(k)) != CPU_MISS for k in pinned if k != dropped)
         assert [cpu_lookup(kv, 0, _key(k)) for k in range(KEYS)] == \
             [model.lookup(k) for k in range(KEYS)]

@@ -425,9 +425,11 @@ def mirror_to_cpu(kv, i, batch_reqs, n, input_len, chain=None):
             h = get_block_hash(kv, i, b)
             if h == 0 or kv.blk[i, b, BlockField.TOKENS] < bs:
                 continue
-            if cpu_offer(kv, i, h) == 1:
-                if chain is not None:
-                    cascade(chain, kv, i, h)
+            answer, s = cpu_offer(kv, i, h, np.int64(kv.blk[i, b, BlockField.CPU_SLOT]))
+            if s >= 0:
+                kv.blk[i, b, BlockField.CPU_SLOT] = s
+            if answer == 1 and chain is not None:
+                cascade(chain, kv, i, h)
 
 
 # ---------------------------------------------------------------- deferral (KVO-7)

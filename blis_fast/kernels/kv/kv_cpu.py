@@ -61,6 +61,7 @@ def _cpu_evict_head(kv, i):
         return False
     _cpu_unlink(kv, i, victim)
     table_del(kv.cpu_ht, i, kv.cpu_hash[i, victim])
+    kv.cpu_hash[i, victim] = 0  # a free slot holds no key (cpu_offer's hints rely on it)
     cm[i, CpuMeta.USED] -= 1
     cm[i, CpuMeta.EVICTABLE] -= 1
     cm[i, CpuMeta.EVICTIONS] += 1
@@ -106,19 +107,26 @@ def _cpu_store(kv, i, h):
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
-def cpu_offer(kv, i, h):
+def cpu_offer(kv, i, h, hint):
     """Mirror one GPU block of key ``h`` (KVO-4.3): a resident key is touched (0); a new one is
     stored (1, counted in ``MIRRORS``; the chain then cascades it, KVO-4.4) unless the tier is
-    full with nothing evictable (-1, counted in ``MIRROR_SKIPPED``)."""
-    s = table_get(kv.cpu_ht, i, h)
+    full with nothing evictable (-1, counted in ``MIRROR_SKIPPED``). Returns (that answer, the
+    key's slot or -1). ``hint``: the slot the block was last seen in (-1: none), taken when
+    it still holds ``h`` (a freed slot holds key 0), which spares the key table's lookup, the
+    costly part of mirroring every running block at every step."""
+    if hint >= 0 and kv.cpu_hash[i, hint] == h:
+        s = hint
+    else:
+        s = table_get(kv.cpu_ht, i, h)
     if s >= 0:
         _cpu_touch(kv, i, s)
-        return 0
-    if _cpu_store(kv, i, h) >= 0:
+        return 0, s
+    s = _cpu_store(kv, i, h)
+    if s >= 0:
         kv.cpu_meta[i, CpuMeta.MIRRORS] += 1
-        return 1
+        return 1, s
     kv.cpu_meta[i, CpuMeta.MIRROR_SKIPPED] += 1
-    return -1
+    return -1, s
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
@@ -204,6 +212,7 @@ def cpu_complete_store(kv, i, h, ok):
     else:
         kv.cpu_ref[i, s] = 0
         table_del(kv.cpu_ht, i, h)
+        kv.cpu_hash[i, s] = 0
         cm[i, CpuMeta.USED] -= 1
         kv.cpu_free[i, cm[i, CpuMeta.FREE_TOP]] = s
         cm[i, CpuMeta.FREE_TOP] += 1

@@ -57,11 +57,12 @@ class KVState(NamedTuple):
 
 
 class BlockFieldT(NamedTuple):
-    """Fields of a block record ``blk[i, b]`` (field 3 is unused)."""
+    """Fields of a block record ``blk[i, b]`` (field 7 is unused)."""
 
     REF: int = 0  # reference count
     TOKENS: int = 1  # tokens held
     POS: int = 2  # position of its free-list entry, modulo 2^31 (POS_MASK)
+    CPU_SLOT: int = 3  # the CPU tier slot its hash was last mirrored to (a hint: cpu_offer)
     FREE: int = 4  # 1 when on the free list (the reference's !InUse)
     HASH_LO: int = 5  # the 64-bit block hash, low and high halves (0 = none)
     HASH_HI: int = 6
