@@ -62,12 +62,16 @@ from blis_fast.kernels.kv.kv_station import (
     poll,
     submit,
 )
+from blis_fast.kernels.prefetch import prefetch
 
 __all__ = ["ChainCfg", "ChainMeta", "ChainState", "Defer", "chain_forget", "chain_gate",
            "chain_poll", "chain_quiet", "Read", "is_deferred", "mirror_to_cpu", "new_chain_state",
            "new_station", "poll_deferred", "queue_at", "reload_prefix", "sec_holder",
            "station_rows"]
 
+
+MIRROR_AHEAD = 8
+"""Mirroring prefetches the record of the block this many places ahead in a request's list."""
 
 SEC_LOAD_LIMIT = 3
 """The shared key table refuses a key past this many quarters full (it is sized for twice
@@ -421,6 +425,8 @@ def mirror_to_cpu(kv, i, batch_reqs, n, input_len, chain=None):
         if prompt_only:
             count = min(count * bs, input_len[r]) // bs
         for k in range(count):
+            if k + MIRROR_AHEAD < count:  # the block record a few blocks on: it is a miss
+                prefetch(kv.blk, (i, kv.pool[off + k + MIRROR_AHEAD]))
             b = kv.pool[off + k]
             h = get_block_hash(kv, i, b)
             if h == 0 or kv.blk[i, b, BlockField.TOKENS] < bs:
