@@ -133,6 +133,28 @@ def test_resume_refuses_another_sweeps_directory(tmp_path, uninterrupted):
     assert summary(uninterrupted).height == TOTAL
 
 
+def test_resume_refuses_files_of_another_schema_version(tmp_path, uninterrupted):
+    """A sweep started by a blis_fast whose summary schema differs (its files say so in their
+    provenance) is not resumed into: one line, exit 2, nothing written."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "old"
+    shutil.copytree(uninterrupted, out)
+    first = sorted((out / "summary").glob("*.parquet"))[0]
+    table = pq.read_table(first)
+    meta = dict(table.schema.metadata)
+    meta[b"blis_fast.schema_version"] = b"1"
+    pq.write_table(table.replace_schema_metadata(meta), first)
+    before = sorted(p.name for p in (out / "summary").iterdir())
+    run = invoke(["sweep", str(write_spec(tmp_path, SPEC)), "--out", str(out), "--resume",
+                  "--workers", "1"])
+    assert run.code == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "summary schema version 1" in run.stderr and first.name in run.stderr
+    assert sorted(p.name for p in (out / "summary").iterdir()) == before
+
+
 def test_resume_of_a_finished_sweep_runs_nothing(tmp_path, uninterrupted):
     before = {p.name: p.stat().st_mtime_ns for p in (uninterrupted / "summary").iterdir()}
     run = invoke(["sweep", str(write_spec(tmp_path, SPEC)), "--out", str(uninterrupted),

@@ -30,8 +30,8 @@ from blis_fast.errors import BlisConfigError, BlisInputError
 from blis_fast.files import OutputPlan, read_input_text
 from blis_fast.options import OPTIONS_BY_FIELD
 from blis_fast.output.parquet import atomic_write_table
-from blis_fast.output.provenance import file_provenance, with_provenance
-from blis_fast.output.schemas import load_schema
+from blis_fast.output.provenance import file_provenance, read_provenance, with_provenance
+from blis_fast.output.schemas import load_schema, schema_version
 from blis_fast.output.summary import atomic_write_text
 from blis_fast.sweep.spec import SweepPlan
 from blis_fast.sweep.worker import ConfigResult
@@ -116,6 +116,7 @@ class SweepStore:
             except (OSError, pa.ArrowException, KeyError) as exc:
                 raise BlisInputError(f"--resume: cannot read {path}: {exc}") from None
             done.update(ids)
+        self._check_schemas()
         if self.manifest_path.exists() or self.manifest_path.is_symlink():
             self._manifest = self._read_manifest()
         foreign = sorted(done - self._values.keys())
@@ -124,6 +125,27 @@ class SweepStore:
                 f"--resume: {self.root} holds {len(foreign)} configuration(s) that {self.plan.path}"
                 f" does not define (e.g. {foreign[0]}); it is another sweep's directory")
         return done
+
+    def _check_schemas(self) -> None:
+        """Refuse to resume into files of another schema version: a sweep resumed by a
+        blis_fast whose summary or requests columns differ would leave a directory that
+        polars cannot read as one table. One file of each kind is enough: a sweep writes
+        them all with one version."""
+        for folder, kind in ((self.summary_dir, "summary"), (self.requests_dir, "requests"),
+                             (self.pools_dir, "pools"), (self.adapters_dir, "adapters")):
+            path = next(iter(sorted(folder.rglob("*.parquet"))), None) if folder.is_dir() else None
+            if path is None:
+                continue
+            try:
+                found = read_provenance(path).schema_version
+            except BlisInputError:
+                found = 0  # written before files carried their provenance
+            if found != schema_version(kind):
+                raise BlisConfigError(
+                    f"--resume: {path} has {kind} schema version {found}, this blis_fast "
+                    f"{__version__} writes version {schema_version(kind)}; finish the sweep with "
+                    "the blis_fast that started it (manifest.json names it) or sweep into a new "
+                    "--out")
 
     def begin(self, backend: str, workers: int, pending: int) -> None:
         """Create the directories, drop temporary files of a killed run, record this run."""
