@@ -801,9 +801,11 @@ class LiveServer:
         framed: list[bytes | None] = [None] * period
         opening: list[bytes] = []
 
-        def frame(k: int) -> bytes:
-            body = head + self._encoded(self.token_text(st, k)) + tail
+        def http_chunk(body: bytes) -> bytes:
             return b"%x\r\n%b\r\n" % (len(body), body)
+
+        def frame(k: int) -> bytes:
+            return http_chunk(head + self._encoded(self.token_text(st, k)) + tail)
 
         def chunk_of(k: int) -> bytes:
             if k == 0:
@@ -828,8 +830,7 @@ class LiveServer:
             data = (b"" if mid == 0 else chunk_of(k) if mid == 1 else
                     b"".join([chunk_of(j) for j in range(k, k + mid)]))
             if end:
-                body = ending(True)
-                data += b"%x\r\n%b\r\n" % (len(body), body)
+                data += http_chunk(ending(True))
             transport.write(data)
             return True
 

@@ -133,7 +133,7 @@ class SweepStore:
         them all with one version."""
         for folder, kind in ((self.summary_dir, "summary"), (self.requests_dir, "requests"),
                              (self.pools_dir, "pools"), (self.adapters_dir, "adapters")):
-            path = next(iter(sorted(folder.rglob("*.parquet"))), None) if folder.is_dir() else None
+            path = min(folder.rglob("*.parquet"), default=None) if folder.is_dir() else None
             if path is None:
                 continue
             try:

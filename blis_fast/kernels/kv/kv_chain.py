@@ -39,8 +39,8 @@ from blis_fast.kernels.kv.kv_cpu import (
     CPU_HIT,
     CPU_HIT_PENDING,
     CPU_MISS,
-    _cpu_append,
     _cpu_touch,
+    cpu_complete_store,
     cpu_lookup,
     cpu_offer,
     cpu_pin,
@@ -329,11 +329,7 @@ def _read_landed(chain, kv, i, j):
     for q in range(rd[i, j, Read.LEN]):
         if q > 0:
             key = chain_hash(key, kv.chunk_dig[base + q])
-        s = table_get(kv.cpu_ht, i, key)
-        if s >= 0 and kv.cpu_ref[i, s] == -1:
-            kv.cpu_ref[i, s] = 0
-            _cpu_append(kv, i, s)
-            kv.cpu_meta[i, CpuMeta.EVICTABLE] += 1
+        if cpu_complete_store(kv, i, key, True):
             chain.defer[r, Defer.PROMOTED] += 1
 
 

@@ -60,14 +60,24 @@ def _cpu_evict_head(kv, i):
     if victim < 0:
         return False
     _cpu_unlink(kv, i, victim)
-    table_del(kv.cpu_ht, i, kv.cpu_hash[i, victim])
-    kv.cpu_hash[i, victim] = 0  # a free slot holds no key (cpu_offer's hints rely on it)
-    cm[i, CpuMeta.USED] -= 1
+    _cpu_release(kv, i, victim)
     cm[i, CpuMeta.EVICTABLE] -= 1
     cm[i, CpuMeta.EVICTIONS] += 1
-    kv.cpu_free[i, cm[i, CpuMeta.FREE_TOP]] = victim
-    cm[i, CpuMeta.FREE_TOP] += 1
     return True
+
+
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
+def _cpu_release(kv, i, s):
+    """Slot ``s`` (off the LRU list) leaves the tier: its key out of the table and cleared (a
+    free slot holds key 0, which :func:`cpu_offer`'s hints rely on), the slot back on the free
+    stack."""
+    cm = kv.cpu_meta
+    table_del(kv.cpu_ht, i, kv.cpu_hash[i, s])
+    kv.cpu_hash[i, s] = 0
+    kv.cpu_ref[i, s] = 0
+    cm[i, CpuMeta.USED] -= 1
+    kv.cpu_free[i, cm[i, CpuMeta.FREE_TOP]] = s
+    cm[i, CpuMeta.FREE_TOP] += 1
 
 
 @njit(cache=True, _nrt=False, inline="always", error_model="numpy")
@@ -197,22 +207,17 @@ def cpu_prepare_store(kv, i, keys, n, fresh):
     return k
 
 
-@njit(cache=True, _nrt=False, error_model="numpy")
+@njit(cache=True, _nrt=False, inline="always", error_model="numpy")
 def cpu_complete_store(kv, i, h, ok):
     """A promotion's read of key ``h`` completed: the block becomes ready at the LRU tail
-    (``ok``) or leaves the tier (KVO-4.6). Only a promoting key changes."""
+    (``ok``) or leaves the tier (KVO-4.6). Only a promoting key changes: True when it did."""
     s = table_get(kv.cpu_ht, i, h)
     if s < 0 or kv.cpu_ref[i, s] != -1:
-        return
-    cm = kv.cpu_meta
+        return False
     if ok:
         kv.cpu_ref[i, s] = 0
         _cpu_append(kv, i, s)
-        cm[i, CpuMeta.EVICTABLE] += 1
+        kv.cpu_meta[i, CpuMeta.EVICTABLE] += 1
     else:
-        kv.cpu_ref[i, s] = 0
-        table_del(kv.cpu_ht, i, h)
-        kv.cpu_hash[i, s] = 0
-        cm[i, CpuMeta.USED] -= 1
-        kv.cpu_free[i, cm[i, CpuMeta.FREE_TOP]] = s
-        cm[i, CpuMeta.FREE_TOP] += 1
+        _cpu_release(kv, i, s)
+    return True
